@@ -1,0 +1,39 @@
+"""Element-wise activations written against an array module `xp` (numpy or CuPy)."""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from znni.primitives.base import Activation
+
+
+def apply_activation(x: Any, act: Activation, xp: ModuleType = np) -> Any:
+    """Apply `act` to float32 `x` in place and return it."""
+    kind = act.kind
+    if kind == "linear":
+        return x
+    if kind == "relu":
+        return xp.maximum(x, 0, out=x)
+    if kind == "leaky_relu":
+        neg = xp.minimum(x, 0)
+        xp.maximum(x, 0, out=x)
+        x += neg * xp.float32(act.slope)
+        return x
+    if kind == "sigmoid":
+        # 1 / (1 + exp(-x)), computed stably for large |x| by clipping the exponent.
+        xp.clip(x, -80.0, 80.0, out=x)
+        xp.negative(x, out=x)
+        xp.exp(x, out=x)
+        x += 1.0
+        return xp.reciprocal(x, out=x)
+    if kind == "tanh":
+        return xp.tanh(x, out=x)
+    if kind == "elu":
+        neg = xp.expm1(xp.minimum(x, 0))
+        xp.maximum(x, 0, out=x)
+        x += neg
+        return x
+    raise ValueError(f"unknown activation {kind!r}")
