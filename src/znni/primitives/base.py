@@ -69,9 +69,18 @@ class Backend(Protocol):
     name: str
 
     def conv3d(
-        self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray, activation: Activation | None
+        self,
+        x: np.ndarray,
+        weight: np.ndarray,
+        bias: np.ndarray,
+        activation: Activation | None = None,
+        primitive: str | None = None,
     ) -> np.ndarray:
-        """(S, Cin, Z, Y, X) -> (S, Cout, Z-kz+1, Y-ky+1, X-kx+1), bias and activation fused."""
+        """(S, Cin, Z, Y, X) -> (S, Cout, Z-kz+1, Y-ky+1, X-kx+1), bias and activation fused.
+
+        `primitive` names the algorithm a plan chose for this layer (e.g. "direct",
+        "fft-keep", "fft-recompute"); None lets the backend choose.
+        """
         ...
 
     def maxpool(self, x: np.ndarray, window: Triple) -> np.ndarray:

@@ -10,36 +10,43 @@ from znni.primitives.base import Activation, Backend, Conv, Op, Pool, Triple
 from znni.primitives.fragments import recombine
 
 
-def fuse_activations(ops: Sequence[Op]) -> list[tuple[Op, Activation | None]]:
-    """Pair each conv with the activation right after it, so backends can fuse them."""
-    fused: list[tuple[Op, Activation | None]] = []
+def fuse_activations(ops: Sequence[Op]) -> list[tuple[int, Op, Activation | None]]:
+    """(op index, op, activation right after a conv or None), so backends can fuse them."""
+    fused: list[tuple[int, Op, Activation | None]] = []
     i = 0
     while i < len(ops):
         op = ops[i]
         nxt = ops[i + 1] if i + 1 < len(ops) else None
         if isinstance(op, Conv) and isinstance(nxt, Activation):
-            fused.append((op, nxt))
+            fused.append((i, op, nxt))
             i += 2
         else:
-            fused.append((op, None))
+            fused.append((i, op, None))
             i += 1
     return fused
 
 
-def dense_forward(ops: Sequence[Op], x: np.ndarray, backend: Backend) -> np.ndarray:
+def dense_forward(
+    ops: Sequence[Op],
+    x: np.ndarray,
+    backend: Backend,
+    primitives: Sequence[str | None] | None = None,
+) -> np.ndarray:
     """Run `ops` densely over a batch of patches.
 
     x: (B, C, Z, Y, X) float32 with every axis a valid MPF input size
     (n = fov - 1 + P*j). Returns (B, Cout, Z-fov+1, Y-fov+1, X-fov+1).
+    `primitives[i]` is the conv algorithm for op i (None: the backend chooses).
     """
     if x.ndim != 5:
         raise ValueError(f"expected a (B, C, Z, Y, X) batch, got shape {x.shape}")
     batch = x.shape[0]
     t = np.ascontiguousarray(x, dtype=np.float32)
     windows: list[Triple] = []
-    for op, act in fuse_activations(ops):
+    for i, op, act in fuse_activations(ops):
         if isinstance(op, Conv):
-            t = backend.conv3d(t, op.weight, op.bias, act)
+            choice = primitives[i] if primitives is not None else None
+            t = backend.conv3d(t, op.weight, op.bias, act, choice)
         elif isinstance(op, Pool):
             t = backend.mpf(t, op.window)  # (S*P, C, ...)
             windows.append(op.window)

@@ -53,6 +53,7 @@ class ReferenceBackend:
         weight: np.ndarray,
         bias: np.ndarray,
         activation: Activation | None = None,
+        primitive: str | None = None,
     ) -> np.ndarray:
         out = conv3d_reference(x, weight, bias)
         return out if activation is None else apply_activation(out, activation)

@@ -1,0 +1,5 @@
+"""Running a network over a volume: patch pipeline, block sweep, ledger, local or Dask."""
+
+from znni.engine.job import ProgressEvent, SegmentJob, SegmentReport
+
+__all__ = ["ProgressEvent", "SegmentJob", "SegmentReport"]

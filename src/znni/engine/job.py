@@ -1,0 +1,66 @@
+"""The values that describe a segmentation job and report on it (the engine's contract).
+
+`znni segment`, `znni demo` and the HTTP job worker all build a `SegmentJob`
+and call `znni.engine.segment.segment(job, ...)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from znni.planner.network import Network
+
+Triple = tuple[int, int, int]
+# ((z0, z1), (y0, y1), (x0, x1)); an open end (None) runs to the volume edge
+Roi = tuple[tuple[int | None, int | None], ...]
+BorderMode = Literal["reflect", "zero"]
+OutputDtype = Literal["float32", "uint8"]
+Device = Literal["auto", "cpu", "gpu", "cpu-gpu"]
+
+BORDER_MODES: tuple[str, ...] = ("reflect", "zero")
+OUTPUT_DTYPES: tuple[str, ...] = ("float32", "uint8")
+DEVICES: tuple[str, ...] = ("auto", "cpu", "gpu", "cpu-gpu")
+
+
+@dataclass(frozen=True)
+class SegmentJob:
+    """Everything that determines a run; same job + same output = resumable."""
+
+    network: Network
+    input_path: str
+    output_path: str
+    roi: Roi | None = None  # None: the whole volume
+    border: BorderMode = "reflect"
+    dtype: OutputDtype = "float32"
+    chunks: Triple | None = None  # output chunk shape (z, y, x); None: the engine chooses
+    device: Device = "auto"
+    memory_limit_bytes: int | None = None  # None: from available RAM
+    scheduler: str | None = None  # None: local; "tcp://HOST:PORT" or "local:N": Dask
+    overwrite: bool = False
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    """Emitted after each finished block."""
+
+    blocks_done: int
+    blocks_total: int
+    voxels_done: int
+    voxels_total: int
+    elapsed_s: float
+    voxels_per_second: float
+
+
+@dataclass(frozen=True)
+class SegmentReport:
+    """The summary of a finished run."""
+
+    output_path: str
+    blocks_total: int
+    blocks_computed: int  # blocks computed by this run (resume skips done ones)
+    voxels_written: int
+    elapsed_s: float
+    voxels_per_second: float
+    stage_seconds: dict[str, float] = field(default_factory=dict)  # read, compute, write, wait
+    plan: dict | None = None
