@@ -46,7 +46,10 @@ def naive_pool(x: np.ndarray, p: tuple[int, int, int]) -> np.ndarray:
         for j in range(out.shape[2]):
             for k in range(out.shape[3]):
                 out[:, i, j, k] = x[
-                    :, i * p[0] : (i + 1) * p[0], j * p[1] : (j + 1) * p[1], k * p[2] : (k + 1) * p[2]
+                    :,
+                    i * p[0] : (i + 1) * p[0],
+                    j * p[1] : (j + 1) * p[1],
+                    k * p[2] : (k + 1) * p[2],
                 ].max(axis=(1, 2, 3))
     return out
 
@@ -91,6 +94,18 @@ def naive_dense(layers: list[dict], params: dict, x: np.ndarray) -> np.ndarray:
     return out
 
 
+def naive_dense_at(
+    layers: list[dict], params: dict, x: np.ndarray, positions: list[tuple[int, int, int]]
+) -> np.ndarray:
+    """Dense output at chosen output positions only: (len(positions), Cout)."""
+    fz, fy, fx = naive_fov(layers)
+    rows = []
+    for i, j, k in positions:
+        y = naive_strided_network(layers, params, x[:, i : i + fz, j : j + fy, k : k + fx])
+        rows.append(y[:, 0, 0, 0])
+    return np.array(rows)
+
+
 def naive_border_pad(volume: np.ndarray, lo: tuple, hi: tuple, mode: str) -> np.ndarray:
     """Pad the spatial axes of (C, Z, Y, X) with numpy's reflect or constant zero."""
     pad = [(0, 0)] + [(a, b) for a, b in zip(lo, hi)]
@@ -106,7 +121,9 @@ def close(out: np.ndarray, ref: np.ndarray) -> bool:
     return float(np.max(np.abs(out - ref))) <= 1e-4 * max(1.0, float(np.max(np.abs(ref))))
 
 
-def random_network(rng: np.random.Generator, in_channels: int, max_pools: int = 3) -> tuple[list[dict], dict]:
+def random_network(
+    rng: np.random.Generator, in_channels: int, max_pools: int = 3
+) -> tuple[list[dict], dict]:
     """A random small network: anisotropic kernels 1-5, pools 1-3, 0-`max_pools` pools, 1-6 channels."""
     acts = ["relu", "sigmoid", "tanh", "elu", "leaky_relu", "linear"]
     n_pools = int(rng.integers(0, max_pools + 1))
@@ -119,12 +136,18 @@ def random_network(rng: np.random.Generator, in_channels: int, max_pools: int = 
         act = acts[int(rng.integers(len(acts)))]
         layers.append({"kind": act, "slope": 0.1} if act == "leaky_relu" else {"kind": act})
         if b < n_pools:
-            layers.append({"kind": "maxpool", "window": [int(v) for v in rng.integers(1, 4, size=3)]})
+            layers.append(
+                {"kind": "maxpool", "window": [int(v) for v in rng.integers(1, 4, size=3)]}
+            )
     params = {}
     for i, layer in enumerate(layers):
         if layer["kind"] == "conv":
             shape = (layer["out_channels"], c, *layer["kernel"])
-            params[f"{i}.weight"] = (rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
-            params[f"{i}.bias"] = (0.1 * rng.standard_normal(layer["out_channels"])).astype(np.float32)
+            params[f"{i}.weight"] = (
+                rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))
+            ).astype(np.float32)
+            params[f"{i}.bias"] = (0.1 * rng.standard_normal(layer["out_channels"])).astype(
+                np.float32
+            )
             c = layer["out_channels"]
     return layers, params
