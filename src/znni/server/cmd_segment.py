@@ -47,9 +47,9 @@ def job_from_args(args: argparse.Namespace) -> SegmentJob:
 
 
 def run(args: argparse.Namespace) -> int:
+    job = job_from_args(args)  # refuses a bad spec or weights before anything else loads
     from znni.engine.segment import segment
 
-    job = job_from_args(args)
     report = segment(job, quiet=args.quiet)
     if not args.quiet:
         print(
