@@ -38,6 +38,14 @@ class SegmentJob:
     memory_limit_bytes: int | None = None  # None: from available RAM
     scheduler: str | None = None  # None: local; "tcp://HOST:PORT" or "local:N": Dask
     overwrite: bool = False
+    block: Triple | None = None  # block shape (z, y, x), rounded up to whole chunks; None: auto
+
+
+class SegmentCancelled(Exception):
+    """Raised by segment() when its cancel event is set: it stops after the current block.
+
+    Finished blocks stay recorded in the ledger, so a later identical run resumes.
+    """
 
 
 @dataclass(frozen=True)

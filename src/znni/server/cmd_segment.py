@@ -20,6 +20,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--border", choices=BORDER_MODES, default="reflect")
     p.add_argument("--dtype", choices=OUTPUT_DTYPES, default="float32")
     p.add_argument("--chunks", help="output chunk shape z,y,x")
+    p.add_argument("--block", help="block shape z,y,x, rounded up to whole chunks (default: auto)")
     p.add_argument("--device", choices=DEVICES, default="auto")
     p.add_argument("--memory-limit", help="host memory budget, e.g. 12GiB (default: available)")
     p.add_argument("--scheduler", help="Dask: tcp://HOST:PORT or local:N workers")
@@ -43,6 +44,7 @@ def job_from_args(args: argparse.Namespace) -> SegmentJob:
         memory_limit_bytes=parse_bytes(args.memory_limit) if args.memory_limit else None,
         scheduler=args.scheduler,
         overwrite=args.overwrite,
+        block=parse_triple(args.block, "--block") if args.block else None,
     )
 
 

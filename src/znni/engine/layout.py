@@ -1,0 +1,94 @@
+"""Choosing the patch and block sizes under a memory budget (until a Plan decides them).
+
+Patch: the largest dense output (a multiple of the pool product per axis,
+at most `PATCH_CAP` voxels per axis) whose MPF pass fits a quarter of the
+budget. Block: whole output chunks, at least one patch wide where the
+region allows, with two input blocks and two output blocks (read-ahead
+and write-behind) plus the patch pass inside the budget.
+"""
+
+from __future__ import annotations
+
+import os
+
+from znni.engine.geometry import Triple
+from znni.planner.network import FLOAT_BYTES, Network
+
+PATCH_CAP = 96  # dense output voxels per axis of one patch when no plan says otherwise
+PATCH_PEAK_FACTOR = 3  # backend temporaries on top of one layer's input + output
+DEFAULT_BUDGET_FRACTION = 0.5  # of available RAM when no --memory-limit is given
+
+
+def available_memory_bytes() -> int:
+    """MemAvailable from /proc/meminfo, else physical memory."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def memory_budget_bytes(limit_bytes: int | None) -> int:
+    if limit_bytes is not None:
+        return limit_bytes
+    return int(available_memory_bytes() * DEFAULT_BUDGET_FRACTION)
+
+
+def patch_peak_bytes(network: Network, output: Triple) -> int:
+    """Peak bytes of one dense pass producing `output` voxels (largest layer in + out)."""
+    size = network.input_size_for(output)
+    shapes = network.layer_shapes(size)
+    return PATCH_PEAK_FACTOR * max(s.in_bytes + s.out_bytes for s in shapes)
+
+
+def choose_patch_output(network: Network, budget_bytes: int, region: Triple) -> Triple:
+    """Largest patch output (multiple of the pool product) that fits a quarter of the budget."""
+    pool = network.pool_product
+    # never larger than the region (rounded up to the pool product) or the cap
+    limit = [
+        max(p, min(-(-r // p) * p, PATCH_CAP // p * p)) for r, p in zip(region, pool, strict=True)
+    ]
+    out = list(pool)
+    grown = True
+    while grown:
+        grown = False
+        for d in sorted(range(3), key=lambda a: out[a]):
+            if out[d] + pool[d] > limit[d]:
+                continue
+            trial = list(out)
+            trial[d] += pool[d]
+            if patch_peak_bytes(network, (trial[0], trial[1], trial[2])) * 4 <= budget_bytes:
+                out = trial
+                grown = True
+    return (out[0], out[1], out[2])
+
+
+def block_bytes(network: Network, block: Triple, in_dtype_bytes: int) -> int:
+    """Input (raw + float32) and output bytes of one block including its halo."""
+    read = [b + f - 1 for b, f in zip(block, network.fov, strict=True)]
+    read_vox = read[0] * read[1] * read[2]
+    out_vox = block[0] * block[1] * block[2]
+    return network.in_channels * read_vox * (in_dtype_bytes + FLOAT_BYTES) + (
+        2 * network.out_channels * out_vox * FLOAT_BYTES
+    )
+
+
+def choose_block_shape(
+    network: Network, chunks: Triple, patch: Triple, region: Triple, budget_bytes: int,
+    in_dtype_bytes: int,
+) -> Triple:
+    """Whole chunks covering at least one patch (within the region), shrunk to fit the budget."""
+    block = []
+    for c, p, r in zip(chunks, patch, region, strict=True):
+        want = min(max(p, c), max(r, c))
+        block.append(-(-want // c) * c)
+    spare = budget_bytes - patch_peak_bytes(network, patch)
+    while 2 * block_bytes(network, (block[0], block[1], block[2]), in_dtype_bytes) > spare:
+        d = max(range(3), key=lambda a: block[a] // chunks[a])
+        if block[d] <= chunks[d]:
+            break  # one chunk per block: the smallest unit the output allows
+        block[d] -= chunks[d]
+    return (block[0], block[1], block[2])

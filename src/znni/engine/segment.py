@@ -1,0 +1,193 @@
+"""`segment(job)`: run a network densely over a Zarr volume, block by block, resumably.
+
+`validate_job` does every check `segment` does before writing anything, so a
+bad job fails with one ValueError and leaves the disk untouched.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from znni.engine.blockwork import BlockSpec, BlockWorker
+from znni.engine.geometry import Block, Box, Halo, Triple, split_blocks
+from znni.engine.job import ProgressEvent, SegmentJob, SegmentReport
+from znni.engine.layout import choose_block_shape, choose_patch_output, memory_budget_bytes
+from znni.engine.ledger import (
+    Ledger,
+    fingerprint,
+    fingerprint_parts,
+    mismatch_sentence,
+    read_ledger,
+)
+from znni.engine.pipeline import run_local
+from znni.engine.progress import Progress, StageTimer
+from znni.engine.units import resolve_roi
+from znni.engine.volume import (
+    InputVolume,
+    check_existing_output,
+    default_chunks,
+    open_input,
+    open_or_create_output,
+)
+from znni.primitives.base import Backend
+
+SCHEDULER_RE = re.compile(r"local:(\d+)|tcp://[^\s:/]+:\d+")
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A checked job with its geometry decided; nothing written yet."""
+
+    job: SegmentJob
+    volume: InputVolume
+    region: Box
+    out_shape: tuple[int, int, int, int]
+    chunks: Triple
+    parts: dict[str, Any]
+    resume: bool  # the output's ledger belongs to this job: skip its finished blocks
+    done: frozenset[str]
+    patch: Triple
+    block_shape: Triple
+    primitives: tuple[str | None, ...] | None
+
+
+def validate_job(job: SegmentJob, plan: Any | None = None) -> None:
+    """Raise ValueError for anything that would make `segment(job)` fail; writes nothing."""
+    prepare(job, plan)
+
+
+def prepare(job: SegmentJob, plan: Any | None = None) -> Prepared:
+    _check_options(job)
+    net = job.network
+    volume = open_input(job.input_path, net.in_channels)
+    lo_hi = resolve_roi(job.roi, volume.shape) if job.roi else tuple((0, n) for n in volume.shape)
+    region = Box(tuple(a for a, _ in lo_hi), tuple(b for _, b in lo_hi))  # type: ignore[arg-type]
+    if Path(job.output_path).resolve() == Path(job.input_path).resolve():
+        raise ValueError(f"output {job.output_path} is the input array; choose another path")
+    out_shape = (net.out_channels, *volume.shape)
+    existing = check_existing_output(job.output_path, out_shape, job.dtype)
+    chunks = existing or job.chunks or default_chunks(volume.shape)
+    parts = fingerprint_parts(
+        net.digest, job.input_path, tuple(int(s) for s in volume.array.shape),
+        str(volume.dtype), region.key(), job.border, job.dtype,
+    )
+    header, done = read_ledger(job.output_path) if existing else (None, set())
+    resume = header is not None and header.get("fingerprint") == fingerprint(parts)
+    if header is not None and not resume and not job.overwrite:
+        raise ValueError(mismatch_sentence(job.output_path, header, parts))
+    if job.overwrite:
+        resume = False
+    budget = memory_budget_bytes(job.memory_limit_bytes)
+    patch, primitives = _patch_from_plan(job, plan, budget, region.shape)
+    if resume and header is not None and "block_shape" in header:
+        block_shape: Triple = tuple(int(v) for v in header["block_shape"])  # type: ignore[assignment]
+    elif job.block is not None:
+        block_shape = job.block
+    else:
+        block_shape = choose_block_shape(
+            net, chunks, patch, region.shape, budget, volume.dtype.itemsize
+        )
+    return Prepared(
+        job, volume, region, out_shape, chunks, parts, resume,
+        frozenset(done) if resume else frozenset(), patch, block_shape, primitives,
+    )
+
+
+def _check_options(job: SegmentJob) -> None:
+    if job.border not in ("reflect", "zero"):
+        raise ValueError(f"border mode {job.border!r} is not one of reflect, zero")
+    if job.dtype not in ("float32", "uint8"):
+        raise ValueError(f"output dtype {job.dtype!r} is not one of float32, uint8")
+    if job.scheduler is not None and not SCHEDULER_RE.fullmatch(job.scheduler):
+        raise ValueError(
+            f"scheduler {job.scheduler!r} is not of the form tcp://HOST:PORT or local:N"
+        )
+    if job.scheduler is not None and job.scheduler.startswith("local:"):
+        if int(job.scheduler[6:]) < 1:
+            raise ValueError(f"scheduler {job.scheduler!r} needs at least one worker")
+    for what, value in (("chunks", job.chunks), ("block", job.block)):
+        if value is not None and (len(value) != 3 or min(value) < 1):
+            raise ValueError(f"{what} {value!r} must be 3 positive integers z,y,x")
+
+
+def _patch_from_plan(
+    job: SegmentJob, plan: Any | None, budget: int, region: Triple
+) -> tuple[Triple, tuple[str | None, ...] | None]:
+    """The plan's patch output and primitives, or the engine's own memory-bounded choice."""
+    net = job.network
+    if plan is None:
+        return choose_patch_output(net, budget, region), None
+    out = tuple(int(v) for v in plan.output_size)
+    if any(o % p for o, p in zip(out, net.pool_product, strict=True)):
+        raise ValueError(
+            f"plan output size {out} is not a multiple of the pool product {net.pool_product}"
+        )
+    primitives = tuple(plan.primitives) if plan.primitives is not None else None
+    if primitives is not None and len(primitives) != len(net.ops):
+        raise ValueError(f"plan has {len(primitives)} primitives for {len(net.ops)} network ops")
+    return out, primitives  # type: ignore[return-value]
+
+
+def segment(
+    job: SegmentJob,
+    *,
+    quiet: bool = True,
+    progress: Callable[[ProgressEvent], None] | None = None,
+    cancel: threading.Event | None = None,
+    backend: Backend | None = None,
+    plan: Any | None = None,
+) -> SegmentReport:
+    """Compute every unfinished block of the job and write it; see the module docstring."""
+    prep = prepare(job, plan)
+    output = open_or_create_output(job.output_path, prep.out_shape, job.dtype, prep.chunks)
+    ledger = Ledger(job.output_path)
+    if prep.resume:
+        ledger.resume()
+    else:
+        ledger.start(prep.parts, prep.block_shape)
+    net = job.network
+    blocks = split_blocks(
+        prep.region, prep.block_shape, prep.chunks, Halo.for_fov(net.fov), net.pool_product
+    )
+    todo = [b for b in blocks if b.key not in prep.done]
+    done_voxels = sum(b.write.size for b in blocks if b.key in prep.done)
+    spec = BlockSpec(
+        net, job.input_path, job.output_path, job.border, job.dtype, prep.patch,
+        prep.primitives, backend.name if backend is not None else None,
+    )
+    meter = Progress(
+        len(blocks), prep.region.size, quiet=quiet, callback=progress,
+        blocks_done=len(blocks) - len(todo), voxels_done=done_voxels,
+    )
+    timer = StageTimer()
+
+    def on_done(block: Block) -> None:
+        ledger.record([block.key])
+        meter.block_done(block.write.size)
+
+    try:
+        if job.scheduler is None:
+            worker = BlockWorker(spec, backend=backend, output_array=output)
+            run_local(worker, todo, on_done, timer, cancel)
+        else:
+            from znni.engine.distributed import run_dask
+
+            run_dask(spec, todo, on_done, timer, job.scheduler, cancel)
+    finally:
+        meter.close()
+    elapsed = meter.elapsed_s()
+    return SegmentReport(
+        output_path=job.output_path,
+        blocks_total=len(blocks),
+        blocks_computed=len(todo),
+        voxels_written=meter.voxels_this_run,
+        elapsed_s=elapsed,
+        voxels_per_second=meter.voxels_this_run / max(elapsed, 1e-9),
+        stage_seconds=dict(timer.seconds),
+        plan=plan.to_dict() if plan is not None and hasattr(plan, "to_dict") else None,
+    )

@@ -1,0 +1,135 @@
+"""Zarr input and output arrays: opening, checking, creating, reading and writing boxes.
+
+Input: format 2 or 3, (z, y, x) when the network has one input channel or
+(c, z, y, x); integer or float. Output: (c, z, y, x), format 3 when created.
+Every refusal is a ValueError naming the path and the offending values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from znni.engine.geometry import Box, Triple
+
+DEFAULT_CHUNK = 64
+
+
+def open_zarr_array(path: str, what: str) -> Any:
+    """Open an existing Zarr array read-only, or raise ValueError saying why not."""
+    import zarr
+
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"{what} {path} does not exist")
+    try:
+        return zarr.open_array(str(p), mode="r")
+    except Exception as e:  # zarr raises several unrelated types for "not an array"
+        raise ValueError(f"{what} {path} is not a Zarr array ({type(e).__name__}: {e})") from e
+
+
+@dataclass(frozen=True)
+class InputVolume:
+    """An opened input array and how its axes map to (C, Z, Y, X)."""
+
+    path: str
+    array: Any
+    channels: int
+    shape: Triple  # spatial (z, y, x)
+    dtype: np.dtype
+    has_channel_axis: bool
+
+    def read(self, box: Box) -> np.ndarray:
+        """Raw (C, Z, Y, X) values of a box inside the volume."""
+        if self.has_channel_axis:
+            return np.asarray(self.array[(slice(None), *box.slices())])
+        return np.asarray(self.array[box.slices()])[None]
+
+
+def open_input(path: str, in_channels: int) -> InputVolume:
+    """Open and check the input volume against the network's input channels."""
+    arr = open_zarr_array(path, "input")
+    shape = tuple(int(s) for s in arr.shape)
+    dtype = np.dtype(arr.dtype)
+    if dtype.kind not in "iuf":
+        raise ValueError(f"input {path} has dtype {dtype}; expected an integer or float type")
+    if len(shape) == 3:
+        if in_channels != 1:
+            raise ValueError(
+                f"input {path} is 3D {shape} (one channel) but the network expects "
+                f"{in_channels} input channels as a 4D (c, z, y, x) array"
+            )
+        return InputVolume(path, arr, 1, (shape[0], shape[1], shape[2]), dtype, False)
+    if len(shape) == 4:
+        if shape[0] != in_channels:
+            raise ValueError(
+                f"input {path} has {shape[0]} channels (shape {shape}) but the network "
+                f"expects {in_channels}"
+            )
+        return InputVolume(path, arr, shape[0], (shape[1], shape[2], shape[3]), dtype, True)
+    raise ValueError(
+        f"input {path} has {len(shape)} dimensions {shape}; expected 3 (z, y, x) or 4 (c, z, y, x)"
+    )
+
+
+def default_chunks(shape: Triple) -> Triple:
+    """Engine-chosen output chunks: 64 per axis, clipped to the volume."""
+    z, y, x = (min(DEFAULT_CHUNK, n) for n in shape)
+    return (z, y, x)
+
+
+def check_existing_output(path: str, shape: tuple[int, ...], dtype: str) -> Triple | None:
+    """Spatial chunks of an existing compatible output, None when there is none; else ValueError."""
+    p = Path(path)
+    if not p.exists():
+        return None
+    if not p.is_dir():
+        raise ValueError(f"output {path} exists and is not a directory (a Zarr array)")
+    if not any(p.iterdir()):
+        return None
+    arr = open_zarr_array(path, "existing output")
+    found = tuple(int(s) for s in arr.shape)
+    if found != shape:
+        raise ValueError(
+            f"existing output {path} has shape {found}, expected {shape}; "
+            "remove it or choose another output path"
+        )
+    if np.dtype(arr.dtype) != np.dtype(dtype):
+        raise ValueError(
+            f"existing output {path} has dtype {arr.dtype}, expected {dtype}; "
+            "remove it or choose another output path"
+        )
+    chunks = tuple(int(c) for c in arr.chunks)
+    return (chunks[1], chunks[2], chunks[3])
+
+
+def open_or_create_output(path: str, shape: tuple[int, ...], dtype: str, chunks: Triple) -> Any:
+    """The output array, created (format 3, fill 0) when missing; checked when present."""
+    import zarr
+
+    if check_existing_output(path, shape, dtype) is not None:
+        return zarr.open_array(path, mode="r+")
+    return zarr.create_array(
+        store=path,
+        shape=shape,
+        chunks=(shape[0], *chunks),
+        dtype=dtype,
+        fill_value=0,
+        zarr_format=3,
+        overwrite=True,
+    )
+
+
+def encode_output(values: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 network output -> stored dtype; uint8 stores round(clip(x, 0, 1) * 255)."""
+    if dtype == "uint8":
+        return np.rint(np.clip(values, 0.0, 1.0) * 255.0).astype(np.uint8)
+    return values.astype(np.float32, copy=False)
+
+
+def write_box(array: Any, box: Box, values: np.ndarray) -> None:
+    """Write (C, *box.shape) values to the output array at `box`."""
+    array[(slice(None), *box.slices())] = values
