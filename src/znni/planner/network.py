@@ -221,3 +221,25 @@ def _weight(
     if not np.all(np.isfinite(arr)):
         raise ValueError(f"weights file {path}: layer {i} key {key!r} contains NaN or infinity")
     return np.ascontiguousarray(arr, dtype=np.float32)
+
+
+def network_shapes_only(raw: dict, where: str = "<spec>") -> Network:
+    """A Network from a spec dict with zero weights that take no memory (broadcast views).
+
+    For planning, which needs only shapes: `znni plan` on a spec whose weights
+    are absent, and the planner's tests and benchmarks. Never for inference.
+    """
+    spec = parse_spec(raw, Path(where))
+    weights: dict[str, np.ndarray] = {}
+    channels = spec.in_channels
+    for i, layer in enumerate(spec.layers):
+        if layer.kind == "conv":
+            assert layer.kernel is not None and layer.out_channels is not None
+            shape = (layer.out_channels, channels, *layer.kernel)
+            weights[f"{i}.weight"] = np.broadcast_to(np.float32(0), shape)
+            weights[f"{i}.bias"] = np.broadcast_to(np.float32(0), (layer.out_channels,))
+            channels = layer.out_channels
+    ops = build_ops(spec.layers, spec.in_channels, weights, Path(where))
+    digest = hashlib.sha256(("shapes-only:" + spec.canonical_json()).encode()).hexdigest()
+    return Network(spec.name, spec.in_channels, spec.scale, spec.shift, spec.layers, tuple(ops),
+                   digest)

@@ -1,0 +1,169 @@
+"""Time per primitive and layer shape: counted work divided by calibrated rates.
+
+Work is counted analytically (ZNNi, SC16, section "Primitives"); the rates
+come from a MachineProfile (calibrate.py measures them on this machine).
+Every quantity carries its unit: _flops, _bytes, _s. n is a padded FFT
+size, N = nz*ny*nx real points, Nc = nz*ny*(nx//2+1) complex points.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from math import log2, prod
+
+from znni.planner.machine import GpuProfile, MachineProfile
+from znni.planner.network import LayerShape
+
+Triple = tuple[int, int, int]
+FFT_C = 2.5  # ZNNi: an FFT of N points costs about C*N*log2(N) flops, C ~ 2.5
+COMPLEX_BYTES = 8  # complex64
+FLOAT_BYTES = 4
+
+CPU_CONV_PRIMITIVES = ("direct", "fft-keep", "fft-recompute")
+GPU_CONV_PRIMITIVES = ("gpu-direct", "gpu-fft")
+
+
+def good_size(n: int) -> int:
+    """Smallest 2^a*3^b*5^c*7^d >= n (ZNNi "padded FFT": transform at a fast size >= n)."""
+    m = max(1, n)
+    while True:
+        r = m
+        for p in (2, 3, 5, 7):
+            while r % p == 0:
+                r //= p
+        if r == 1:
+            return m
+        m += 1
+
+
+def fft_shape(size_in: Triple) -> Triple:
+    """Padded transform size: the input size rounded up per axis (wrap-around hits only
+    the k-1 discarded border voxels, so n, not n+k-1, suffices)."""
+    return (good_size(size_in[0]), good_size(size_in[1]), good_size(size_in[2]))
+
+
+def spectrum_points(padded: Triple) -> int:
+    """Nc: complex points of a real-to-complex transform."""
+    return padded[0] * padded[1] * (padded[2] // 2 + 1)
+
+
+def transform_flops(padded: Triple) -> float:
+    """One full 3D transform: C*N*log2(N) (ZNNi: 3C*n^3*log n for a cube)."""
+    n = prod(padded)
+    return FFT_C * n * log2(max(2, n))
+
+
+def pruned_kernel_flops(kernel: Triple, padded: Triple) -> float:
+    """A k^3 kernel zero-padded to n^3 needs k^2 lines on axis x, k*n on y, n^2 on z
+    (ZNNi pruned FFT: C*n*log n*(k^2 + k*n + n^2) for a cube); each line C*L*log2(L)."""
+    kz, ky, _ = kernel
+    nz, ny, nx = padded
+    nxc = nx // 2 + 1
+    lines = (
+        (kz * ky, nx),  # r2c along x for the k^2 nonzero lines
+        (kz * nxc, ny),  # along y for the k planes of complex lines
+        (ny * nxc, nz),  # along z for everything
+    )
+    return sum(FFT_C * count * length * log2(max(2, length)) for count, length in lines)
+
+
+@dataclass(frozen=True)
+class Work:
+    """Counted work of one layer call; time = sum of each term over its rate."""
+
+    fft_flops: float = 0.0  # image transforms (forward inputs, inverse outputs)
+    kernel_fft_flops: float = 0.0  # pruned kernel transforms
+    madd_flops: float = 0.0  # frequency-domain multiply-add, 8 flops per complex madd
+    madd_bytes: float = 0.0  # bytes that multiply-add streams (spectra read once per call)
+    direct_flops: float = 0.0  # 2 flops per real multiply-add
+    memory_bytes: float = 0.0  # element-wise traffic: crop, bias, activation, MPF, copies
+    calls: int = 1
+
+    def __add__(self, other: Work) -> Work:
+        return Work(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(Work)))
+
+
+def conv_work(layer: LayerShape, primitive: str) -> Work:
+    """Work of a conv layer under `primitive` (CPU or GPU name; same counting)."""
+    s, f, g = layer.batch_in, layer.channels_in, layer.channels_out
+    n_in, n_out = prod(layer.size_in), prod(layer.size_out)
+    elementwise_bytes = float(s * g * n_out * FLOAT_BYTES * 3)  # bias + activation + store
+    if primitive in ("direct", "gpu-direct"):
+        # ZNNi direct conv: S*f'*f*n'^3*k^3 multiply-adds
+        return Work(
+            direct_flops=2.0 * s * g * f * n_out * prod(layer.kernel),
+            memory_bytes=elementwise_bytes + s * f * n_in * FLOAT_BYTES,
+        )
+    padded = fft_shape(layer.size_in)
+    nc = spectrum_points(padded)
+    # ZNNi FFT conv: S*3C*n^3*log n*(f+f') image transforms + 4S*f'*f*n^3 multiply-adds
+    image_fft_flops = s * (f + g) * transform_flops(padded)
+    madd_flops = 8.0 * s * f * g * nc
+    madd_bytes = float((f * g + s * (f + g)) * nc * COMPLEX_BYTES)
+    kernel_flops = 0.0
+    if primitive in ("fft-recompute", "gpu-fft"):
+        # + f*f'*C*n*log n*(k^2+kn+n^2) pruned kernel transforms per call
+        kernel_flops = f * g * pruned_kernel_flops(layer.kernel, padded)
+    pad_bytes = s * (f * prod(padded) + g * prod(padded)) * FLOAT_BYTES
+    return Work(
+        fft_flops=image_fft_flops,
+        kernel_fft_flops=kernel_flops,
+        madd_flops=madd_flops,
+        madd_bytes=madd_bytes,
+        memory_bytes=elementwise_bytes + pad_bytes,
+    )
+
+
+def other_work(layer: LayerShape) -> Work:
+    """Pooling (MPF) and stand-alone activations: element-wise traffic only."""
+    return Work(memory_bytes=float(layer.in_bytes + 2 * layer.out_bytes))
+
+
+def cpu_seconds(work: Work, machine: MachineProfile) -> float:
+    """Predicted seconds on the host CPU. Multiply-add is compute- or memory-bound,
+    whichever is slower (ANCHORS: memory-bound at S = 1, a matmul at S > 1)."""
+    r = machine.rate
+    madd_s = max(work.madd_flops / r("madd_flops_per_s"), work.madd_bytes / r("madd_bytes_per_s"))
+    return (
+        work.fft_flops / r("fft_flops_per_s")
+        + work.kernel_fft_flops / r("kernel_fft_flops_per_s")
+        + madd_s
+        + work.direct_flops / r("direct_flops_per_s")
+        + work.memory_bytes / r("memory_bytes_per_s")
+        + work.calls * r("layer_overhead_s")
+    )
+
+
+def gpu_seconds(work: Work, gpu: GpuProfile) -> float:
+    """Predicted seconds on a GPU from its profile (cuDNN-like direct, cuFFT-based FFT)."""
+    madd_s = max(work.madd_flops / gpu.madd_flops_per_s, work.madd_bytes / gpu.memory_bytes_per_s)
+    return (
+        (work.fft_flops + work.kernel_fft_flops) / gpu.fft_flops_per_s
+        + madd_s
+        + work.direct_flops / gpu.direct_flops_per_s
+        + work.memory_bytes / gpu.memory_bytes_per_s
+        + work.calls * gpu.layer_overhead_s
+    )
+
+
+def layer_seconds(layer: LayerShape, primitive: str | None, machine: MachineProfile) -> float:
+    """Seconds for one layer: conv by primitive (gpu-* on the machine's GPU), others on the
+    device named by primitive ('gpu' or None for the CPU)."""
+    if layer.kind == "conv":
+        if primitive is None:
+            raise ValueError(f"conv layer {layer.index} needs a primitive to be costed")
+        work = conv_work(layer, primitive)
+        on_gpu = primitive.startswith("gpu")
+    else:
+        work = other_work(layer)
+        on_gpu = primitive == "gpu"
+    if on_gpu:
+        if machine.gpu is None:
+            raise ValueError(f"machine profile {machine.name!r} has no GPU to cost layer on")
+        return gpu_seconds(work, machine.gpu)
+    return cpu_seconds(work, machine)
+
+
+def transfer_seconds(nbytes: float, gpu: GpuProfile) -> float:
+    """Host <-> device copy time over PCIe."""
+    return nbytes / gpu.transfer_bytes_per_s

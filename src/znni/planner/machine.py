@@ -1,0 +1,160 @@
+"""Machine profiles: what the planner knows about a computer (cores, memory, devices, rates).
+
+A profile is detected on this machine (cores, available RAM, CUDA devices via
+`znni.primitives.gpu.device_info`, and the calibrated primitive rates), or
+loaded from JSON so plans can be made for machines you do not have
+(`znni plan --machine PROFILE.json`). Shipped profiles live in `profiles/`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+# Rates of the CPU primitives (whole machine, all threads), used by costs.py.
+# Defaults are the ones measured on the 2-core AVX-512 CI kind (ANCHORS.md).
+DEFAULT_CPU_RATES: dict[str, float] = {
+    "fft_flops_per_s": 12e9,  # FFTW r2c/c2r at C*N*log2(N) flops per transform
+    "kernel_fft_flops_per_s": 6e9,  # pruned kernel transforms (short, strided lines)
+    "madd_flops_per_s": 60e9,  # complex frequency-domain matmul, compute-bound (S > 1)
+    "madd_bytes_per_s": 15e9,  # the same, memory-bound at S = 1 (spectra read once)
+    "direct_flops_per_s": 40e9,  # direct conv as GEMMs
+    "memory_bytes_per_s": 10e9,  # element-wise passes: crop, bias, activation, MPF
+    "layer_overhead_s": 2e-4,  # fixed cost per layer call (Python, planning lookups)
+}
+
+
+@dataclass(frozen=True)
+class GpuProfile:
+    """One CUDA device and the rates of its primitives (ZNNi's cuDNN and FFT conv)."""
+
+    name: str
+    memory_bytes: int
+    direct_flops_per_s: float = 4e12  # cuDNN-style implicit GEMM
+    fft_flops_per_s: float = 1.5e12  # cuFFT at C*N*log2(N) flops per transform
+    madd_flops_per_s: float = 3e12  # complex frequency-domain products
+    memory_bytes_per_s: float = 300e9  # device memory bandwidth for element-wise passes
+    transfer_bytes_per_s: float = 12e9  # host <-> device (PCIe)
+    layer_overhead_s: float = 5e-5
+
+
+@dataclass(frozen=True)
+class MachineProfile:
+    """A computer as the planner sees it. Frozen; JSON round-trips via save/load."""
+
+    name: str
+    cores: int
+    memory_bytes: int  # host RAM the planner may use (available, not total)
+    cpu_rates: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_CPU_RATES))
+    gpus: tuple[GpuProfile, ...] = ()
+    # Resident bytes of a process before any patch (interpreter, numpy, FFTW, weights excluded).
+    base_rss_bytes: int = 150 * 2**20
+    calibrated: bool = False
+
+    def rate(self, key: str) -> float:
+        return float(self.cpu_rates.get(key, DEFAULT_CPU_RATES[key]))
+
+    @property
+    def gpu(self) -> GpuProfile | None:
+        """The device the planner uses (the first one; multi-GPU is not planned)."""
+        return self.gpus[0] if self.gpus else None
+
+    def with_memory(self, memory_bytes: int) -> MachineProfile:
+        return replace(self, memory_bytes=int(memory_bytes))
+
+    def without_gpus(self) -> MachineProfile:
+        return replace(self, gpus=())
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["gpus"] = [asdict(g) for g in self.gpus]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> MachineProfile:
+        if not isinstance(d, dict):
+            raise ValueError(f"a machine profile must be a JSON object, found {type(d).__name__}")
+        missing = sorted({"name", "cores", "memory_bytes"} - set(d))
+        if missing:
+            raise ValueError(f"machine profile is missing key {missing[0]!r}")
+        rates = {**DEFAULT_CPU_RATES, **{k: float(v) for k, v in d.get("cpu_rates", {}).items()}}
+        unknown = sorted(set(rates) - set(DEFAULT_CPU_RATES))
+        if unknown:
+            raise ValueError(f"machine profile has unknown cpu rate {unknown[0]!r}")
+        try:
+            gpus = tuple(GpuProfile(**g) for g in d.get("gpus", []))
+        except TypeError as e:
+            raise ValueError(f"machine profile has a malformed GPU entry ({e})") from e
+        cores, memory = int(d["cores"]), int(d["memory_bytes"])
+        if cores < 1 or memory < 1:
+            raise ValueError(f"machine profile needs cores >= 1 and memory_bytes >= 1, "
+                             f"found {cores} and {memory}")
+        return cls(
+            name=str(d["name"]),
+            cores=cores,
+            memory_bytes=memory,
+            cpu_rates=rates,
+            gpus=gpus,
+            base_rss_bytes=int(d.get("base_rss_bytes", 150 * 2**20)),
+            calibrated=bool(d.get("calibrated", False)),
+        )
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> MachineProfile:
+        """Load a profile JSON file, or a shipped profile by name (e.g. 'znni-paper')."""
+        p = Path(path)
+        if not p.is_file():
+            shipped = resources.files("znni.planner") / "profiles" / f"{path}.json"
+            if not shipped.is_file():
+                raise ValueError(
+                    f"machine profile {path} is neither a file nor a shipped profile "
+                    f"({', '.join(shipped_profiles())})"
+                )
+            return cls.from_dict(json.loads(shipped.read_text()))
+        try:
+            return cls.from_dict(json.loads(p.read_text()))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"machine profile {p} is not valid JSON ({e})") from e
+
+    @classmethod
+    def detect(cls, *, calibrate: bool = True) -> MachineProfile:
+        """This machine: cores, available RAM, CUDA devices, and (cached) calibrated rates."""
+        from znni.primitives.gpu import device_info
+
+        gpus = tuple(
+            GpuProfile(name=g["name"], memory_bytes=int(g["free_bytes"])) for g in device_info()
+        )
+        profile = cls(
+            name=f"detected-{os.uname().nodename}",
+            cores=os.cpu_count() or 1,
+            memory_bytes=available_memory_bytes(),
+            gpus=gpus,
+        )
+        if calibrate:
+            from znni.planner.calibrate import calibrated_profile
+
+            profile = calibrated_profile(profile)
+        return profile
+
+
+def shipped_profiles() -> list[str]:
+    folder = resources.files("znni.planner") / "profiles"
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".json"))
+
+
+def available_memory_bytes() -> int:
+    """MemAvailable from /proc/meminfo (what can be allocated without swapping)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))

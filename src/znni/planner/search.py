@@ -1,0 +1,247 @@
+"""Exhaustive search for the plan with the most predicted output voxels per second.
+
+Following ZNNi: over MPF-valid input sizes x batch S x split layer theta, each
+layer takes the fastest primitive that fits the memory left, for each device
+algorithm: CPU-only, GPU-only, GPU + host RAM (early layers streamed in
+chunks), CPU-GPU (CPU runs ops[:p], the GPU ops[p:] on sub-batches of
+fragments, pipelined with a queue of one patch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from znni.planner.costs import transfer_seconds as xfer_s
+from znni.planner.machine import MachineProfile
+from znni.planner.memory import layer_memory, pass_peak_bytes, weights_bytes
+from znni.planner.network import LayerShape, Network
+from znni.planner.plan import AlgorithmSummary, LayerPlan, Plan
+from znni.planner.stages import Stage, cpu_stage, gpu_stage, streamed_stage
+
+HOST_FRACTION = 0.85  # of available RAM, when no explicit limit is given
+GPU_FRACTION = 0.9  # of device memory (allocator slack, CUDA context)
+BATCHES = (1, 2, 4)
+MAX_OUTPUT = 1024  # largest dense output per axis considered
+GIVE_UP_AFTER = 3  # consecutive sizes where nothing fits
+
+
+def search(
+    network: Network,
+    machine: MachineProfile,
+    algorithms: tuple[str, ...],
+    memory_limit_bytes: int | None,
+) -> Plan:
+    host = memory_limit_bytes or int(machine.memory_bytes * HOST_FRACTION)
+    gpu = int(machine.gpu.memory_bytes * GPU_FRACTION) if machine.gpu else 0
+    summaries: list[AlgorithmSummary] = []
+    best: Plan | None = None
+    for alg in algorithms:
+        if alg != "cpu" and machine.gpu is None:
+            summaries.append(AlgorithmSummary(alg, False, reason="no GPU in the machine profile"))
+            continue
+        plan = best_of_algorithm(network, machine, alg, host, gpu)
+        if plan is None:
+            summaries.append(AlgorithmSummary(alg, False, reason="nothing fits in memory"))
+            continue
+        summaries.append(summarise(plan))
+        if best is None or plan.predicted_voxels_per_second > best.predicted_voxels_per_second:
+            best = plan
+    if best is None:
+        reasons = "; ".join(f"{s.algorithm}: {s.reason}" for s in summaries)
+        raise ValueError(
+            f"no configuration of network {network.name!r} fits in {host:,} bytes of host "
+            f"memory on machine {machine.name!r} ({reasons})"
+        )
+    return replace(best, alternatives=tuple(summaries))
+
+
+def summarise(plan: Plan) -> AlgorithmSummary:
+    return AlgorithmSummary(
+        plan.algorithm,
+        True,
+        plan.input_size,
+        plan.output_size,
+        plan.batch,
+        plan.theta,
+        plan.predicted_voxels_per_second,
+        plan.peak_bytes,
+        plan.gpu_peak_bytes,
+    )
+
+
+def candidate_sizes(network: Network) -> list[tuple[int, int, int]]:
+    """Valid MPF input sizes, smallest first: output j*P per axis (near-cubic)."""
+    pmax = max(network.pool_product)
+    sizes = []
+    for j in range(1, MAX_OUTPUT // pmax + 1):
+        size = network.input_size_for((j * pmax,) * 3)
+        if network.is_valid_input_size(size):
+            sizes.append(size)
+    return sizes
+
+
+def best_of_algorithm(
+    network: Network, machine: MachineProfile, alg: str, host_bytes: int, gpu_bytes: int
+) -> Plan | None:
+    """The best plan of one algorithm over sizes x batches (x split points)."""
+    best: Plan | None = None
+    misses = 0
+    for size in candidate_sizes(network):
+        found = False
+        for batch in BATCHES:
+            shapes = network.layer_shapes(size, batch)
+            for plan in evaluate(network, machine, alg, shapes, host_bytes, gpu_bytes):
+                found = True
+                if best is None or plan.predicted_voxels_per_second > (
+                    best.predicted_voxels_per_second
+                ):
+                    best = plan
+        misses = 0 if found else misses + 1
+        if misses >= GIVE_UP_AFTER:
+            break
+    return best
+
+
+def split_points(shapes: list[LayerShape]) -> list[int]:
+    """p such that ops[:p] and ops[p:] are both non-empty and p does not separate a conv
+    from the activation fused into it."""
+    return [
+        p
+        for p in range(1, len(shapes))
+        if not (shapes[p - 1].kind == "conv" and shapes[p].kind not in ("conv", "maxpool"))
+    ]
+
+
+def evaluate(
+    network: Network,
+    machine: MachineProfile,
+    alg: str,
+    shapes: list[LayerShape],
+    host_bytes: int,
+    gpu_bytes: int,
+) -> list[Plan]:
+    """Every feasible plan of `alg` for one size and batch (one per split point)."""
+    fixed = machine.base_rss_bytes + weights_bytes(shapes)
+    out_voxels = shapes[-1].batch_out * _voxels(shapes[-1])
+    final = shapes[-1].out_bytes
+    plans: list[Plan] = []
+    if alg == "cpu":
+        stage = cpu_stage(shapes, machine, host_bytes - fixed - 2 * final)
+        if stage is not None:
+            peak, _ = pass_peak_bytes(shapes, list(stage.primitives), threads=machine.cores,
+                                      fixed_bytes=fixed)
+            if peak <= host_bytes:
+                plans.append(build(network, machine, alg, shapes, None, [stage], stage.seconds,
+                                   peak, 0, out_voxels, host_bytes, gpu_bytes))
+        return plans
+    gpu = machine.gpu
+    assert gpu is not None  # checked by search()
+    if alg == "gpu":
+        stage = gpu_stage(shapes, machine, gpu_bytes)
+        if stage is not None:
+            t = stage.seconds + xfer_s(shapes[0].in_bytes + final, gpu)
+            peak = fixed + shapes[0].in_bytes + 2 * final
+            if peak <= host_bytes:
+                plans.append(build(network, machine, alg, shapes, None, [stage], t, peak,
+                                   stage.device_peak_bytes, out_voxels, host_bytes, gpu_bytes))
+        return plans
+    for p in split_points(shapes):
+        plan = evaluate_split(network, machine, alg, shapes, p, host_bytes, gpu_bytes, fixed)
+        if plan is not None:
+            plans.append(plan)
+    return plans
+
+
+def evaluate_split(
+    network: Network,
+    machine: MachineProfile,
+    alg: str,
+    shapes: list[LayerShape],
+    p: int,
+    host_bytes: int,
+    gpu_bytes: int,
+    fixed: int,
+) -> Plan | None:
+    """gpu-ram or cpu-gpu with ops[:p] streamed / on the CPU and ops[p:] on the GPU."""
+    gpu = machine.gpu
+    assert gpu is not None
+    head, tail = shapes[:p], shapes[p:]
+    final = shapes[-1].out_bytes
+    handoff = head[-1].out_bytes
+    back = gpu_stage(tail, machine, gpu_bytes)
+    if back is None:
+        return None
+    back_s = back.seconds + xfer_s(handoff + final, gpu)
+    if alg == "cpu-gpu":
+        # the queue of one holds a second copy of the hand-off tensor; output recombined on host
+        extra = handoff + 2 * final
+        front = cpu_stage(head, machine, host_bytes - fixed - extra)
+        if front is None:
+            return None
+        peak, _ = pass_peak_bytes(head, list(front.primitives), threads=machine.cores,
+                                  fixed_bytes=fixed)
+        peak += extra
+        patch_s = max(front.seconds, back_s)  # pipelined: the slower stage sets the pace
+    else:
+        front = streamed_stage(head, machine, gpu_bytes)
+        if front is None:
+            return None
+        peak = fixed + shapes[0].in_bytes + max(s.in_bytes + s.out_bytes for s in head) + 2 * final
+        patch_s = front.seconds + back_s
+    if peak > host_bytes:
+        return None
+    out_voxels = shapes[-1].batch_out * _voxels(shapes[-1])
+    gpu_peak = max(st.device_peak_bytes for st in (front, back) if st.device == "gpu")
+    return build(network, machine, alg, shapes, p - 1, [front, back], patch_s, peak, gpu_peak,
+                 out_voxels, host_bytes, gpu_bytes)
+
+
+def _voxels(shape: LayerShape) -> int:
+    z, y, x = shape.size_out
+    return z * y * x
+
+
+def build(
+    network: Network,
+    machine: MachineProfile,
+    alg: str,
+    shapes: list[LayerShape],
+    theta: int | None,
+    stages: list[Stage],
+    patch_s: float,
+    peak: int,
+    gpu_peak: int,
+    out_voxels: int,
+    host_bytes: int,
+    gpu_bytes: int,
+) -> Plan:
+    prims = tuple(p for st in stages for p in st.primitives)
+    layers = tuple(
+        LayerPlan(sh.index, sh.kind, st.device, prim, t, b)
+        for st in stages
+        for sh, prim, t, b in zip(st.shapes, st.primitives, st.layer_seconds, st.layer_bytes,
+                                  strict=True)
+    )
+    kept = sum(layer_memory(sh, p).kept_bytes for sh, p in zip(shapes, prims, strict=True))
+    size_in = shapes[0].size_in
+    return Plan(
+        network=network.name,
+        machine=machine.name,
+        algorithm=alg,
+        input_size=size_in,
+        output_size=network.output_size(size_in),
+        batch=shapes[0].batch_in,
+        theta=theta,
+        primitives=tuple(None if sh.kind != "conv" else p for sh, p in zip(shapes, prims,
+                                                                          strict=True)),
+        layers=layers,
+        peak_bytes=int(peak),
+        predicted_patch_s=patch_s,
+        predicted_voxels_per_second=out_voxels / patch_s,
+        gpu_peak_bytes=int(gpu_peak),
+        gpu_sub_batches=max((st.sub_batches for st in stages if st.device == "gpu"), default=1),
+        spectra_cache_bytes=int(kept),
+        memory_limit_bytes=int(host_bytes),
+        gpu_memory_limit_bytes=int(gpu_bytes),
+    )
+

@@ -1,0 +1,31 @@
+"""GPU (CuPy) primitives. `import cupy` happens only inside this package, lazily."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def device_info() -> list[dict[str, Any]]:
+    """CUDA devices as [{'name', 'memory_bytes', 'free_bytes'}]; [] without CuPy or a GPU."""
+    try:
+        import cupy  # optional, heavy, GPU-only dependency
+    except ImportError:
+        return []
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception:  # no driver / no device: CuPy raises its own types
+        return []
+    out: list[dict[str, Any]] = []
+    for i in range(count):
+        props = cupy.cuda.runtime.getDeviceProperties(i)
+        with cupy.cuda.Device(i):
+            free_bytes, total_bytes = cupy.cuda.runtime.memGetInfo()
+        name = props["name"]
+        out.append(
+            {
+                "name": name.decode() if isinstance(name, bytes) else str(name),
+                "memory_bytes": int(total_bytes),
+                "free_bytes": int(free_bytes),
+            }
+        )
+    return out

@@ -1,0 +1,10 @@
+"""Makes tests/planner/planner_nets.py importable as `planner_nets` (import-mode=importlib)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+HERE = str(Path(__file__).resolve().parent)
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)

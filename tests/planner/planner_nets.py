@@ -1,0 +1,36 @@
+"""Shape-only builds of the ZNNi benchmark networks (ANCHORS.md table) for planner tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from znni.planner.network import Network, network_shapes_only
+
+# name -> (layer pattern, conv kernels); 1 input channel, 80 maps, 3 outputs, ReLU, pools 2^3
+ZNNI_TABLE = {
+    "n337": ("CPCPCPCCCC", (2, 3, 3, 3, 3, 3, 3)),
+    "n537": ("CPCPCPCCCC", (4, 5, 5, 5, 5, 5, 5)),
+    "n726": ("CPCPCCCC", (6, 7, 7, 7, 7, 7)),
+    "n926": ("CPCPCCCC", (8, 9, 9, 9, 9, 9)),
+}
+ZNNI_FOV = {"n337": 85, "n537": 163, "n726": 117, "n926": 155}
+
+
+def znni_spec(name: str, maps: int = 80) -> dict[str, Any]:
+    pattern, kernels = ZNNI_TABLE[name]
+    n_conv = pattern.count("C")
+    layers: list[dict[str, Any]] = []
+    k = iter(kernels)
+    done = 0
+    for ch in pattern:
+        if ch == "C":
+            done += 1
+            out = 3 if done == n_conv else maps
+            layers += [{"kind": "conv", "out_channels": out, "kernel": next(k)}, {"kind": "relu"}]
+        else:
+            layers.append({"kind": "maxpool", "window": [2, 2, 2]})
+    return {"name": name, "in_channels": 1, "layers": layers}
+
+
+def znni_network(name: str) -> Network:
+    return network_shapes_only(znni_spec(name), name)

@@ -1,0 +1,65 @@
+"""make_plan and the Plan value: validity of what is chosen, JSON round trip, limits."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from planner_nets import ZNNI_FOV, ZNNI_TABLE, znni_network
+
+from znni.planner.machine import MachineProfile
+from znni.planner.network import Network
+from znni.planner.plan import Plan, make_plan
+
+CI = MachineProfile.load("ci-2core")
+
+
+@pytest.fixture(params=sorted(ZNNI_TABLE))
+def znni_net(request: pytest.FixtureRequest) -> Network:
+    return znni_network(request.param)
+
+
+def test_fov_of_benchmark_networks(znni_net) -> None:
+    assert znni_net.fov == (ZNNI_FOV[znni_net.name],) * 3
+
+
+def test_plan_is_valid_and_fits(znni_net) -> None:
+    plan = make_plan(znni_net, machine=CI, device="cpu")
+    assert plan.algorithm == "cpu"
+    assert znni_net.is_valid_input_size(plan.input_size)
+    assert plan.output_size == znni_net.output_size(plan.input_size)
+    assert len(plan.primitives) == len(znni_net.ops)
+    for op_kind, prim in zip((layer.kind for layer in znni_net.layers), plan.primitives,
+                             strict=True):
+        assert (prim in ("direct", "fft-keep", "fft-recompute")) == (op_kind == "conv")
+        assert (prim is None) == (op_kind != "conv")
+    assert plan.peak_bytes <= plan.memory_limit_bytes
+    assert plan.predicted_voxels_per_second > 0
+    assert [layer.index for layer in plan.layers] == list(range(len(znni_net.ops)))
+
+
+def test_plan_json_round_trip() -> None:
+    plan = make_plan(znni_network("n337"), machine=MachineProfile.load("znni-paper"))
+    text = json.dumps(plan.to_dict())
+    back = Plan.from_dict(json.loads(text))
+    assert back == plan
+
+
+@pytest.mark.parametrize("name, limit_gib", [("n337", 1.5), ("n537", 6)])
+def test_memory_limit_is_respected_and_shrinks_the_patch(name: str, limit_gib: float) -> None:
+    net = znni_network(name)
+    limit = int(limit_gib * 2**30)
+    big = make_plan(net, machine=CI, device="cpu")
+    small = make_plan(net, machine=CI, device="cpu", memory_limit_bytes=limit)
+    assert small.peak_bytes <= limit < big.peak_bytes
+    assert small.input_size[0] < big.input_size[0]
+
+
+def test_impossible_limit_and_bad_device_raise() -> None:
+    net = znni_network("n337")
+    with pytest.raises(ValueError, match="fits in"):
+        make_plan(net, machine=CI, memory_limit_bytes=10 * 2**20)
+    with pytest.raises(ValueError, match="device"):
+        make_plan(net, machine=CI, device="tpu")
+    with pytest.raises(ValueError, match="no GPU"):
+        make_plan(net, machine=CI, device="gpu")
