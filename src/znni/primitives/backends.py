@@ -13,8 +13,14 @@ def _reference(**_: Any) -> Backend:
     return ReferenceBackend()
 
 
+def _cpu(**options: Any) -> Backend:
+    from znni.primitives.cpu import CpuBackend  # lazy: imports pyFFTW
+
+    return CpuBackend(**options)
+
+
 # name -> factory; imports of fast backends stay lazy so nothing heavy runs at import time.
-BACKEND_FACTORIES: dict[str, Callable[..., Backend]] = {"reference": _reference}
+BACKEND_FACTORIES: dict[str, Callable[..., Backend]] = {"reference": _reference, "cpu": _cpu}
 
 
 def make_backend(name: str, **options: Any) -> Backend:

@@ -1,0 +1,165 @@
+"""CpuBackend: the fast CPU implementation of the `Backend` protocol.
+
+Per conv layer it runs direct conv, FFT conv with kept kernel spectra or FFT
+conv with pruned kernel transforms recomputed per call, as the plan says or
+as measured fastest for the layer shape. Every hot loop runs in numpy,
+BLAS or FFTW, which release the GIL, so a pool of `threads` workers and
+FFTW's own threads keep every usable core busy.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from math import prod
+
+import numpy as np
+
+from znni.primitives.activations import apply_activation
+from znni.primitives.base import Activation, Triple
+from znni.primitives.cpu.choice import PrimitiveChooser, estimate_s, layer_key, time_call
+from znni.primitives.cpu.direct_conv import direct_conv3d
+from znni.primitives.cpu.fft_conv import (
+    COMPLEX_BYTES,
+    fft_conv3d,
+    kernel_spectra,
+    spectrum_shape,
+)
+from znni.primitives.cpu.fft_sizes import padded_shape
+from znni.primitives.cpu.fftw_plans import PlanCache
+from znni.primitives.cpu.pooling import maxpool, mpf
+from znni.primitives.cpu.spectra_cache import SpectraCache, spectra_key
+
+CONV_PRIMITIVES = ("direct", "fft-keep", "fft-recompute")
+
+
+def usable_cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _check_window(window: Triple) -> Triple:
+    if len(window) != 3 or min(window) < 1:
+        raise ValueError(f"pool window must be three integers >= 1, got {window}")
+    return (int(window[0]), int(window[1]), int(window[2]))
+
+
+class CpuBackend:
+    """numpy + pyFFTW backend; see the module docstring."""
+
+    name = "cpu"
+
+    def __init__(
+        self,
+        threads: int | None = None,
+        fft_effort: str = "FFTW_MEASURE",
+        spectra_cache_bytes: int = 2**30,
+        workspace_bytes: int = 2**30,
+        persist_choices: bool = True,
+    ) -> None:
+        if threads is not None and threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        self.threads = threads or usable_cores()
+        self.fft_effort = fft_effort
+        self.plans = PlanCache(self.threads, fft_effort, workspace_bytes)
+        self.spectra = SpectraCache(spectra_cache_bytes)
+        self.chooser = PrimitiveChooser(persist=persist_choices)
+        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="znni-cpu")
+
+    def close(self) -> None:
+        """Stop the worker threads and drop caches."""
+        self._pool.shutdown(wait=True)
+        self.plans.clear()
+        self.spectra.clear()
+
+    def conv3d(
+        self,
+        x: np.ndarray,
+        weight: np.ndarray,
+        bias: np.ndarray,
+        activation: Activation | None = None,
+        primitive: str | None = None,
+    ) -> np.ndarray:
+        x, weight, bias = self._check_conv(x, weight, bias)
+        if primitive is None:
+            primitive = self.choose(x, weight, bias, activation)
+        elif primitive not in CONV_PRIMITIVES:
+            raise ValueError(
+                f"unknown CPU conv primitive {primitive!r}; expected one of {CONV_PRIMITIVES}"
+            )
+        return self._run(primitive, x, weight, bias, activation)
+
+    def _run(
+        self,
+        primitive: str,
+        x: np.ndarray,
+        weight: np.ndarray,
+        bias: np.ndarray,
+        activation: Activation | None,
+    ) -> np.ndarray:
+        if primitive == "direct":
+            return direct_conv3d(self._pool, x, weight, bias, activation)
+        spectra = self.kept_spectra(weight, x.shape[2:]) if primitive == "fft-keep" else None
+        return fft_conv3d(self.plans, self._pool, x, weight, bias, activation, spectra)
+
+    def kept_spectra(self, weight: np.ndarray, size: tuple[int, ...]) -> np.ndarray:
+        """Kernel spectra for patches of `size`, from the cache (kept there when they fit)."""
+        padded = padded_shape((int(size[0]), int(size[1]), int(size[2])))
+        nbytes = prod(spectrum_shape(padded)) * weight.shape[0] * weight.shape[1] * COMPLEX_BYTES
+        return self.spectra.get_or_make(
+            spectra_key(weight, padded),
+            nbytes,
+            lambda: kernel_spectra(self.plans, weight, padded, 2**27),
+        )
+
+    def choose(
+        self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray, activation: Activation | None
+    ) -> str:
+        """The measured-fastest primitive for this layer shape (cached by shape)."""
+        key = layer_key(x.shape, weight.shape, self.threads, self.fft_effort)
+        padded = padded_shape(tuple(int(v) for v in x.shape[2:]))  # type: ignore[arg-type]
+        keep_bytes = prod(spectrum_shape(padded)) * weight.shape[0] * weight.shape[1] * 8
+        fft = "fft-keep" if self.spectra.fits(keep_bytes) else "fft-recompute"
+        names = ("direct", fft)
+
+        def timed(name: str) -> float:
+            if name != "direct":  # plans and kept spectra are one-off costs: warm them first
+                self._run(name, x, weight, bias, activation)
+            return time_call(lambda: self._run(name, x, weight, bias, activation))
+
+        return self.chooser.choose(
+            key,
+            {n: (lambda n=n: timed(n)) for n in names},
+            {n: estimate_s(n, x.shape, weight.shape) for n in names},
+        )
+
+    @staticmethod
+    def _check_conv(
+        x: np.ndarray, weight: np.ndarray, bias: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if x.ndim != 5 or weight.ndim != 5:
+            raise ValueError(
+                f"conv3d needs a (S, C, Z, Y, X) input and a (Cout, Cin, kz, ky, kx) weight, "
+                f"got shapes {x.shape} and {weight.shape}"
+            )
+        if x.shape[1] != weight.shape[1]:
+            raise ValueError(
+                f"input has {x.shape[1]} channels but the kernel expects {weight.shape[1]}"
+            )
+        if any(n < k for n, k in zip(x.shape[2:], weight.shape[2:], strict=True)):
+            raise ValueError(f"input {x.shape[2:]} is smaller than kernel {weight.shape[2:]}")
+        if bias.shape != (weight.shape[0],):
+            raise ValueError(f"bias has shape {bias.shape}, expected ({weight.shape[0]},)")
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        return x, np.ascontiguousarray(weight, dtype=np.float32), bias.astype(np.float32)
+
+    def maxpool(self, x: np.ndarray, window: Triple) -> np.ndarray:
+        return maxpool(x, _check_window(window))
+
+    def mpf(self, x: np.ndarray, window: Triple) -> np.ndarray:
+        return mpf(x, _check_window(window))
+
+    def activation(self, x: np.ndarray, activation: Activation) -> np.ndarray:
+        return apply_activation(x, activation)

@@ -1,0 +1,109 @@
+"""Per-layer primitive choice by measurement, cached by layer shape.
+
+A model only prunes hopeless candidates (so a 9^3 layer never runs direct
+for minutes); the rest are timed on the real input and the fastest wins.
+Choices persist in `$XDG_CACHE_HOME/znni/choices.json`, keyed by the layer
+shape, thread count and FFTW effort, so a later process skips measuring.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from math import log2, prod
+from pathlib import Path
+
+from znni.primitives.cpu.fft_sizes import padded_shape
+from znni.primitives.cpu.fftw_plans import cache_dir
+
+log = logging.getLogger(__name__)
+
+# Rough rates of this machine kind (ANCHORS.md), used only to skip hopeless candidates.
+GEMM_FLOPS_PER_S = 1.0e11
+FFT_FLOPS_PER_S = 1.0e10
+MEMORY_BYTES_PER_S = 1.5e10
+PRUNE_RATIO = 6.0
+
+
+def layer_key(x_shape: tuple[int, ...], w_shape: tuple[int, ...], threads: int, effort: str) -> str:
+    s, cin, *n = x_shape
+    cout, _, *k = w_shape
+    dims = f"n{'x'.join(map(str, n))}-k{'x'.join(map(str, k))}"
+    return f"s{s}-ci{cin}-co{cout}-{dims}-t{threads}-{effort}"
+
+
+def estimate_s(primitive: str, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> float:
+    """Crude time model: direct = GEMM flops; FFT = transforms + spectra traffic."""
+    s, cin, *n = x_shape
+    cout, _, *k = w_shape
+    out = prod(a - b + 1 for a, b in zip(n, k, strict=True))
+    if primitive == "direct":
+        return 2.0 * s * cin * cout * out * prod(k) / GEMM_FLOPS_PER_S
+    padded = padded_shape((n[0], n[1], n[2]))
+    vol = prod(padded)
+    nf = vol // padded[2] * (padded[2] // 2 + 1)
+    fft_s = 2.5 * vol * log2(max(vol, 2)) * s * (cin + cout) / FFT_FLOPS_PER_S
+    mult_s = 8.0 * cin * cout * nf * max(1, s // 8) / MEMORY_BYTES_PER_S
+    if primitive == "fft-recompute":
+        fft_s += 2.5 * vol * log2(max(vol, 2)) * cin * cout * 0.3 / FFT_FLOPS_PER_S
+    return fft_s + mult_s
+
+
+class PrimitiveChooser:
+    """Remembers the measured-fastest primitive per layer shape (memory and disk)."""
+
+    def __init__(self, path: Path | None = None, persist: bool = True) -> None:
+        self.path = path or cache_dir() / "choices.json"
+        self.persist = persist
+        self._lock = threading.Lock()
+        self.choices: dict[str, str] = {}
+        self.timings: dict[str, dict[str, float]] = {}
+        if persist and self.path.exists():
+            try:
+                self.choices = dict(json.loads(self.path.read_text()))
+            except (OSError, ValueError) as e:
+                log.warning("ignoring unreadable primitive choices %s: %s", self.path, e)
+
+    def choose(
+        self,
+        key: str,
+        candidates: dict[str, Callable[[], float]],
+        estimates: dict[str, float],
+    ) -> str:
+        """Cached choice, else time the candidates within PRUNE_RATIO of the best estimate."""
+        known = self.choices.get(key)
+        if known in candidates:
+            return known
+        best_est = min(estimates.values())
+        timed: dict[str, float] = {}
+        for name, run in candidates.items():
+            if estimates[name] <= PRUNE_RATIO * best_est:
+                timed[name] = run()
+        pick = min(timed, key=lambda n: timed[n])
+        with self._lock:
+            self.choices[key] = pick
+            self.timings[key] = timed
+            self._save()
+        return pick
+
+    def _save(self) -> None:
+        if not self.persist:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(self.choices, indent=0, sort_keys=True))
+            tmp.replace(self.path)
+        except OSError as e:
+            log.warning("could not save primitive choices to %s: %s", self.path, e)
+
+
+def time_call(fn: Callable[[], object]) -> float:
+    """Wall seconds of one call."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0

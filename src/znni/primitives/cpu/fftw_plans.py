@@ -1,0 +1,150 @@
+"""pyFFTW plans with their aligned workspaces, cached by shape; FFTW wisdom on disk.
+
+A plan is only valid for arrays of the exact layout it was made for, and a
+pyFFTW object keeps references to its arrays, so plans live together with
+the buffers they own: a `Workspace`. Workspaces are checked out exclusively,
+returned after use and kept in an LRU bounded in bytes; reusing them also
+avoids first-touch page faults on big fresh arrays. Wisdom (what
+FFTW_MEASURE learned) is saved under `$XDG_CACHE_HOME/znni` so a new process
+re-plans a known shape in well under a millisecond.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyfftw
+
+log = logging.getLogger(__name__)
+
+FFT_EFFORTS = ("FFTW_ESTIMATE", "FFTW_MEASURE", "FFTW_PATIENT", "FFTW_EXHAUSTIVE")
+_WISDOM_NAMES = ("double", "single", "longdouble")
+_wisdom_lock = threading.Lock()
+_wisdom_loaded: set[Path] = set()
+
+
+def cache_dir() -> Path:
+    """$XDG_CACHE_HOME/znni, defaulting to ~/.cache/znni."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "znni"
+
+
+def load_wisdom(directory: Path | None = None) -> None:
+    """Import saved FFTW wisdom once per directory and process; a bad file is ignored."""
+    directory = directory or cache_dir()
+    with _wisdom_lock:
+        if directory in _wisdom_loaded:
+            return
+        _wisdom_loaded.add(directory)
+        parts = []
+        for name in _WISDOM_NAMES:
+            path = directory / f"fftw-wisdom-{name}.dat"
+            parts.append(path.read_bytes() if path.exists() else b"")
+        if any(parts):
+            try:
+                pyfftw.import_wisdom(tuple(parts))
+            except (ValueError, RuntimeError, TypeError) as e:  # stale or corrupt wisdom
+                log.warning("ignoring unreadable FFTW wisdom in %s: %s", directory, e)
+
+
+def save_wisdom(directory: Path | None = None) -> None:
+    """Export all wisdom gathered so far (atomic rename, best effort)."""
+    directory = directory or cache_dir()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, data in zip(_WISDOM_NAMES, pyfftw.export_wisdom(), strict=True):
+            tmp = directory / f".fftw-wisdom-{name}.{os.getpid()}.tmp"
+            tmp.write_bytes(data)
+            tmp.replace(directory / f"fftw-wisdom-{name}.dat")
+    except OSError as e:
+        log.warning("could not save FFTW wisdom to %s: %s", directory, e)
+
+
+class Workspace:
+    """Aligned buffers plus the FFTW plans built on them (used by one thread at a time)."""
+
+    def __init__(self) -> None:
+        self.arrays: dict[str, np.ndarray] = {}
+        self.plans: dict[str, pyfftw.FFTW] = {}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays.values())
+
+    def array(self, name: str, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        arr = pyfftw.empty_aligned(shape, dtype=dtype)
+        self.arrays[name] = arr
+        return arr
+
+
+class PlanCache:
+    """Workspaces keyed by (key, threads, effort); LRU bounded by `max_bytes`."""
+
+    def __init__(self, threads: int, effort: str, max_bytes: int = 2**30) -> None:
+        if effort not in FFT_EFFORTS:
+            raise ValueError(f"unknown FFTW effort {effort!r}; expected one of {FFT_EFFORTS}")
+        self.threads = threads
+        self.effort = effort
+        self.max_bytes = max_bytes
+        self._free: OrderedDict[Hashable, list[Workspace]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._new_plans = 0
+        load_wisdom()
+
+    def fftw(
+        self, src: np.ndarray, dst: np.ndarray, axis: int, direction: str = "FFTW_FORWARD"
+    ) -> pyfftw.FFTW:
+        """Plan one batched 1D transform along `axis` (arrays are overwritten when measuring)."""
+        self._new_plans += 1
+        return pyfftw.FFTW(
+            src,
+            dst,
+            axes=(axis,),
+            direction=direction,
+            flags=(self.effort, "FFTW_DESTROY_INPUT"),
+            threads=self.threads,
+        )
+
+    def checkout(self, key: Hashable, build: Callable[[PlanCache], Workspace]) -> Workspace:
+        """A free workspace for `key`, or a new one made by `build(self)`."""
+        full = (key, self.threads, self.effort)
+        with self._lock:
+            free = self._free.get(full)
+            if free:
+                ws = free.pop()
+                if not free:
+                    del self._free[full]
+                return ws
+        ws = build(self)
+        if self._new_plans and self.effort != "FFTW_ESTIMATE":
+            self._new_plans = 0
+            save_wisdom()
+        return ws
+
+    def checkin(self, key: Hashable, ws: Workspace) -> None:
+        """Return a workspace for reuse, evicting least recently used ones beyond the bound."""
+        if ws.nbytes > self.max_bytes:
+            return
+        full = (key, self.threads, self.effort)
+        with self._lock:
+            self._free.setdefault(full, []).append(ws)
+            self._free.move_to_end(full)
+            while self.cached_bytes() > self.max_bytes:
+                _, lst = next(iter(self._free.items()))
+                lst.pop(0)
+                if not lst:
+                    self._free.popitem(last=False)
+
+    def cached_bytes(self) -> int:
+        return sum(ws.nbytes for lst in self._free.values() for ws in lst)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._free.clear()

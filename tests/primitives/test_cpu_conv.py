@@ -1,0 +1,113 @@
+"""Fast CPU conv primitives against scipy (tests/naive.py) and the reference path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from naive import close, naive_activation, naive_conv
+
+from znni.primitives.base import Activation
+from znni.primitives.cpu import CONV_PRIMITIVES, CpuBackend
+from znni.primitives.reference import conv3d_reference
+
+ACTS = ["relu", "sigmoid", "tanh", "elu", "leaky_relu", "linear"]
+
+
+@pytest.fixture(scope="module")
+def backend():
+    # FFTW_ESTIMATE plans never write wisdom; choices stay in memory.
+    b = CpuBackend(threads=2, fft_effort="FFTW_ESTIMATE", persist_choices=False)
+    yield b
+    b.close()
+
+
+def _layer(rng, s, cin, cout, size, kernel):
+    x = rng.standard_normal((s, cin, *size)).astype(np.float32)
+    w = (rng.standard_normal((cout, cin, *kernel)) / np.sqrt(cin * np.prod(kernel))).astype(
+        np.float32
+    )
+    b = (0.1 * rng.standard_normal(cout)).astype(np.float32)
+    return x, w, b
+
+
+def _naive(x, w, b, act: Activation | None):
+    out = np.stack([naive_conv(x[i], w, b) for i in range(x.shape[0])])
+    return out if act is None else naive_activation(out, act.kind, act.slope)
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("primitive", CONV_PRIMITIVES)
+def test_random_shapes_match_scipy_and_reference(backend, primitive, seed):
+    rng = np.random.default_rng(1000 + seed)
+    s = int(rng.integers(1, 4))
+    cin, cout = (int(v) for v in rng.integers(1, 7, size=2))
+    kernel = tuple(int(v) for v in rng.integers(1, 6, size=3))  # anisotropic
+    size = tuple(int(k + rng.integers(0, 9)) for k in kernel)  # odd and even sizes
+    act = Activation(ACTS[seed % len(ACTS)], 0.1)
+    x, w, b = _layer(rng, s, cin, cout, size, kernel)
+    out = backend.conv3d(x, w, b, act, primitive)
+    assert out.dtype == np.float32
+    assert close(out, _naive(x, w, b, act)), (primitive, s, cin, cout, size, kernel)
+    ref = conv3d_reference(x, w, b)
+    assert close(backend.conv3d(x, w, b, None, primitive), ref)
+
+
+@pytest.mark.parametrize("primitive", CONV_PRIMITIVES)
+@pytest.mark.parametrize(
+    ("s", "cin", "cout", "size", "kernel"),
+    [
+        (1, 80, 3, (5, 6, 7), (3, 2, 3)),  # many input channels, tiny space
+        (2, 3, 80, (4, 5, 6), (2, 3, 1)),  # many output channels
+        (3, 40, 40, (4, 4, 5), (1, 1, 1)),  # 1x1x1 kernel
+        (1, 1, 4, (17, 13, 11), (5, 4, 3)),  # single-channel first layer, primes
+        (2, 2, 2, (1, 7, 8), (1, 3, 3)),  # a flat axis
+    ],
+)
+def test_channel_extremes_match_reference(backend, primitive, s, cin, cout, size, kernel):
+    rng = np.random.default_rng(cin * 100 + cout)
+    x, w, b = _layer(rng, s, cin, cout, size, kernel)
+    out = backend.conv3d(x, w, b, Activation("elu"), primitive)
+    ref = conv3d_reference(x, w, b)
+    assert close(out, naive_activation(ref, "elu"))
+
+
+def test_chosen_primitive_matches_reference_and_is_cached(backend):
+    rng = np.random.default_rng(7)
+    x, w, b = _layer(rng, 2, 4, 5, (12, 11, 10), (3, 3, 3))
+    out = backend.conv3d(x, w, b, None, None)
+    assert close(out, conv3d_reference(x, w, b))
+    assert len(backend.chooser.choices) >= 1
+    key = next(iter(backend.chooser.choices))
+    assert backend.chooser.choices[key] in CONV_PRIMITIVES
+
+
+def test_kept_spectra_are_reused_and_keyed_by_size(backend):
+    rng = np.random.default_rng(8)
+    x, w, b = _layer(rng, 1, 3, 4, (9, 9, 9), (3, 3, 3))
+    backend.spectra.clear()
+    backend.conv3d(x, w, b, None, "fft-keep")
+    backend.conv3d(x, w, b, None, "fft-keep")
+    assert len(backend.spectra) == 1
+    x2 = rng.standard_normal((1, 3, 13, 9, 9)).astype(np.float32)  # another padded size
+    assert close(backend.conv3d(x2, w, b, None, "fft-keep"), conv3d_reference(x2, w, b))
+    assert len(backend.spectra) == 2
+    w2 = w.copy()
+    w2[0, 0, 0, 0, 0] += 1.0  # same shape, other weights: must not hit the cache
+    assert close(backend.conv3d(x, w2, b, None, "fft-keep"), conv3d_reference(x, w2, b))
+    assert len(backend.spectra) == 3
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "w_shape", "primitive"),
+    [
+        ((1, 2, 5, 5, 5), (3, 3, 2, 2, 2), "direct"),  # channel mismatch
+        ((1, 2, 2, 5, 5), (3, 2, 3, 2, 2), "direct"),  # input smaller than kernel
+        ((2, 5, 5, 5), (3, 2, 2, 2, 2), "direct"),  # not 5-D
+        ((1, 2, 5, 5, 5), (3, 2, 2, 2, 2), "winograd"),  # unknown primitive
+    ],
+)
+def test_bad_arguments_raise_value_error(backend, x_shape, w_shape, primitive):
+    x = np.zeros(x_shape, np.float32)
+    w = np.zeros(w_shape, np.float32)
+    with pytest.raises(ValueError):
+        backend.conv3d(x, w, np.zeros(w_shape[0], np.float32), None, primitive)

@@ -1,0 +1,70 @@
+"""Vectorised MPF and max-pool against fragments_reference, scipy and tests/naive.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from naive import naive_pool
+from scipy import ndimage
+
+from znni.primitives.cpu import CpuBackend
+from znni.primitives.fragments import fragments_reference
+
+
+@pytest.fixture(scope="module")
+def backend():
+    b = CpuBackend(threads=2, fft_effort="FFTW_ESTIMATE", persist_choices=False)
+    yield b
+    b.close()
+
+
+def _valid_size(rng, p):
+    return int(p * rng.integers(2, 6) - 1)  # (n + 1) divisible by p
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_mpf_matches_fragments_reference_and_scipy(backend, seed):
+    rng = np.random.default_rng(seed)
+    window = tuple(int(v) for v in rng.integers(1, 4, size=3))
+    size = tuple(_valid_size(rng, p) for p in window)
+    s, c = int(rng.integers(1, 3)), int(rng.integers(1, 4))
+    x = rng.standard_normal((s, c, *size)).astype(np.float32)
+    out = backend.mpf(x, window)
+    np.testing.assert_array_equal(out, fragments_reference(x, window))
+    # Independent check: fragment (oz, oy, ox) of sample si is the scipy max filter,
+    # anchored at the window's first voxel, sampled at o + p*i.
+    frag = out.reshape(s, *window, c, *out.shape[2:])  # (S, pz, py, px, C, mz, my, mx)
+    for si in range(s):
+        for ci in range(c):
+            dense = ndimage.maximum_filter(
+                x[si, ci], size=window, origin=[-(p // 2) for p in window]
+            )
+            dense = dense[
+                : size[0] - window[0] + 1, : size[1] - window[1] + 1, : size[2] - window[2] + 1
+            ]
+            for o in np.ndindex(*window):
+                m = frag.shape[5:]
+                exp = dense[
+                    o[0] : o[0] + window[0] * m[0] : window[0],
+                    o[1] : o[1] + window[1] * m[1] : window[1],
+                    o[2] : o[2] + window[2] * m[2] : window[2],
+                ]
+                np.testing.assert_array_equal(frag[si, o[0], o[1], o[2], ci], exp)
+
+
+def test_mpf_rejects_sizes_that_do_not_fragment_evenly(backend):
+    with pytest.raises(ValueError):
+        backend.mpf(np.zeros((1, 1, 6, 5, 5), np.float32), (2, 2, 2))
+    with pytest.raises(ValueError):
+        backend.mpf(np.zeros((1, 1, 5, 5, 5), np.float32), (0, 2, 2))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_maxpool_matches_naive(backend, seed):
+    rng = np.random.default_rng(50 + seed)
+    window = tuple(int(v) for v in rng.integers(1, 4, size=3))
+    size = tuple(int(v) for v in rng.integers(3, 12, size=3))  # remainders dropped
+    x = rng.standard_normal((2, 3, *size)).astype(np.float32)
+    out = backend.maxpool(x, window)
+    for si in range(2):
+        np.testing.assert_array_equal(out[si], naive_pool(x[si], window).astype(np.float32))
