@@ -73,3 +73,34 @@ def write_network(tmp: Path, layers: list[dict], params: dict, in_channels: int 
     path = tmp / f"{name}.json"
     path.write_text(json.dumps(spec))
     return path
+
+
+def small_network(rng: np.random.Generator, in_channels: int = 1) -> tuple[list[dict], dict]:
+    """conv-relu-maxpool(2,1,2)-conv-sigmoid, anisotropic kernels: fov (6, 4, 6)."""
+    layers = [
+        {"kind": "conv", "out_channels": 3, "kernel": [3, 2, 3]},
+        {"kind": "relu"},
+        {"kind": "maxpool", "window": [2, 1, 2]},
+        {"kind": "conv", "out_channels": 2, "kernel": [2, 3, 2]},
+        {"kind": "sigmoid"},
+    ]
+    w0 = rng.standard_normal((3, in_channels, 3, 2, 3)) / np.sqrt(18 * in_channels)
+    w3 = rng.standard_normal((2, 3, 2, 3, 2)) / np.sqrt(36)
+    params = {
+        "0.weight": w0.astype(np.float32),
+        "0.bias": (0.1 * rng.standard_normal(3)).astype(np.float32),
+        "3.weight": w3.astype(np.float32),
+        "3.bias": (0.1 * rng.standard_normal(2)).astype(np.float32),
+    }
+    return layers, params
+
+
+def write_volume(path: Path, volume: np.ndarray, zarr_format: int, chunks: tuple) -> str:
+    import zarr
+
+    arr = zarr.create_array(
+        store=str(path), shape=volume.shape, chunks=chunks, dtype=volume.dtype,
+        zarr_format=zarr_format,
+    )
+    arr[...] = volume
+    return str(path)

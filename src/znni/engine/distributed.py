@@ -1,0 +1,98 @@
+"""Blocks as Dask tasks: `tcp://HOST:PORT` (an existing cluster) or `local:N` (a LocalCluster).
+
+The `BlockSpec` (network and weights included) is scattered to every worker
+once; each worker process builds its `BlockWorker` (arrays opened, backend
+made) once per job and keeps it in a module-level cache. Workers read their
+input and write their block straight to the shared output; the client
+records a block in the ledger when its task has returned. A worker that
+dies mid-block loses only that task, which the scheduler runs again
+elsewhere; chunks are block-aligned, so a rerun block rewrites exactly the
+chunks the dead one may have half written.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from znni.engine.blockwork import BlockSpec, BlockWorker
+from znni.engine.geometry import Block
+from znni.engine.job import SegmentCancelled
+from znni.engine.progress import StageTimer
+
+TASK_RETRIES = 3  # task errors (not worker deaths, which the scheduler retries itself)
+
+_WORKERS: dict[int, BlockWorker] = {}
+
+
+def run_block_task(spec: BlockSpec, block: Block) -> tuple[str, dict[str, float]]:
+    """Runs on a Dask worker: one block, with the stage times it took there."""
+    worker = _WORKERS.get(id(spec))
+    if worker is None or worker.spec is not spec:
+        _WORKERS.clear()
+        worker = BlockWorker(spec)
+        _WORKERS[id(spec)] = worker
+    times: dict[str, float] = {}
+    t0 = time.perf_counter()
+    raw = worker.read(block)
+    t1 = time.perf_counter()
+    out = worker.compute(block, raw)
+    t2 = time.perf_counter()
+    worker.write(block, out)
+    times = {"read": t1 - t0, "compute": t2 - t1, "write": time.perf_counter() - t2}
+    return block.key, times
+
+
+def _connect(scheduler: str) -> tuple[Any, Any]:
+    """(client, cluster or None) for 'local:N' or 'tcp://HOST:PORT'."""
+    from distributed import Client, LocalCluster
+
+    if scheduler.startswith("local:"):
+        cluster = LocalCluster(
+            n_workers=int(scheduler[6:]), threads_per_worker=1, processes=True,
+            dashboard_address=None,
+        )
+        return Client(cluster), cluster
+    try:
+        return Client(scheduler, timeout="20s"), None
+    except OSError as e:
+        raise ValueError(f"cannot reach the Dask scheduler at {scheduler} ({e})") from e
+
+
+def run_dask(
+    spec: BlockSpec,
+    blocks: Sequence[Block],
+    on_done: Callable[[Block], None],
+    timer: StageTimer,
+    scheduler: str,
+    cancel: threading.Event | None = None,
+) -> None:
+    """Run `blocks` as tasks; `on_done` is called in this process as each one finishes."""
+    if not blocks:
+        return
+    from distributed import as_completed
+
+    client, cluster = _connect(scheduler)
+    try:
+        [spec_future] = client.scatter([spec], broadcast=True, hash=False)
+        by_key = {b.key: b for b in blocks}
+        futures = [
+            client.submit(run_block_task, spec_future, b, pure=False, retries=TASK_RETRIES)
+            for b in blocks
+        ]
+        t_wait = time.perf_counter()
+        for n, fut in enumerate(as_completed(futures), start=1):
+            key, times = fut.result()
+            timer.add("wait", time.perf_counter() - t_wait)
+            timer.merge(times)
+            on_done(by_key[key])
+            if cancel is not None and cancel.is_set():
+                client.cancel([f for f in futures if not f.done()])
+                raise SegmentCancelled(f"cancelled after {n} of {len(blocks)} blocks")
+            t_wait = time.perf_counter()
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
