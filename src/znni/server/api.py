@@ -1,0 +1,231 @@
+"""The /v1 routes (DESIGN.md, "HTTP API"). Route functions are plain `def`: FastAPI runs them
+in its thread pool, so SQLite and Zarr reads never block the event loop."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path as FsPath
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from znni.server.catalogue import NetworkCatalogue, UnknownNetworkError, describe
+from znni.server.events import log_event
+from znni.server.jobs import prepare
+from znni.server.metrics import RequestCounter
+from znni.server.schemas import (
+    ErrorRead,
+    JobCreate,
+    JobList,
+    JobRead,
+    JobStatus,
+    NetworkList,
+    NetworkRead,
+    PlanRead,
+    PlanRequest,
+    Progress,
+)
+from znni.server.security import token_matches
+from znni.server.settings import Settings
+from znni.server.store import JobRecord, JobStore, OutputBusyError
+from znni.server.worker import WorkerPool
+
+MAX_ID = 2**62  # SQLite integers are 64-bit; larger ids cannot exist
+
+
+@dataclass
+class ServerState:
+    settings: Settings
+    store: JobStore
+    catalogue: NetworkCatalogue
+    pool: WorkerPool
+    requests: RequestCounter
+
+
+def get_state(request: Request) -> ServerState:
+    return request.app.state.znni
+
+
+_bearer = HTTPBearer(auto_error=False, description="needed when the server has a token")
+
+
+def require_token(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> None:
+    """401 unless the configured token is given as `Authorization: Bearer TOKEN`."""
+    token = get_state(request).settings.token
+    if token is None:
+        return
+    header = f"Bearer {credentials.credentials}" if credentials is not None else None
+    if not token_matches(token, header):
+        reason = "missing" if credentials is None else "wrong"
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED,
+            detail=f"{reason} bearer token: send 'Authorization: Bearer TOKEN'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
+StateDep = Annotated[ServerState, Depends(get_state)]
+JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="job id")]
+NetworkPath = Annotated[str, Path(max_length=128, description="network name")]
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorRead} for code in (400, 401, 404, 409, 413, 422)
+}
+
+router = APIRouter(prefix="/v1", dependencies=[Depends(require_token)], responses=ERRORS)
+
+
+def job_read(record: JobRecord, data_root: FsPath) -> JobRead:
+    rate = record.voxels_per_second
+    eta = None
+    if record.status == "running" and rate and rate > 0:
+        eta = max(0.0, (record.voxels_total - record.voxels_done) / rate)
+    return JobRead(
+        id=record.id,
+        status=record.status,  # type: ignore[arg-type]
+        network=record.network,
+        input=_relative(record.input_path, data_root),
+        output=_relative(record.output_path, data_root),
+        parameters=record.parameters,
+        progress=Progress(
+            done=record.blocks_done,
+            total=record.blocks_total,
+            voxels_done=record.voxels_done,
+            voxels_total=record.voxels_total,
+        ),
+        voxels_per_second=rate,
+        eta_s=eta,
+        elapsed_s=record.elapsed_s,
+        error=record.error,
+        plan=record.plan,
+        report=record.report,
+        cancel_requested=record.cancel_requested,
+        attempts=record.attempts,
+        created_at=record.created_at,
+        started_at=record.started_at,
+        finished_at=record.finished_at,
+    )
+
+
+def _relative(path: str, root: FsPath) -> str:
+    p = FsPath(path)
+    return str(p.relative_to(root)) if p.is_relative_to(root) else path
+
+
+@router.post("/jobs", status_code=status.HTTP_201_CREATED, response_model=JobRead)
+def create_job(body: JobCreate, state: StateDep) -> JobRead:
+    """Validate everything (nothing is stored on a 4xx), then queue the job."""
+    settings = state.settings
+    t0 = time.perf_counter()
+    try:
+        network, job = prepare(body, state.catalogue, settings.data_root, settings.scheduler)
+    except ValueError as e:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(e)) from e
+    try:
+        record = state.store.create(
+            network=body.network,
+            network_digest=network.digest,
+            input_path=job.input_path,
+            output_path=job.output_path,
+            parameters=body.model_dump(exclude={"network", "input", "output"}, mode="json"),
+        )
+    except OutputBusyError as e:
+        raise HTTPException(status.HTTP_409_CONFLICT, detail=f"output {body.output!r} {e}") from e
+    log_event(
+        "job.submitted",
+        record.id,
+        network=body.network,
+        input=body.input,
+        output=body.output,
+        validate_s=round(time.perf_counter() - t0, 4),
+    )
+    return job_read(record, settings.data_root)
+
+
+@router.get("/jobs", response_model=JobList)
+def list_jobs(
+    state: StateDep,
+    status_filter: Annotated[JobStatus | None, Query(alias="status")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
+) -> JobList:
+    records, total = state.store.list(status_filter, limit, offset)
+    return JobList(jobs=[job_read(r, state.settings.data_root) for r in records], total=total)
+
+
+@router.get("/jobs/{job_id}", response_model=JobRead)
+def get_job(job_id: JobId, state: StateDep) -> JobRead:
+    record = state.store.get(job_id)
+    if record is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no job with id {job_id}")
+    return job_read(record, state.settings.data_root)
+
+
+@router.post("/jobs/{job_id}/cancel", response_model=JobRead)
+def cancel_job(job_id: JobId, state: StateDep) -> JobRead:
+    """Queued: cancelled now. Running: stops after its current block, keeping finished ones."""
+    before = state.store.get(job_id)
+    if before is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no job with id {job_id}")
+    if before.status in ("succeeded", "failed"):
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            detail=f"job {job_id} already {before.status}; nothing to cancel",
+        )
+    record = state.store.request_cancel(job_id)
+    assert record is not None  # jobs are never deleted
+    if before.status != "cancelled":
+        log_event("job.cancel_requested", job_id, status=record.status)
+    return job_read(record, state.settings.data_root)
+
+
+@router.get("/networks", response_model=NetworkList)
+def list_networks(state: StateDep) -> NetworkList:
+    catalogue = state.catalogue
+    items = []
+    for name in catalogue.names():
+        try:
+            items.append(NetworkRead(**describe(name, catalogue.get(name))))
+        except ValueError:
+            continue  # logged by the catalogue; GET /v1/networks/{name} names the problem
+    return NetworkList(networks=items)
+
+
+@router.get("/networks/{name}", response_model=NetworkRead)
+def get_network(name: NetworkPath, state: StateDep) -> NetworkRead:
+    try:
+        network = state.catalogue.get(name)
+    except UnknownNetworkError as e:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=str(e)) from e
+    except ValueError as e:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(e)) from e
+    return NetworkRead(**describe(name, network))
+
+
+@router.post("/plan", response_model=PlanRead)
+def plan(body: PlanRequest, state: StateDep) -> PlanRead:
+    """What the planner would run for this network on this server's machine."""
+    try:
+        from znni.planner.plan import make_plan
+    except ImportError as e:
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE, detail="the planner is not installed"
+        ) from e
+    try:
+        network = state.catalogue.get(body.network)
+        machine = None
+        if state.settings.machine is not None:
+            from znni.planner.machine import MachineProfile
+
+            machine = MachineProfile.load(state.settings.machine)
+        result = make_plan(
+            network, machine=machine, device=body.device, memory_limit_bytes=body.memory_limit_bytes
+        )
+    except ValueError as e:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(e)) from e
+    return PlanRead(network=body.network, plan=result.to_dict())

@@ -1,0 +1,50 @@
+"""One `Settings` for the job server: `znni serve` flags override ZNNI_* environment variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_MAX_BODY_BYTES = 64 * 1024  # a job request is a few hundred bytes of JSON
+
+
+class Settings(BaseSettings):
+    """Where the server listens, which files it may touch, and who may call it."""
+
+    model_config = SettingsConfigDict(env_prefix="ZNNI_", extra="ignore", frozen=True)
+
+    host: str = "127.0.0.1"  # loopback by default: exposing the server is a deliberate act
+    port: int = Field(default=8000, ge=0, le=65535)
+    data_root: Path = Path(".")  # every job path is confined under this directory
+    models: Path = Path("models")  # NAME.json + weights per network
+    db: Path = Path("znni-jobs.sqlite")
+    token: str | None = None  # bearer token for /v1 (ZNNI_TOKEN); None: no authentication
+    max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=1024)
+    workers: int = Field(default=1, ge=1, le=64)  # job worker processes (one job each)
+    scheduler: str | None = None  # Dask scheduler address handed to every job, or None: local
+    machine: str | None = None  # MachineProfile JSON file or shipped name; None: detect
+    use_planner: bool = False  # pass make_plan's plan to the engine (else its own memory rule)
+    poll_s: float = Field(default=0.2, gt=0, le=10)  # how often an idle worker looks for jobs
+    log_level: str = "INFO"
+
+    @field_validator("token")
+    @classmethod
+    def _token_not_blank(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            return None
+        return value
+
+    def resolved(self) -> Settings:
+        """The same settings with absolute, symlink-free directories (checked to exist)."""
+        root = self.data_root.expanduser().resolve()
+        if not root.is_dir():
+            raise ValueError(f"data root {self.data_root} is not a directory")
+        models = self.models.expanduser().resolve()
+        if not models.is_dir():
+            raise ValueError(f"models directory {self.models} is not a directory")
+        db = self.db.expanduser().resolve()
+        if not db.parent.is_dir():
+            raise ValueError(f"the directory of the job database {self.db} does not exist")
+        return self.model_copy(update={"data_root": root, "models": models, "db": db})
