@@ -78,18 +78,21 @@ def run_dask(
     try:
         [spec_future] = client.scatter([spec], broadcast=True, hash=False)
         by_key = {b.key: b for b in blocks}
-        futures = [
+        pending = {
             client.submit(run_block_task, spec_future, b, pure=False, retries=TASK_RETRIES)
             for b in blocks
-        ]
+        }
+        finished = as_completed(list(pending))
         t_wait = time.perf_counter()
-        for n, fut in enumerate(as_completed(futures), start=1):
+        for n, fut in enumerate(finished, start=1):
             key, times = fut.result()
+            pending.discard(fut)
+            fut.release()  # forget the result, so a later worker death cannot resurrect it
             timer.add("wait", time.perf_counter() - t_wait)
             timer.merge(times)
             on_done(by_key[key])
-            if cancel is not None and cancel.is_set():
-                client.cancel([f for f in futures if not f.done()])
+            if cancel is not None and cancel.is_set() and pending:
+                client.cancel(list(pending))
                 raise SegmentCancelled(f"cancelled after {n} of {len(blocks)} blocks")
             t_wait = time.perf_counter()
     finally:
