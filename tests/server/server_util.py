@@ -85,7 +85,7 @@ class Server:
     extra: list[str] = field(default_factory=list)
     proc: subprocess.Popen | None = None
     port: int = 0
-    log_path: Path | None = None
+    log_paths: list[Path] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -111,8 +111,9 @@ class Server:
         env = {k: v for k, v in os.environ.items() if k != "ZNNI_TOKEN"}
         if self.token is not None:
             env["ZNNI_TOKEN"] = self.token
-        self.log_path = self.db.with_suffix(f".{self.port}.log")
-        log = open(self.log_path, "w")  # noqa: SIM115 - kept open for the subprocess
+        log_path = self.db.with_suffix(f".{self.port}.log")
+        self.log_paths.append(log_path)
+        log = open(log_path, "w")  # noqa: SIM115 - kept open for the subprocess
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -131,7 +132,8 @@ class Server:
         return httpx.Client(base_url=self.url, headers=headers, timeout=30.0)
 
     def log(self) -> str:
-        return self.log_path.read_text() if self.log_path and self.log_path.exists() else ""
+        """Everything every start of this server logged."""
+        return "".join(p.read_text() for p in self.log_paths if p.exists())
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -168,3 +170,24 @@ def wait_job(
             raise AssertionError(f"job {job_id} ended {job['status']}: {job['error']}")
         time.sleep(0.05)
     raise AssertionError(f"job {job_id} did not reach {until} in {timeout_s} s")
+
+
+def children_of(pid: int) -> list[int]:
+    """Live child processes of `pid` (from /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
