@@ -19,8 +19,31 @@ def _cpu(**options: Any) -> Backend:
     return CpuBackend(**options)
 
 
+def _gpu(**options: Any) -> Backend:
+    """The CUDA device through CuPy; ValueError naming the fix when there is none."""
+    from znni.primitives.gpu.backend import GpuBackend
+    from znni.primitives.gpu.cupy_device import CupyDevice
+
+    device = CupyDevice(options.pop("memory_cap_bytes", None))
+    return GpuBackend(device, **options)
+
+
+def _gpu_standin(**options: Any) -> Backend:
+    """The GPU backend on the numpy stand-in device (CI, and machines without CUDA)."""
+    from znni.primitives.gpu.backend import GpuBackend
+    from znni.primitives.gpu.device import HostDevice
+
+    device = HostDevice(options.pop("memory_cap_bytes", 2**30))
+    return GpuBackend(device, **options)
+
+
 # name -> factory; imports of fast backends stay lazy so nothing heavy runs at import time.
-BACKEND_FACTORIES: dict[str, Callable[..., Backend]] = {"reference": _reference, "cpu": _cpu}
+BACKEND_FACTORIES: dict[str, Callable[..., Backend]] = {
+    "reference": _reference,
+    "cpu": _cpu,
+    "gpu": _gpu,
+    "gpu-standin": _gpu_standin,
+}
 
 
 def make_backend(name: str, **options: Any) -> Backend:

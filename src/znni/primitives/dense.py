@@ -26,6 +26,41 @@ def fuse_activations(ops: Sequence[Op]) -> list[tuple[int, Op, Activation | None
     return fused
 
 
+def forward_range(
+    ops: Sequence[Op],
+    x: np.ndarray,
+    backend: Backend,
+    primitives: Sequence[str | None] | None = None,
+    start: int = 0,
+    stop: int | None = None,
+) -> tuple[np.ndarray, list[Triple]]:
+    """Run ops[start:stop] over an MPF batch without recombining it.
+
+    Returns the fragment batch and the pool windows met, so a pass can be split
+    between backends (the CPU-GPU pipeline) and recombined once at the end with
+    the windows of every part. Backends that keep tensors on their device across
+    layers (the GPU backend) provide `run_ops` with this signature and are used
+    through it.
+    """
+    stop = len(ops) if stop is None else stop
+    run_ops = getattr(backend, "run_ops", None)
+    if run_ops is not None:
+        return run_ops(ops, x, primitives, start, stop)
+    t = np.ascontiguousarray(x, dtype=np.float32)
+    windows: list[Triple] = []
+    for j, op, act in fuse_activations(ops[start:stop]):
+        i = start + j  # index into the whole network, as plans number their primitives
+        if isinstance(op, Conv):
+            choice = primitives[i] if primitives is not None else None
+            t = backend.conv3d(t, op.weight, op.bias, act, choice)
+        elif isinstance(op, Pool):
+            t = backend.mpf(t, op.window)  # (S*P, C, ...)
+            windows.append(op.window)
+        else:
+            t = backend.activation(t, op)
+    return t, windows
+
+
 def dense_forward(
     ops: Sequence[Op],
     x: np.ndarray,
@@ -40,16 +75,5 @@ def dense_forward(
     """
     if x.ndim != 5:
         raise ValueError(f"expected a (B, C, Z, Y, X) batch, got shape {x.shape}")
-    batch = x.shape[0]
-    t = np.ascontiguousarray(x, dtype=np.float32)
-    windows: list[Triple] = []
-    for i, op, act in fuse_activations(ops):
-        if isinstance(op, Conv):
-            choice = primitives[i] if primitives is not None else None
-            t = backend.conv3d(t, op.weight, op.bias, act, choice)
-        elif isinstance(op, Pool):
-            t = backend.mpf(t, op.window)  # (S*P, C, ...)
-            windows.append(op.window)
-        else:
-            t = backend.activation(t, op)
-    return recombine(t, batch, windows)
+    t, windows = forward_range(ops, x, backend, primitives)
+    return recombine(t, x.shape[0], windows)

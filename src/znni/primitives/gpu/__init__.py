@@ -1,4 +1,11 @@
-"""GPU (CuPy) primitives. `import cupy` happens only inside this package, lazily."""
+"""GPU (CuPy) primitives. `import cupy` happens only inside this package, lazily.
+
+- device.py: the `Device` interface and `HostDevice`, the numpy stand-in used in CI.
+- cupy_device.py: `CupyDevice`, the thin CUDA layer; `require_cuda()`.
+- conv.py, fft_conv.py, layers.py: kernels written against `xp` and their memory model.
+- streaming.py: sub-batches streamed between host RAM and the device on two streams.
+- backend.py: `GpuBackend`, the `Backend` protocol on a device.
+"""
 
 from __future__ import annotations
 
@@ -29,3 +36,10 @@ def device_info() -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def require_cuda() -> None:
+    """Raise ValueError naming the fix when CuPy or a CUDA device is missing."""
+    from znni.primitives.gpu.cupy_device import require_cuda as _require
+
+    _require()
