@@ -272,7 +272,7 @@ class HostDevice(Device):
             if not event.fired.wait(WAIT_TIMEOUT_S):
                 raise DeviceStreamError(f"stream {stream.name} waited {WAIT_TIMEOUT_S} s in vain")
             if event.error is not None:
-                raise DeviceStreamError("an awaited stream failed") from event.error
+                raise DeviceStreamError(f"an awaited stream failed: {event.error}") from event.error
 
         stream.submit("wait", "", block)
 
