@@ -1,0 +1,110 @@
+"""Ledger durability rules, layout memory rules, progress output, and the default backend."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from engine_ref import dense_volume, small_network, write_network, write_volume
+from naive import close
+
+from znni.engine.job import SegmentJob
+from znni.engine.layout import (
+    block_bytes,
+    choose_block_shape,
+    choose_patch_output,
+    patch_peak_bytes,
+)
+from znni.engine.ledger import Ledger, fingerprint, read_ledger
+from znni.engine.segment import segment
+from znni.planner.network import load_network
+
+PARTS = {"network": "abc", "roi": "0:1,0:1,0:1", "border": "reflect"}
+
+
+def test_ledger_survives_a_torn_last_line(tmp_path: Path) -> None:
+    ledger = Ledger(str(tmp_path))
+    ledger.start(PARTS, (8, 8, 8))
+    ledger.record(["0:8,0:8,0:8", "0:8,0:8,8:16"])
+    with open(ledger.path, "a") as f:
+        f.write('{"block": "8:16,0:8,0')  # killed mid-append
+    header, done = read_ledger(str(tmp_path))
+    assert header is not None and header["fingerprint"] == fingerprint(PARTS)
+    assert header["block_shape"] == [8, 8, 8]
+    assert done == {"0:8,0:8,0:8", "0:8,0:8,8:16"}
+    ledger.resume()
+    ledger.record(["8:16,0:8,0:8"])
+    assert read_ledger(str(tmp_path))[1] == done | {"8:16,0:8,0:8"}
+    lines = ledger.path.read_text().splitlines()
+    assert json.loads(lines[-1])["block"] == "8:16,0:8,0:8"
+
+
+def test_ledger_start_forgets_earlier_blocks(tmp_path: Path) -> None:
+    ledger = Ledger(str(tmp_path))
+    ledger.start(PARTS, (8, 8, 8))
+    ledger.record(["0:8,0:8,0:8"])
+    ledger.start({**PARTS, "border": "zero"}, (4, 4, 4))
+    header, done = read_ledger(str(tmp_path))
+    assert done == set() and header is not None and header["parts"]["border"] == "zero"
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+@pytest.fixture()
+def net(tmp_path: Path):
+    layers, params = small_network(np.random.default_rng(0))
+    return load_network(write_network(tmp_path, layers, params))
+
+
+@pytest.mark.parametrize("budget", [2**16, 2**20, 2**24, 2**34])
+def test_patch_fits_budget_and_is_mpf_valid(net, budget: int) -> None:
+    patch = choose_patch_output(net, budget, (200, 200, 200))
+    assert all(p % q == 0 for p, q in zip(patch, net.pool_product, strict=True))
+    assert net.is_valid_input_size(net.input_size_for(patch))
+    assert patch == net.pool_product or 4 * patch_peak_bytes(net, patch) <= budget
+    assert max(patch) <= 96
+
+
+def test_patch_never_exceeds_region(net) -> None:
+    patch = choose_patch_output(net, 2**34, (5, 3, 7))
+    assert patch == (6, 3, 8)  # region rounded up to the pool product (2, 1, 2)
+
+
+def test_block_shape_is_whole_chunks_within_budget(net) -> None:
+    chunks, patch = (4, 4, 4), (32, 32, 32)
+    budget = patch_peak_bytes(net, patch) + 2 * block_bytes(net, (16, 16, 16), 1)
+    block = choose_block_shape(net, chunks, patch, (100, 100, 100), budget, 1)
+    assert all(b % c == 0 for b, c in zip(block, chunks, strict=True))
+    assert 2 * block_bytes(net, block, 1) <= budget - patch_peak_bytes(net, patch)
+    roomy = choose_block_shape(net, chunks, patch, (100, 100, 100), 2**34, 1)
+    assert roomy == (32, 32, 32)  # at least one patch wide
+
+
+def test_progress_log_lines_when_not_quiet(tmp_path: Path, net, caplog) -> None:
+    vol = np.random.default_rng(1).integers(0, 255, size=(9, 10, 11)).astype(np.uint8)
+    inp = write_volume(tmp_path / "in.zarr", vol, 3, (9, 10, 11))
+    job = SegmentJob(network=net, input_path=inp, output_path=str(tmp_path / "o.zarr"),
+                     chunks=(5, 5, 6), block=(5, 5, 6))
+    with caplog.at_level(logging.INFO, logger="znni.engine"):
+        segment(job, quiet=False)
+    assert any("8/8 blocks" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="znni.engine"):
+        segment(SegmentJob(**{**job.__dict__, "overwrite": True}), quiet=True)
+    assert not caplog.records
+
+
+def test_default_backend_4d_input(tmp_path: Path) -> None:
+    rng = np.random.default_rng(4)
+    layers, params = small_network(rng, 2)
+    net = load_network(write_network(tmp_path, layers, params, 2))
+    vol = rng.standard_normal((2, 23, 29, 31)).astype(np.float32)
+    inp = write_volume(tmp_path / "in.zarr", vol, 3, (1, 8, 8, 8))
+    job = SegmentJob(network=net, input_path=inp, output_path=str(tmp_path / "o.zarr"),
+                     chunks=(8, 8, 8), block=(8, 16, 16), border="zero")
+    report = segment(job)  # the machine's default backend (the fast CPU one when present)
+    assert report.blocks_total >= 8
+    assert close(zarr.open_array(job.output_path)[...], dense_volume(layers, params, vol, "zero"))
