@@ -11,6 +11,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -191,3 +192,15 @@ def pid_alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def claim_all(db: str, slot: int, queue: Any) -> None:
+    """Worker-like loop for the concurrent-claim test (a spawn target must be importable)."""
+    from znni.server.store import JobStore
+
+    store = JobStore(Path(db))
+    got = []
+    while (record := store.claim(slot)) is not None:
+        got.append(record.id)
+        store.finish(record.id, "succeeded")
+    queue.put(got)

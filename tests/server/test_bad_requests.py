@@ -64,6 +64,7 @@ CASES: list[tuple[str, str, str, object, int, tuple[str, ...]]] = [
         422,
         ("outside the data root",),
     ),
+    ("output is the data root", "POST", "/v1/jobs", job(output="."), 422, ("data root itself",)),
     ("NUL byte in a path", "POST", "/v1/jobs", job(output="a\x00b.zarr"), 422, ("NUL",)),
     ("output is the input", "POST", "/v1/jobs", job(output="small.zarr"), 422, ("overlap",)),
     (

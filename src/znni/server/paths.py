@@ -16,7 +16,8 @@ def confine(root: Path, user_path: str, what: str, *, must_exist: bool = False) 
     if "\x00" in user_path:
         raise ValueError(f"{what} path {user_path!r} contains a NUL byte")
     pure = PurePosixPath(user_path)
-    if pure.is_absolute() or user_path.startswith(("~", "\\")) or ":" in pure.parts[0]:
+    drive = bool(pure.parts) and ":" in pure.parts[0]  # C:/x on a client that meant Windows
+    if pure.is_absolute() or user_path.startswith(("~", "\\")) or drive:
         raise ValueError(
             f"{what} path {user_path!r} is absolute; give a path relative to the data root"
         )
