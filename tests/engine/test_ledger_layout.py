@@ -108,3 +108,25 @@ def test_default_backend_4d_input(tmp_path: Path) -> None:
     report = segment(job)  # the machine's default backend (the fast CPU one when present)
     assert report.blocks_total >= 8
     assert close(zarr.open_array(job.output_path)[...], dense_volume(layers, params, vol, "zero"))
+
+
+def test_segment_follows_a_plan(tmp_path: Path) -> None:
+    import znni.planner
+    from znni.planner.machine import MachineProfile
+    from znni.planner.plan import make_plan
+    from znni.primitives.backends import make_backend
+
+    rng = np.random.default_rng(6)
+    layers, params = small_network(rng)
+    net = load_network(write_network(tmp_path, layers, params))
+    profile = Path(znni.planner.__file__).parent / "profiles" / "ci-2core.json"
+    plan = make_plan(net, machine=MachineProfile.load(profile), device="cpu",
+                     memory_limit_bytes=2**28)
+    vol = rng.standard_normal((19, 21, 23)).astype(np.float32)
+    inp = write_volume(tmp_path / "in.zarr", vol, 2, (8, 8, 8))
+    job = SegmentJob(network=net, input_path=inp, output_path=str(tmp_path / "o.zarr"),
+                     chunks=(5, 7, 6), block=(10, 7, 12))
+    report = segment(job, plan=plan, backend=make_backend("cpu"))
+    assert report.plan == plan.to_dict() and report.blocks_total >= 8
+    ref = dense_volume(layers, params, vol[None], "reflect")
+    assert close(zarr.open_array(job.output_path)[...], ref)
