@@ -136,7 +136,8 @@ def standin_smoke(tmp: Path) -> None:
         t_pipe = time.perf_counter() - t0
         err = float(np.max(np.abs(got - ref)))
         print(
-            f"stand-in smoke n337 layout, 6 maps, 8^3: CPU-GPU pipeline on HostDevice max|diff| vs reference "
+            f"stand-in smoke n337 layout, 6 maps, 8^3: CPU-GPU pipeline on HostDevice "
+            f"max|diff| vs reference "
             f"{err:.2e}, {t_pipe:.2f} s (reference {t_ref:.2f} s); not a GPU measurement"
         )
     finally:
