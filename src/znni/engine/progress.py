@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import shutil
 import sys
 import threading
 import time
@@ -54,7 +55,7 @@ class Progress:
 
             self._bar = tqdm(
                 total=blocks_total, initial=blocks_done, unit="block", desc="segment",
-                dynamic_ncols=True,
+                ncols=shutil.get_terminal_size((100, 20)).columns,  # a pty may report width 0
             )
 
     def elapsed_s(self) -> float:
