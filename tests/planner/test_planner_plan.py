@@ -45,7 +45,7 @@ def test_plan_json_round_trip() -> None:
     assert back == plan
 
 
-@pytest.mark.parametrize("name, limit_gib", [("n337", 1.5), ("n537", 6)])
+@pytest.mark.parametrize("name, limit_gib", [("n337", 2.5), ("n537", 6)])
 def test_memory_limit_is_respected_and_shrinks_the_patch(name: str, limit_gib: float) -> None:
     net = znni_network(name)
     limit = int(limit_gib * 2**30)

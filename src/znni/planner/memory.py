@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from math import prod
 
 from znni.planner.costs import COMPLEX_BYTES, FLOAT_BYTES, fft_shape, spectrum_points
+from znni.planner.hostsim import RECOMPUTE_BYTES, WORK_BYTES, simulate_pass
 from znni.planner.network import LayerShape
 
 
@@ -32,26 +33,29 @@ def kernel_spectra_bytes(layer: LayerShape) -> int:
 def conv_workspace_bytes(layer: LayerShape, primitive: str, threads: int = 1) -> int:
     """Workspace of a conv primitive beyond its input and output arrays.
 
-    FFT (Table II, CPU task-parallel: S*(f+f')*n~ + T*n~): input spectra
-    S*f*Nc, output spectra S*f'*Nc, one padded real buffer per thread for the
-    inverse transforms, and for fft-recompute the kernel spectra of one
-    output channel per thread (pruned transforms, recomputed every call).
-    Direct: one (S, f, n') window copy per kernel offset at a time.
+    CPU FFT (Table II, task-parallel: S*(f+f')*n~ + T*n~), as CpuBackend does it:
+    samples in chunks of sc whose spectra fit WORK_BYTES, forward spectra
+    sc*f*Nc and inverse spectra sc*f'*Nc plus their real buffers; fft-recompute
+    adds pruned kernel spectra RECOMPUTE_BYTES of output channels at a time.
+    Direct: one im2col slab per thread. GPU FFT adds all kernel spectra and the
+    cuFFT work area (ZNNi's K).
     """
     s, f, g = layer.batch_in, layer.channels_in, layer.channels_out
     if primitive in ("direct", "gpu-direct"):
-        return s * f * prod(layer.size_out) * FLOAT_BYTES
+        return threads * (f * prod(layer.kernel) + g) * prod(layer.size_out[1:]) * FLOAT_BYTES
     padded = fft_shape(layer.size_in)
     nc = spectrum_points(padded)
-    spectra = s * (f + g) * nc * COMPLEX_BYTES
-    real_buffers = threads * prod(padded) * FLOAT_BYTES
-    if primitive == "fft-recompute":
-        return spectra + real_buffers + threads * f * nc * COMPLEX_BYTES
     if primitive == "gpu-fft":
-        # kernels of all output channels on the device, plus a cuFFT work area the size
-        # of the largest batch of lines (bounded by splitting, ZNNi: "K")
+        spectra = s * (f + g) * nc * COMPLEX_BYTES
         return spectra + f * g * nc * COMPLEX_BYTES + s * max(f, g) * nc * COMPLEX_BYTES // 4
-    return spectra + real_buffers  # fft-keep; its kernel spectra are `kept`
+    sc = max(1, min(s, WORK_BYTES // ((f + g) * nc * COMPLEX_BYTES)))
+    real = sc * (f * prod(layer.size_in[:2]) + g * prod(layer.size_out[:2])) * padded[2]
+    work = sc * (f + g) * nc * COMPLEX_BYTES + real * FLOAT_BYTES
+    if primitive == "fft-recompute":
+        per_channel = f * nc * COMPLEX_BYTES
+        oc = max(1, min(g, RECOMPUTE_BYTES // max(1, per_channel)))
+        return work + 2 * oc * per_channel
+    return work  # fft-keep; its kernel spectra are `kept`
 
 
 def layer_memory(layer: LayerShape, primitive: str | None, threads: int = 1) -> LayerMemory:
@@ -73,26 +77,20 @@ def pass_peak_bytes(
     *,
     threads: int = 1,
     fixed_bytes: int = 0,
+    workspace_bytes: int = 2**30,
 ) -> tuple[int, list[int]]:
-    """(peak, per-layer peak) of a dense pass over `layers` with the given primitives.
-
-    The caller keeps the patch input alive for the whole pass; kept spectra of
-    every layer stay resident; the dense output is built by one extra copy
-    (MPF recombination). `fixed_bytes`: process baseline plus weights.
-    """
+    """(peak, per-layer peak) of dense passes over `layers` on CpuBackend, replayed exactly
+    (hostsim.py): outputs, FFT workspaces and their bounded cache, kept spectra, MPF
+    temporaries, the recombination copy. `fixed_bytes`: process baseline plus weights."""
     if not layers:
         return fixed_bytes, []
-    kept = sum(layer_memory(sh, p, threads).kept_bytes for sh, p in zip(layers, primitives,
-                                                                       strict=True))
-    patch_in = layers[0].in_bytes
-    base = fixed_bytes + kept
-    per_layer = []
-    for i, (shape, prim) in enumerate(zip(layers, primitives, strict=True)):
-        mem = layer_memory(shape, prim, threads)
-        held = patch_in if i > 0 else 0
-        per_layer.append(base + held + mem.live_bytes)
-    recombine = base + patch_in + 2 * layers[-1].out_bytes
-    return max(max(per_layer), recombine), per_layer
+    return simulate_pass(layers, primitives, threads=threads, base_bytes=fixed_bytes,
+                         workspace_bytes=workspace_bytes)
+
+
+def workspace_cache_bytes(host_bytes: int) -> int:
+    """The FFT workspace cache a plan gives CpuBackend: 1 GiB, or an eighth of a small budget."""
+    return max(0, min(2**30, host_bytes // 8))
 
 
 def weights_bytes(layers: list[LayerShape]) -> int:

@@ -68,7 +68,8 @@ class Plan:
     predicted_voxels_per_second: float
     gpu_peak_bytes: int = 0
     gpu_sub_batches: int = 1
-    spectra_cache_bytes: int = 0  # kept kernel spectra: size CpuBackend's cache to this
+    spectra_cache_bytes: int = 0  # kept kernel spectra: CpuBackend(spectra_cache_bytes=...)
+    workspace_cache_bytes: int = 0  # free FFT workspaces: CpuBackend(workspace_bytes=...)
     memory_limit_bytes: int = 0
     gpu_memory_limit_bytes: int = 0
     alternatives: tuple[AlgorithmSummary, ...] = field(default=())

@@ -13,7 +13,12 @@ from dataclasses import replace
 
 from znni.planner.costs import transfer_seconds as xfer_s
 from znni.planner.machine import MachineProfile
-from znni.planner.memory import layer_memory, pass_peak_bytes, weights_bytes
+from znni.planner.memory import (
+    layer_memory,
+    pass_peak_bytes,
+    weights_bytes,
+    workspace_cache_bytes,
+)
 from znni.planner.network import LayerShape, Network
 from znni.planner.plan import AlgorithmSummary, LayerPlan, Plan
 from znni.planner.stages import Stage, cpu_stage, gpu_stage, streamed_stage
@@ -126,10 +131,12 @@ def evaluate(
     final = shapes[-1].out_bytes
     plans: list[Plan] = []
     if alg == "cpu":
-        stage = cpu_stage(shapes, machine, host_bytes - fixed - 2 * final)
+        budget = host_bytes - fixed - 2 * final
+        stage = cpu_stage(shapes, machine, budget)
         if stage is not None:
             peak, _ = pass_peak_bytes(shapes, list(stage.primitives), threads=machine.cores,
-                                      fixed_bytes=fixed)
+                                      fixed_bytes=fixed,
+                                      workspace_bytes=workspace_cache_bytes(budget))
             if peak <= host_bytes:
                 plans.append(build(network, machine, alg, shapes, None, [stage], stage.seconds,
                                    peak, 0, out_voxels, host_bytes, gpu_bytes))
@@ -175,11 +182,12 @@ def evaluate_split(
     if alg == "cpu-gpu":
         # the queue of one holds a second copy of the hand-off tensor; output recombined on host
         extra = handoff + 2 * final
-        front = cpu_stage(head, machine, host_bytes - fixed - extra)
+        budget = host_bytes - fixed - extra
+        front = cpu_stage(head, machine, budget)
         if front is None:
             return None
         peak, _ = pass_peak_bytes(head, list(front.primitives), threads=machine.cores,
-                                  fixed_bytes=fixed)
+                                  fixed_bytes=fixed, workspace_bytes=workspace_cache_bytes(budget))
         peak += extra
         patch_s = max(front.seconds, back_s)  # pipelined: the slower stage sets the pace
     else:
@@ -241,6 +249,10 @@ def build(
         gpu_peak_bytes=int(gpu_peak),
         gpu_sub_batches=max((st.sub_batches for st in stages if st.device == "gpu"), default=1),
         spectra_cache_bytes=int(kept),
+        workspace_cache_bytes=workspace_cache_bytes(host_bytes - machine.base_rss_bytes
+                                                    - weights_bytes(shapes)
+                                                    - 2 * shapes[-1].out_bytes)
+        if alg in ("cpu", "cpu-gpu") else 0,
         memory_limit_bytes=int(host_bytes),
         gpu_memory_limit_bytes=int(gpu_bytes),
     )

@@ -14,7 +14,7 @@ from math import ceil
 
 from znni.planner.costs import GPU_CONV_PRIMITIVES, layer_seconds, transfer_seconds
 from znni.planner.machine import MachineProfile
-from znni.planner.memory import layer_memory, pass_peak_bytes
+from znni.planner.memory import layer_memory, pass_peak_bytes, workspace_cache_bytes
 from znni.planner.network import LayerShape
 
 
@@ -65,7 +65,8 @@ def cpu_stage(shapes: list[LayerShape], machine: MachineProfile, budget: int) ->
         prims.append(p)
         times.append(t)
     upgrade_to_keep(shapes, machine, budget, prims, times)
-    _, per_layer = pass_peak_bytes(shapes, prims, threads=threads)
+    _, per_layer = pass_peak_bytes(shapes, prims, threads=threads,
+                                   workspace_bytes=workspace_cache_bytes(budget))
     if max(per_layer) > budget:
         return None
     return Stage("cpu", tuple(shapes), tuple(prims), tuple(times), tuple(per_layer))
@@ -90,7 +91,8 @@ def upgrade_to_keep(
     for _, i, t_keep in sorted(gains, reverse=True):
         old = prims[i]
         prims[i] = "fft-keep"
-        peak, _ = pass_peak_bytes(shapes, prims, threads=machine.cores)
+        peak, _ = pass_peak_bytes(shapes, prims, threads=machine.cores,
+                                  workspace_bytes=workspace_cache_bytes(budget))
         if peak <= budget:
             times[i] = t_keep
         else:

@@ -1,0 +1,160 @@
+"""Calibration: measure the CPU primitives on this machine and fit the profile's rates.
+
+Each primitive (direct, fft-keep, fft-recompute, MPF) runs through the real
+CpuBackend at a few layer shapes; the counted work of costs.py per run gives
+one linear equation  t = sum_j work_j / rate_j  per measurement, solved in
+relative least squares for the inverse rates. Results are cached per
+machine in $XDG_CACHE_HOME/znni, so a process calibrates once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from znni.planner.costs import Work, conv_work, other_work
+from znni.planner.machine import DEFAULT_CPU_RATES, MachineProfile
+from znni.planner.network import LayerShape
+
+log = logging.getLogger(__name__)
+
+# (S, f, f', k, n): first-layer-like, deep layers at S = 1 and at fragment batches.
+FULL_SHAPES = ((1, 1, 40, 3, 64), (1, 40, 40, 3, 40), (8, 40, 40, 3, 20), (1, 80, 80, 5, 32),
+               (8, 32, 32, 5, 24), (64, 24, 24, 3, 12))
+QUICK_SHAPES = ((1, 1, 8, 3, 20), (1, 8, 8, 3, 16), (8, 8, 8, 3, 10))
+COLUMNS = ("fft_flops", "kernel_fft_flops", "madd", "direct_flops", "memory_bytes", "calls")
+
+
+def cache_path(cores: int) -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "znni" / f"machine-{os.uname().nodename}-{cores}cores.json"
+
+
+def calibrated_profile(profile: MachineProfile, *, quick: bool = False) -> MachineProfile:
+    """`profile` with measured rates and baseline RSS, from the cache or measured now."""
+    path = cache_path(profile.cores)
+    if path.is_file() and not quick:
+        try:
+            cached = json.loads(path.read_text())
+            return replace(profile, cpu_rates=cached["cpu_rates"],
+                           base_rss_bytes=int(cached["base_rss_bytes"]), calibrated=True)
+        except (ValueError, KeyError, OSError) as e:
+            log.warning("ignoring unreadable calibration cache %s: %s", path, e)
+    rates = measure_rates(QUICK_SHAPES if quick else FULL_SHAPES, quick=quick)
+    out = replace(profile, cpu_rates=rates, base_rss_bytes=baseline_rss_bytes(),
+                  calibrated=True)
+    if not quick:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"cpu_rates": rates, "base_rss_bytes": out.base_rss_bytes}))
+    return out
+
+
+def _conv_shape(s: int, f: int, g: int, k: int, n: int) -> LayerShape:
+    return LayerShape(0, "conv", s, f, (n, n, n), s, g, (n - k + 1,) * 3, (k, k, k))
+
+
+def _timed(fn, repeats: int) -> float:  # type: ignore[no-untyped-def]
+    fn()  # warm: FFTW plans, kept spectra, workspaces
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def measurements(shapes: tuple, quick: bool) -> list[tuple[Work, float]]:
+    """(work, seconds) for every primitive at every shape, plus MPF."""
+    from znni.primitives.backends import make_backend
+
+    effort = "FFTW_ESTIMATE" if quick else "FFTW_MEASURE"
+    backend = make_backend("cpu", fft_effort=effort, spectra_cache_bytes=2**31)
+    rng = np.random.default_rng(0)
+    rows: list[tuple[Work, float]] = []
+    repeats = 1 if quick else 3
+    for s, f, g, k, n in shapes:
+        x = rng.standard_normal((s, f, n, n, n), dtype=np.float32)
+        w = rng.standard_normal((g, f, k, k, k), dtype=np.float32)
+        b = np.zeros(g, np.float32)
+        sh = _conv_shape(s, f, g, k, n)
+        for prim in ("direct", "fft-keep", "fft-recompute"):
+            t = _timed(lambda p=prim, x=x, w=w, b=b: backend.conv3d(x, w, b, None, p), repeats)
+            rows.append((conv_work(sh, prim), t))
+    for s, c, n in ((1, 8, 63), (8, 16, 31)):
+        x = rng.standard_normal((s, c, n, n, n), dtype=np.float32)
+        m = (n + 1) // 2 - 1
+        sh = LayerShape(0, "maxpool", s, c, (n, n, n), 8 * s, c, (m, m, m), (2, 2, 2))
+        rows.append((other_work(sh), _timed(lambda x=x: backend.mpf(x, (2, 2, 2)), repeats)))
+    close = getattr(backend, "close", None)
+    if close is not None:
+        close()
+    return rows
+
+
+def _columns(work: Work, rates: dict[str, float]) -> list[float]:
+    """Seconds of each term at `rates` (the madd term is its bound regime at those rates)."""
+    madd_s = max(work.madd_flops / rates["madd_flops_per_s"],
+                 work.madd_bytes / rates["madd_bytes_per_s"])
+    return [work.fft_flops / rates["fft_flops_per_s"],
+            work.kernel_fft_flops / rates["kernel_fft_flops_per_s"], madd_s,
+            work.direct_flops / rates["direct_flops_per_s"],
+            work.memory_bytes / rates["memory_bytes_per_s"],
+            work.calls * rates["layer_overhead_s"]]
+
+
+def fit_rates(rows: list[tuple[Work, float]], start: dict[str, float]) -> dict[str, float]:
+    """Scale each rate so that predicted/measured is 1 in relative least squares.
+
+    Unknowns are multipliers m_j >= 0 of the seconds of term j at `start`
+    rates; a negative solution drops that term's column (keeps its rate).
+    """
+    a = np.array([[c / t for c in _columns(w, start)] for w, t in rows])  # (runs, terms)
+    rhs = np.ones(len(rows))
+    active = [j for j in range(a.shape[1]) if a[:, j].any()]
+    mult = np.ones(a.shape[1])
+    while active:
+        sol, *_ = np.linalg.lstsq(a[:, active], rhs, rcond=None)
+        if (sol > 0.05).all():
+            mult[active] = sol
+            break
+        active.pop(int(np.argmin(sol)))
+    keys = (("fft_flops_per_s",), ("kernel_fft_flops_per_s",),
+            ("madd_flops_per_s", "madd_bytes_per_s"), ("direct_flops_per_s",),
+            ("memory_bytes_per_s",))
+    rates = dict(start)
+    for j, names in enumerate(keys):
+        for name in names:
+            rates[name] = float(start[name] / mult[j])
+    rates["layer_overhead_s"] = float(start["layer_overhead_s"] * mult[5])
+    return rates
+
+
+def measure_rates(shapes: tuple, quick: bool = False) -> dict[str, float]:
+    rows = measurements(shapes, quick)
+    return fit_rates(rows, dict(DEFAULT_CPU_RATES))
+
+
+def baseline_rss_bytes() -> int:
+    """RSS of a fresh process that imported znni, made a CpuBackend and ran a tiny conv."""
+    code = (
+        "import numpy as np; from znni.primitives.backends import make_backend\n"
+        "b = make_backend('cpu', fft_effort='FFTW_ESTIMATE')\n"
+        "x = np.ones((1, 2, 12, 12, 12), np.float32); w = np.ones((2, 2, 3, 3, 3), np.float32)\n"
+        "b.conv3d(x, w, np.zeros(2, np.float32), None, 'fft-recompute')\n"
+        "print([l for l in open('/proc/self/status') if l.startswith('VmRSS')][0].split()[1])\n"
+    )
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             check=True, timeout=120)
+        return int(out.stdout.strip().splitlines()[-1]) * 1024
+    except (subprocess.SubprocessError, ValueError, IndexError, OSError) as e:
+        log.warning("could not measure the baseline RSS (%s); assuming 150 MiB", e)
+        return 150 * 2**20

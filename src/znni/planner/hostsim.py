@@ -1,0 +1,238 @@
+"""Exact host bytes of a dense pass on CpuBackend, by replaying its allocations.
+
+CpuBackend (primitives/cpu) allocates each layer's output, checks FFT
+workspaces out of an LRU of free workspaces bounded in bytes (kept between
+layers and patches), and keeps kernel spectra in a second bounded LRU. The
+peak therefore depends on the order of calls, so this module replays that
+order with byte counts instead of arrays: same chunking rules, same keys,
+same bounds. Mirrors fft_conv.fft_conv3d, direct_conv.direct_conv3d,
+pooling.mpf and fragments.recombine.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable
+from math import prod
+
+from znni.planner.costs import COMPLEX_BYTES, FLOAT_BYTES, fft_shape, spectrum_points
+from znni.planner.network import LayerShape
+
+WORK_BYTES = 2**29  # fft_conv3d work_bytes: sample chunk bound
+RECOMPUTE_BYTES = 2**27  # fft_conv3d recompute_bytes and kernel_spectra chunk
+SLAB_BYTES = 2**23  # direct_conv3d slab_bytes
+FREQ_TASK_BYTES = 3 * 2**20  # freq_product: per-task transposed copies (~1 MiB in + out)
+
+
+class HostSim:
+    """Live arrays + free workspaces (LRU, bounded) + kept spectra (LRU, bounded); tracks peak."""
+
+    def __init__(self, workspace_bytes: int, spectra_bytes: int, base_bytes: int = 0) -> None:
+        self.ws_bound = workspace_bytes
+        self.sp_bound = spectra_bytes
+        self.live = base_bytes
+        self.free: OrderedDict[Hashable, list[int]] = OrderedDict()
+        self.spectra: OrderedDict[Hashable, int] = OrderedDict()
+        self.free_bytes = 0
+        self.spectra_bytes = 0
+        self.peak = base_bytes
+
+    def total(self) -> int:
+        return self.live + self.free_bytes + self.spectra_bytes
+
+    def alloc(self, nbytes: int) -> None:
+        self.live += nbytes
+        self.peak = max(self.peak, self.total())
+
+    def release(self, nbytes: int) -> None:
+        self.live -= nbytes
+
+    def checkout(self, key: Hashable, nbytes: int) -> None:
+        lst = self.free.get(key)
+        if lst:
+            lst.pop()
+            self.free_bytes -= nbytes
+            if not lst:
+                del self.free[key]
+            self.live += nbytes
+        else:
+            self.alloc(nbytes)
+
+    def checkin(self, key: Hashable, nbytes: int) -> None:
+        self.live -= nbytes
+        if nbytes > self.ws_bound:
+            return
+        self.free.setdefault(key, []).append(nbytes)
+        self.free.move_to_end(key)
+        self.free_bytes += nbytes
+        while self.free_bytes > self.ws_bound:
+            k0, lst = next(iter(self.free.items()))
+            self.free_bytes -= lst.pop(0)
+            if not lst:
+                del self.free[k0]
+
+    def kept_spectra(self, key: Hashable, nbytes: int, make: callable) -> bool:  # type: ignore[valid-type]
+        """SpectraCache.get_or_make; returns True when the spectra are transient (not kept)."""
+        if key in self.spectra:
+            self.spectra.move_to_end(key)
+            return False
+        if nbytes <= self.sp_bound:
+            while self.spectra and self.spectra_bytes + nbytes > self.sp_bound:
+                self.spectra_bytes -= self.spectra.popitem(last=False)[1]
+        make()
+        if nbytes <= self.sp_bound:
+            self.release(nbytes)
+            self.spectra[key] = nbytes
+            self.spectra_bytes += nbytes
+            return False
+        return True
+
+
+def _rfftn(sim: HostSim, images: int, size: tuple[int, ...], padded: tuple[int, int, int]) -> tuple:
+    """pruned_rfftn workspace: a (b, nz, ny, Nx) float32 + d (b, Nz, Ny, Fx) complex64."""
+    nbytes = images * (size[0] * size[1] * padded[2] * FLOAT_BYTES
+                       + spectrum_points(padded) * COMPLEX_BYTES)
+    key = ("rfftn", images, tuple(size), padded)
+    sim.checkout(key, nbytes)
+    return key, nbytes
+
+
+def _kernel_spectra(sim: HostSim, sh: LayerShape, cout: int, padded: tuple[int, int, int]) -> int:
+    """kernel_spectra: the (F, cout, Cin) result, made RECOMPUTE_BYTES of channels at a time."""
+    cin, nf = sh.channels_in, spectrum_points(padded)
+    out_bytes = nf * cout * cin * COMPLEX_BYTES
+    sim.alloc(out_bytes)
+    oc = max(1, min(cout, RECOMPUTE_BYTES // max(1, cin * nf * COMPLEX_BYTES)))
+    for width in _chunk_sizes(cout, oc):
+        scaled = width * cin * prod(sh.kernel) * FLOAT_BYTES  # weight * scale temporary
+        sim.alloc(scaled)
+        key, nbytes = _rfftn(sim, width * cin, sh.kernel, padded)
+        sim.checkin(key, nbytes)
+        sim.release(scaled)
+    return out_bytes
+
+
+def fft_conv(sim: HostSim, sh: LayerShape, keep: bool, threads: int) -> None:
+    """fft_conv3d (with CpuBackend.kept_spectra first when `keep`). Input is already live."""
+    padded = fft_shape(sh.size_in)
+    nf = spectrum_points(padded)
+    s, cin, cout = sh.batch_in, sh.channels_in, sh.channels_out
+    transient = 0
+    if keep:
+        key = ("spectra", sh.index, padded)
+        nbytes = nf * cin * cout * COMPLEX_BYTES
+        if sim.kept_spectra(key, nbytes, lambda: _kernel_spectra(sim, sh, cout, padded)):
+            transient = nbytes
+    sim.alloc(sh.out_bytes)
+    sc = max(1, min(s, WORK_BYTES // ((cin + cout) * nf * COMPLEX_BYTES)))
+    oz, oy, _ = sh.size_out
+    for b in _chunk_sizes(s, sc):
+        fkey, fbytes = _rfftn(sim, b * cin, sh.size_in, padded)
+        ikey = ("irfftn", b * cout, padded, sh.size_out)
+        ibytes = b * cout * (nf * COMPLEX_BYTES + oz * oy * padded[2] * FLOAT_BYTES)
+        sim.checkout(ikey, ibytes)
+        if keep:
+            sim.alloc(threads * FREQ_TASK_BYTES)
+            sim.release(threads * FREQ_TASK_BYTES)
+        else:
+            oc = max(1, min(cout, RECOMPUTE_BYTES // max(1, cin * nf * COMPLEX_BYTES)))
+            for width in _chunk_sizes(cout, oc):
+                kbytes = _kernel_spectra(sim, sh, width, padded)
+                sim.alloc(threads * FREQ_TASK_BYTES)
+                sim.release(threads * FREQ_TASK_BYTES + kbytes)
+        sim.checkin(fkey, fbytes)
+        sim.checkin(ikey, ibytes)
+    sim.release(transient)
+
+
+def _chunk_sizes(total: int, chunk: int) -> list[int]:
+    """Sizes of the chunks a loop over `total` in steps of `chunk` sees, with runs of equal
+    full chunks cut to two: a third identical chunk reuses the same workspaces, so it
+    cannot raise the peak."""
+    full, rest = divmod(total, chunk)
+    return [chunk] * min(full, 2) + ([rest] if rest else [])
+
+
+def direct_conv(sim: HostSim, sh: LayerShape, threads: int) -> None:
+    """direct_conv3d: the output, plus per worker an im2col slab and its GEMM result."""
+    cin, cout = sh.channels_in, sh.channels_out
+    oz, oy, ox = sh.size_out
+    depth = cin * prod(sh.kernel)
+    sim.alloc(sh.out_bytes)
+    zb = max(1, min(oz, SLAB_BYTES // max(1, depth * oy * ox * FLOAT_BYTES)))
+    while zb > 1 and sh.batch_in * -(-oz // zb) < 2 * threads:
+        zb = (zb + 1) // 2
+    tasks = min(threads, sh.batch_in * -(-oz // zb))
+    col = 0 if depth == cin else depth * zb * oy * ox * FLOAT_BYTES
+    slab = tasks * (col + cout * zb * oy * ox * FLOAT_BYTES)
+    sim.alloc(slab)
+    sim.release(slab)
+
+
+def mpf(sim: HostSim, sh: LayerShape) -> None:
+    """pooling.mpf: separable sliding max (two accumulators alive), then the fragments."""
+    s, c = sh.batch_in, sh.channels_in
+    n = list(sh.size_in)
+    p = sh.kernel
+    prev = 0
+    for axis in range(3):
+        if p[axis] == 1:
+            continue
+        n[axis] = n[axis] - p[axis] + 1
+        acc = s * c * prod(n) * FLOAT_BYTES
+        sim.alloc(acc)
+        sim.release(prev)
+        prev = acc
+    if prev == 0:  # all windows 1: sliding_max copies
+        prev = sh.in_bytes
+        sim.alloc(prev)
+    sim.alloc(sh.out_bytes)
+    sim.release(prev)
+
+
+def simulate_pass(
+    shapes: list[LayerShape],
+    primitives: list[str | None],
+    *,
+    threads: int,
+    base_bytes: int = 0,
+    workspace_bytes: int = 2**30,
+    spectra_bytes: int | None = None,
+    patches: int = 2,
+) -> tuple[int, list[int]]:
+    """(peak, per-layer peaks of the last patch) of `patches` dense_forward calls in a row.
+
+    The caller holds each patch input for the whole pass; the dense output is
+    recombined by one copy. spectra_bytes: the backend's spectra cache bound
+    (default: exactly the kept spectra of every fft-keep layer).
+    """
+    if spectra_bytes is None:
+        spectra_bytes = sum(
+            spectrum_points(fft_shape(sh.size_in)) * sh.channels_in * sh.channels_out
+            * COMPLEX_BYTES
+            for sh, p in zip(shapes, primitives, strict=True)
+            if p == "fft-keep"
+        )
+    sim = HostSim(workspace_bytes, spectra_bytes, base_bytes)
+    per_layer: list[int] = []
+    for _ in range(patches):
+        sim.alloc(shapes[0].in_bytes)
+        per_layer = []
+        for i, (sh, prim) in enumerate(zip(shapes, primitives, strict=True)):
+            sim.peak, overall = sim.total(), sim.peak
+            produced = sh.kind in ("conv", "maxpool")
+            if sh.kind == "conv":
+                if prim == "direct":
+                    direct_conv(sim, sh, threads)
+                else:
+                    fft_conv(sim, sh, prim == "fft-keep", threads)
+            elif sh.kind == "maxpool":
+                mpf(sim, sh)
+            if produced and i > 0:
+                sim.release(sh.in_bytes)  # the previous layer's output is dropped
+            per_layer.append(sim.peak)
+            sim.peak = max(sim.peak, overall)
+        final = shapes[-1].out_bytes
+        sim.alloc(final)  # recombine's transposed copy
+        sim.release(final + shapes[-1].out_bytes + shapes[0].in_bytes)
+    return sim.peak, per_layer
