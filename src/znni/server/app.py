@@ -8,13 +8,14 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import anyio.to_thread
 from fastapi import FastAPI, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from znni.server import metrics
-from znni.server.api import ServerState, get_state, router
+from znni.server.api import ServerState, router
 from znni.server.catalogue import NetworkCatalogue
 from znni.server.events import log_event
 from znni.server.metrics import RequestCounter
@@ -27,6 +28,7 @@ from znni.server.worker import WorkerPool
 log = logging.getLogger("znni.server")
 
 SUPERVISE_INTERVAL_S = 1.0
+THREADS = 4
 
 
 def create_app(settings: Settings, *, start_workers: bool = True) -> FastAPI:
@@ -42,6 +44,8 @@ def create_app(settings: Settings, *, start_workers: bool = True) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # few threads for the blocking routes: many would only contend for the GIL
+        anyio.to_thread.current_default_thread_limiter().total_tokens = THREADS
         supervisor = None
         if start_workers:
             state.pool.start()
@@ -79,13 +83,13 @@ def create_app(settings: Settings, *, start_workers: bool = True) -> FastAPI:
 
 def _add_health_routes(app: FastAPI) -> None:
     @app.get("/healthz", response_model=Health)
-    def healthz(request: Request) -> Health:
-        state = get_state(request)
+    async def healthz(request: Request) -> Health:
+        state: ServerState = request.app.state.znni
         return Health(status="ok", workers_alive=state.pool.alive(), workers=state.settings.workers)
 
     @app.get("/metrics", response_class=PlainTextResponse)
     def prometheus(request: Request) -> PlainTextResponse:
-        state = get_state(request)
+        state: ServerState = request.app.state.znni
         text = metrics.render(state.store, state.requests, state.pool.alive())
         return PlainTextResponse(text, media_type=metrics.CONTENT_TYPE)
 

@@ -22,7 +22,7 @@ class Settings(BaseSettings):
     db: Path = Path("znni-jobs.sqlite")
     token: str | None = None  # bearer token for /v1 (ZNNI_TOKEN); None: no authentication
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=1024)
-    workers: int = Field(default=1, ge=1, le=64)  # job worker processes (one job each)
+    workers: int = Field(default=1, ge=0, le=64)  # job worker processes; 0: API only
     scheduler: str | None = None  # Dask scheduler address handed to every job, or None: local
     machine: str | None = None  # MachineProfile JSON file or shipped name; None: detect
     use_planner: bool = False  # pass make_plan's plan to the engine (else its own memory rule)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -100,39 +101,40 @@ class JobStore:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        with self._connect() as con:
-            con.execute("PRAGMA journal_mode=WAL")
-            con.executescript(SCHEMA)
+        self._local = threading.local()
+        con = self._connection()
+        con.execute("PRAGMA journal_mode=WAL")
+        con.executescript(SCHEMA)
 
-    def _connect(self) -> sqlite3.Connection:
-        con = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
-        con.row_factory = sqlite3.Row
-        con.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: consistent after any crash
-        con.execute("PRAGMA foreign_keys=ON")
+    def _connection(self) -> sqlite3.Connection:
+        """One connection per thread, kept open: opening one per request parses the schema
+        again, and closing the last one checkpoints the WAL with fsyncs (milliseconds)."""
+        con = getattr(self._local, "con", None)
+        if con is None:
+            con = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+            con.row_factory = sqlite3.Row
+            con.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: consistent after any crash
+            con.execute("PRAGMA foreign_keys=ON")
+            self._local.con = con
         return con
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
-        con = self._connect()
-        try:
-            yield con
-        finally:
-            con.close()
+        """Autocommit reads: each statement sees the latest committed state."""
+        yield self._connection()
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         """One transaction: all of it is committed, or (on any error or crash) none of it."""
-        con = self._connect()
+        con = self._connection()
+        con.execute("BEGIN IMMEDIATE")
         try:
-            con.execute("BEGIN IMMEDIATE")
-            try:
-                yield con
-            except BaseException:
-                con.execute("ROLLBACK")
-                raise
+            yield con
             con.execute("COMMIT")
-        finally:
-            con.close()
+        except BaseException:
+            if con.in_transaction:
+                con.execute("ROLLBACK")
+            raise
 
     # -- the API side -------------------------------------------------------------------
 
