@@ -29,9 +29,10 @@ class Settings(BaseSettings):
     poll_s: float = Field(default=0.2, gt=0, le=10)  # how often an idle worker looks for jobs
     log_level: str = "INFO"
 
-    @field_validator("token")
+    @field_validator("token", "scheduler", "machine")
     @classmethod
-    def _token_not_blank(cls, value: str | None) -> str | None:
+    def _blank_is_none(cls, value: str | None) -> str | None:
+        """An empty environment variable (as compose passes `${VAR:-}`) means unset."""
         if value is not None and not value.strip():
             return None
         return value
