@@ -157,3 +157,17 @@ def test_concurrent_claims_from_processes_never_share_a_job(tmp_path: Path) -> N
     flat = [i for got in claimed for i in got]
     assert sorted(flat) == ids  # every job exactly once
     assert store.counts_by_status() == {"succeeded": 60}
+
+
+def test_jobs_of_slots_beyond_the_worker_count_are_requeued(tmp_path: Path) -> None:
+    from znni.server.worker import WorkerPool
+
+    store = JobStore(tmp_path / "jobs.sqlite")
+    a, b = new_job(store, "/r/a"), new_job(store, "/r/b")
+    store.claim(slot=0)
+    store.claim(slot=3)  # a server that ran 4 workers died; the new one runs 1
+    pool = WorkerPool(Settings(db=tmp_path / "jobs.sqlite", workers=1))
+    pool._recover_orphaned_slots()
+    assert store.get(a).status == "running"  # type: ignore[union-attr] - slot 0 resumes it
+    job_b = store.get(b)
+    assert job_b is not None and job_b.status == "queued" and job_b.worker_slot is None

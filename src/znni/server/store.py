@@ -242,6 +242,23 @@ class JobStore:
             claimed = con.execute("SELECT * FROM jobs WHERE id = ?", (row["id"],)).fetchone()
         return JobRecord.from_row(claimed)
 
+    def running_slots(self) -> set[int]:
+        with self._read() as con:
+            rows = con.execute(
+                "SELECT DISTINCT worker_slot FROM jobs WHERE status = 'running'"
+            ).fetchall()
+        return {int(r[0]) for r in rows if r[0] is not None}
+
+    def requeue_slot(self, slot: int) -> int:
+        """Hand the running jobs of a worker slot that no longer exists back to the queue."""
+        with self._write() as con:
+            cur = con.execute(
+                "UPDATE jobs SET status = 'queued', worker_slot = NULL"
+                " WHERE status = 'running' AND worker_slot = ?",
+                (slot,),
+            )
+        return int(cur.rowcount)
+
     def set_plan(self, job_id: int, plan: dict[str, Any]) -> None:
         with self._write() as con:
             con.execute("UPDATE jobs SET plan = ? WHERE id = ?", (json.dumps(plan), job_id))

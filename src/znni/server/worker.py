@@ -56,7 +56,7 @@ def worker_main(settings_values: dict[str, Any], slot: int) -> None:
 
     current = Current()
     threading.Thread(target=_watchdog, args=(stop, current, settings), daemon=True).start()
-    lock_fd = _acquire_slot(Path(f"{settings.db}.worker-{slot}.lock"), stop)
+    lock_fd = _acquire_slot(slot_lock_path(settings, slot), stop)
     if lock_fd is None:
         return
     runner = JobRunner(settings, slot, current)
@@ -65,6 +65,10 @@ def worker_main(settings_values: dict[str, Any], slot: int) -> None:
         if not runner.run_next():
             stop.wait(settings.poll_s)
     os.close(lock_fd)
+
+
+def slot_lock_path(settings: Settings, slot: int) -> Path:
+    return Path(f"{settings.db}.worker-{slot}.lock")
 
 
 def _acquire_slot(path: Path, stop: threading.Event) -> int | None:
@@ -115,8 +119,32 @@ class WorkerPool:
         self._procs: dict[int, Any] = {}
 
     def start(self) -> None:
+        self._recover_orphaned_slots()
         for slot in range(self.settings.workers):
             self._spawn(slot)
+
+    def _recover_orphaned_slots(self) -> None:
+        """Jobs left running by worker slots this server will not start (it was restarted with
+        fewer workers) go back to the queue, once no process holds that slot any more."""
+        from znni.server.store import JobStore
+
+        store = JobStore(self.settings.db)
+        for slot in sorted(store.running_slots()):
+            if slot < self.settings.workers:
+                continue  # that slot's new worker resumes its job itself
+            stop = threading.Event()
+            timer = threading.Timer(30.0, stop.set)
+            timer.start()
+            fd = _acquire_slot(slot_lock_path(self.settings, slot), stop)
+            timer.cancel()
+            if fd is None:
+                log.warning("worker slot %d is still held; its jobs stay running", slot)
+                continue
+            try:
+                n = store.requeue_slot(slot)
+            finally:
+                os.close(fd)
+            log_event("jobs.requeued", slot=slot, jobs=n)
 
     def _spawn(self, slot: int) -> None:
         values = self.settings.model_dump()
