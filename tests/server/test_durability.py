@@ -11,8 +11,8 @@ from naive import close, naive_dense, naive_fov
 from server_util import TINY_INPUT, TINY_LAYERS, Server, children_of, pid_alive, wait_job
 
 BIG = "big.zarr"
-BIG_SHAPE = (2, 20, 20, 16)
-JOB = {"network": "tiny", "input": BIG, "chunks": [4, 4, 4], "block": [4, 4, 4]}
+BIG_SHAPE = (2, 20, 20, 32)  # 400 blocks of (2, 4, 4): long enough to interrupt
+JOB = {"network": "tiny", "input": BIG, "chunks": [2, 4, 4], "block": [2, 4, 4]}
 
 
 @pytest.fixture(scope="module")

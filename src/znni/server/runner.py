@@ -36,8 +36,9 @@ class JobRunner:
         record = self.store.claim(self.slot)
         if record is None:
             return False
-        self.current.cancel.clear()
         with self.current.lock:
+            if not self.current.shutdown:
+                self.current.cancel.clear()
             self.current.job_id = record.id
         try:
             self._run(record)

@@ -46,7 +46,14 @@ def worker_main(settings_values: dict[str, Any], slot: int) -> None:
     """
     settings = Settings(**settings_values)
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    current = Current()
+
+    def on_sigterm(*_: object) -> None:
+        stop.set()
+        current.shutdown = True
+        current.cancel.set()  # the engine stops after its current block
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(
         level=settings.log_level.upper(),
@@ -54,7 +61,6 @@ def worker_main(settings_values: dict[str, Any], slot: int) -> None:
     )
     from znni.server.runner import JobRunner  # the engine is imported here, not in the server
 
-    current = Current()
     threading.Thread(target=_watchdog, args=(stop, current, settings), daemon=True).start()
     lock_fd = _acquire_slot(slot_lock_path(settings, slot), stop)
     if lock_fd is None:
