@@ -9,6 +9,7 @@ size, N = nz*ny*nx real points, Nc = nz*ny*(nx//2+1) complex points.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from functools import lru_cache
 from math import log2, prod
 
 from znni.planner.machine import GpuProfile, MachineProfile
@@ -23,23 +24,30 @@ CPU_CONV_PRIMITIVES = ("direct", "fft-keep", "fft-recompute")
 GPU_CONV_PRIMITIVES = ("gpu-direct", "gpu-fft")
 
 
-def good_size(n: int) -> int:
-    """Smallest 2^a*3^b*5^c*7^d >= n (ZNNi "padded FFT": transform at a fast size >= n)."""
+def _smooth(n: int) -> bool:
+    for p in (2, 3, 5, 7):
+        while n % p == 0:
+            n //= p
+    return n == 1
+
+
+@lru_cache(maxsize=8192)
+def good_size(n: int, even: bool = False) -> int:
+    """Smallest 2^a*3^b*5^c*7^d (times at most one 11 or 13) >= n, even if asked
+    (ZNNi "padded FFT"; the same rule as primitives/cpu/fft_sizes.py)."""
     m = max(1, n)
     while True:
-        r = m
-        for p in (2, 3, 5, 7):
-            while r % p == 0:
-                r //= p
-        if r == 1:
+        good = _smooth(m) or any(m % e == 0 and _smooth(m // e) for e in (11, 13))
+        if good and (not even or m % 2 == 0):
             return m
         m += 1
 
 
 def fft_shape(size_in: Triple) -> Triple:
-    """Padded transform size: the input size rounded up per axis (wrap-around hits only
-    the k-1 discarded border voxels, so n, not n+k-1, suffices)."""
-    return (good_size(size_in[0]), good_size(size_in[1]), good_size(size_in[2]))
+    """Padded transform size: the input size rounded up per axis, the rfft axis even
+    (wrap-around hits only the k-1 discarded border voxels, so n, not n+k-1, suffices)."""
+    z, y, x = size_in
+    return (good_size(z), good_size(y), good_size(x, even=x > 1))
 
 
 def spectrum_points(padded: Triple) -> int:

@@ -21,7 +21,6 @@ from znni.planner.network import LayerShape
 WORK_BYTES = 2**29  # fft_conv3d work_bytes: sample chunk bound
 RECOMPUTE_BYTES = 2**27  # fft_conv3d recompute_bytes and kernel_spectra chunk
 SLAB_BYTES = 2**23  # direct_conv3d slab_bytes
-FREQ_TASK_BYTES = 3 * 2**20  # freq_product: per-task transposed copies (~1 MiB in + out)
 
 
 class HostSim:
@@ -112,6 +111,18 @@ def _kernel_spectra(sim: HostSim, sh: LayerShape, cout: int, padded: tuple[int, 
     return out_bytes
 
 
+def _freq_product(
+    sim: HostSim, s: int, cin: int, cout: int, nf: int, threads: int, chunk_cout: int = 0
+) -> None:
+    """freq_product: each running task holds (fc, Cin, S) and (fc, Cout, S) complex copies;
+    fc from fft_conv._chunk_f (about 1 MiB of inputs and outputs, at least 64)."""
+    fc = max(64, 2**20 // ((cin + (chunk_cout or cout)) * s * COMPLEX_BYTES))
+    tasks = min(threads, -(-nf // fc))
+    nbytes = tasks * min(fc, nf) * (cin + cout) * s * COMPLEX_BYTES
+    sim.alloc(nbytes)
+    sim.release(nbytes)
+
+
 def fft_conv(sim: HostSim, sh: LayerShape, keep: bool, threads: int) -> None:
     """fft_conv3d (with CpuBackend.kept_spectra first when `keep`). Input is already live."""
     padded = fft_shape(sh.size_in)
@@ -132,14 +143,13 @@ def fft_conv(sim: HostSim, sh: LayerShape, keep: bool, threads: int) -> None:
         ibytes = b * cout * (nf * COMPLEX_BYTES + oz * oy * padded[2] * FLOAT_BYTES)
         sim.checkout(ikey, ibytes)
         if keep:
-            sim.alloc(threads * FREQ_TASK_BYTES)
-            sim.release(threads * FREQ_TASK_BYTES)
+            _freq_product(sim, b, cin, cout, nf, threads)
         else:
             oc = max(1, min(cout, RECOMPUTE_BYTES // max(1, cin * nf * COMPLEX_BYTES)))
             for width in _chunk_sizes(cout, oc):
                 kbytes = _kernel_spectra(sim, sh, width, padded)
-                sim.alloc(threads * FREQ_TASK_BYTES)
-                sim.release(threads * FREQ_TASK_BYTES + kbytes)
+                _freq_product(sim, b, cin, width, nf, threads, chunk_cout=cout)
+                sim.release(kbytes)
         sim.checkin(fkey, fbytes)
         sim.checkin(ikey, ibytes)
     sim.release(transient)

@@ -37,8 +37,8 @@ def conv_workspace_bytes(layer: LayerShape, primitive: str, threads: int = 1) ->
     samples in chunks of sc whose spectra fit WORK_BYTES, forward spectra
     sc*f*Nc and inverse spectra sc*f'*Nc plus their real buffers; fft-recompute
     adds pruned kernel spectra RECOMPUTE_BYTES of output channels at a time.
-    Direct: one im2col slab per thread. GPU FFT adds all kernel spectra and the
-    cuFFT work area (ZNNi's K).
+    Direct: one im2col slab per thread. GPU FFT adds the f' kernel spectra of one
+    input map and the cuFFT work area (ZNNi's K).
     """
     s, f, g = layer.batch_in, layer.channels_in, layer.channels_out
     if primitive in ("direct", "gpu-direct"):
@@ -47,7 +47,8 @@ def conv_workspace_bytes(layer: LayerShape, primitive: str, threads: int = 1) ->
     nc = spectrum_points(padded)
     if primitive == "gpu-fft":
         spectra = s * (f + g) * nc * COMPLEX_BYTES
-        return spectra + f * g * nc * COMPLEX_BYTES + s * max(f, g) * nc * COMPLEX_BYTES // 4
+        # kernels transformed one input map at a time (f' spectra), plus cuFFT's work area
+        return spectra + g * nc * COMPLEX_BYTES + s * max(f, g) * nc * COMPLEX_BYTES // 4
     sc = max(1, min(s, WORK_BYTES // ((f + g) * nc * COMPLEX_BYTES)))
     real = sc * (f * prod(layer.size_in[:2]) + g * prod(layer.size_out[:2])) * padded[2]
     work = sc * (f + g) * nc * COMPLEX_BYTES + real * FLOAT_BYTES
