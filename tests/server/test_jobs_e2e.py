@@ -89,3 +89,19 @@ def test_networks_and_health(server) -> None:
         assert one["digest"] == tiny["digest"] and len(one["layers"]) == len(TINY_LAYERS)
         health = client.get("/healthz").json()
         assert health == {"status": "ok", "workers_alive": 1, "workers": 1}
+
+
+def test_plan_for_a_network(server) -> None:
+    with server.client() as client:
+        r = client.post("/v1/plan", json={"network": "tiny", "device": "cpu"})
+        assert r.status_code == 200, r.text
+        plan = r.json()["plan"]
+        assert plan["algorithm"] == "cpu"
+        fov = naive_fov(TINY_LAYERS)
+        out = [n - f + 1 for n, f in zip(plan["input_size"], fov, strict=True)]
+        assert out == list(plan["output_size"])  # DESIGN: a patch of n gives n - fov + 1
+        assert len(plan["primitives"]) == len(TINY_LAYERS)
+        r = client.post(
+            "/v1/plan", json={"network": "tiny", "memory_limit_bytes": 2**20, "device": "cpu"}
+        )
+        assert r.status_code == 422 and "fits in 1,048,576 bytes" in r.json()["detail"]

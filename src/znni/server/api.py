@@ -185,7 +185,8 @@ def cancel_job(job_id: JobId, state: StateDep) -> JobRead:
             detail=f"job {job_id} already {before.status}; nothing to cancel",
         )
     record = state.store.request_cancel(job_id)
-    assert record is not None  # jobs are never deleted
+    if record is None:  # cannot happen while jobs are never deleted; answer sensibly anyway
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no job with id {job_id}")
     if before.status != "cancelled":
         log_event("job.cancel_requested", job_id, status=record.status)
     return job_read(record, state.settings.data_root)
@@ -235,4 +236,8 @@ def plan(body: PlanRequest, state: StateDep) -> PlanRead:
         )
     except ValueError as e:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(e)) from e
+    except ImportError as e:  # e.g. a GPU profile asked for without CuPy installed
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE, detail=f"the planner cannot run here ({e})"
+        ) from e
     return PlanRead(network=body.network, plan=result.to_dict())
