@@ -107,21 +107,33 @@ class CpuBackend:
     def kept_spectra(self, weight: np.ndarray, size: tuple[int, ...]) -> np.ndarray:
         """Kernel spectra for patches of `size`, from the cache (kept there when they fit)."""
         padded = padded_shape((int(size[0]), int(size[1]), int(size[2])))
-        nbytes = prod(spectrum_shape(padded)) * weight.shape[0] * weight.shape[1] * COMPLEX_BYTES
+        nbytes = self.spectra_bytes(weight.shape, size)
         return self.spectra.get_or_make(
             spectra_key(weight, padded),
             nbytes,
             lambda: kernel_spectra(self.plans, weight, padded, 2**27),
         )
 
+    def spectra_bytes(self, w_shape: tuple[int, ...], size: tuple[int, ...]) -> int:
+        """Bytes of kept kernel spectra of a (Cout, Cin, ...) weight for patches of `size`."""
+        padded = padded_shape((int(size[0]), int(size[1]), int(size[2])))
+        return prod(spectrum_shape(padded)) * int(w_shape[0]) * int(w_shape[1]) * COMPLEX_BYTES
+
+    @staticmethod
+    def estimate(primitive: str, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> float:
+        """Rough model seconds (used to skip hopeless candidates, not to choose)."""
+        return estimate_s(primitive, x_shape, w_shape)
+
     def choose(
         self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray, activation: Activation | None
     ) -> str:
         """The measured-fastest primitive for this layer shape (cached by shape)."""
         key = layer_key(x.shape, weight.shape, self.threads, self.fft_effort)
-        padded = padded_shape(tuple(int(v) for v in x.shape[2:]))  # type: ignore[arg-type]
-        keep_bytes = prod(spectrum_shape(padded)) * weight.shape[0] * weight.shape[1] * 8
-        fft = "fft-keep" if self.spectra.fits(keep_bytes) else "fft-recompute"
+        fft = (
+            "fft-keep"
+            if self.spectra.fits(self.spectra_bytes(weight.shape, x.shape[2:]))
+            else "fft-recompute"
+        )
         names = ("direct", fft)
 
         def timed(name: str) -> float:

@@ -16,6 +16,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from znni.primitives.activations import apply_activation
 from znni.primitives.base import Activation
+from znni.primitives.cpu.threads import blas_single_thread
 
 FLOAT_BYTES = 4
 
@@ -58,5 +59,6 @@ def direct_conv3d(
         if activation is not None:
             apply_activation(view, activation)
 
-    list(pool.map(task, [(si, z0) for si in range(s) for z0 in range(0, oz, zb)]))
+    with blas_single_thread():
+        list(pool.map(task, [(si, z0) for si in range(s) for z0 in range(0, oz, zb)]))
     return out

@@ -23,6 +23,7 @@ from znni.primitives.activations import apply_activation
 from znni.primitives.base import Activation, Triple
 from znni.primitives.cpu.fft_sizes import padded_shape
 from znni.primitives.cpu.fftw_plans import PlanCache, Workspace
+from znni.primitives.cpu.threads import blas_single_thread
 
 COMPLEX_BYTES = 8
 FLOAT_BYTES = 4
@@ -127,18 +128,32 @@ def kernel_spectra(
 
 
 def freq_product(
-    pool: ThreadPoolExecutor, k: np.ndarray, x: np.ndarray, y: np.ndarray, chunk_f: int
+    pool: ThreadPoolExecutor,
+    k: np.ndarray,
+    x: np.ndarray,
+    y: np.ndarray,
+    chunk_f: int,
+    raw: bool = False,
 ) -> None:
-    """y[s, o, f] = sum_i k[f, o, i] x[s, i, f]: (F, Co, Ci) @ (F, Ci, S) per frequency chunk."""
-    nf = k.shape[0]
+    """y[s, o, f] = sum_i k[f, o, i] x[s, i, f] as (F, Co, Ci) @ (F, Ci, S) per frequency chunk.
+
+    With `raw`, k is the unconjugated (Co, Ci, F) output of the transforms, conjugated
+    and transposed one chunk at a time (no full-size transposition pass).
+    """
+    nf = x.shape[2]
 
     def task(f0: int) -> None:
         f1 = min(nf, f0 + chunk_f)
         xt = np.ascontiguousarray(x[:, :, f0:f1].transpose(2, 1, 0))  # (fc, Ci, S)
-        yt = np.matmul(k[f0:f1], xt)  # (fc, Co, S)
+        if raw:
+            kc = np.conjugate(k[:, :, f0:f1].transpose(2, 0, 1))  # (fc, Co, Ci)
+        else:
+            kc = k[f0:f1]
+        yt = np.matmul(kc, xt)  # (fc, Co, S)
         y[:, :, f0:f1] = yt.transpose(2, 1, 0)
 
-    list(pool.map(task, range(0, nf, chunk_f)))
+    with blas_single_thread():
+        list(pool.map(task, range(0, nf, chunk_f)))
 
 
 def _chunk_f(cin: int, cout: int, s: int) -> int:
@@ -208,10 +223,14 @@ def fft_conv3d(
             freq_product(pool, spectra, xs, ys, chunk)
         else:
             oc = max(1, min(cout, recompute_bytes // max(1, cin * nf * COMPLEX_BYTES)))
+            scale = np.float32(1.0 / prod(padded))
             for o0 in range(0, cout, oc):
                 o1 = min(cout, o0 + oc)
-                k = kernel_spectra(cache, weight[o0:o1], padded, recompute_bytes)
-                freq_product(pool, k, xs, ys[:, o0:o1], chunk)
+                w = weight[o0:o1].reshape((o1 - o0) * cin, *weight.shape[2:]) * scale
+                kws, kkey = pruned_rfftn(cache, w, padded)
+                k = kws.arrays["d"].reshape(o1 - o0, cin, nf)  # (oc, Cin, F)
+                freq_product(pool, k, xs, ys[:, o0:o1], chunk, raw=True)
+                cache.checkin(kkey, kws)
         cache.checkin(fkey, fws)
         r = pruned_irfftn(iws)  # (sc*Cout, oz, oy, Nx)
         output_step(pool, r, bias, out[s0:s1], activation)
