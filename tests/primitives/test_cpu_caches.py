@@ -105,3 +105,14 @@ def test_bad_options_raise_value_error():
         CpuBackend(threads=0)
     with pytest.raises(ValueError):
         CpuBackend(spectra_cache_bytes=-1)
+
+
+def test_effort_defaults_to_measure_and_env_overrides_it(monkeypatch):
+    monkeypatch.delenv("ZNNI_FFT_EFFORT", raising=False)
+    backend = CpuBackend(threads=1, persist_choices=False)
+    assert backend.fft_effort == "FFTW_MEASURE"
+    backend.close()
+    monkeypatch.setenv("ZNNI_FFT_EFFORT", "FFTW_ESTIMATE")
+    backend = CpuBackend(threads=1, persist_choices=False)
+    assert backend.fft_effort == "FFTW_ESTIMATE"
+    backend.close()

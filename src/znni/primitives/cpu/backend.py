@@ -54,7 +54,7 @@ class CpuBackend:
     def __init__(
         self,
         threads: int | None = None,
-        fft_effort: str = "FFTW_MEASURE",
+        fft_effort: str | None = None,
         spectra_cache_bytes: int = 2**30,
         workspace_bytes: int = 2**30,
         persist_choices: bool = True,
@@ -62,8 +62,9 @@ class CpuBackend:
         if threads is not None and threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
         self.threads = threads or usable_cores()
-        self.fft_effort = fft_effort
-        self.plans = PlanCache(self.threads, fft_effort, workspace_bytes)
+        # Default FFTW_MEASURE; ZNNI_FFT_EFFORT lets CI pick a cheap planner for every backend.
+        self.fft_effort = fft_effort or os.environ.get("ZNNI_FFT_EFFORT", "FFTW_MEASURE")
+        self.plans = PlanCache(self.threads, self.fft_effort, workspace_bytes)
         self.spectra = SpectraCache(spectra_cache_bytes)
         self.chooser = PrimitiveChooser(persist=persist_choices)
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="znni-cpu")
