@@ -111,3 +111,31 @@ def test_bad_arguments_raise_value_error(backend, x_shape, w_shape, primitive):
     w = np.zeros(w_shape, np.float32)
     with pytest.raises(ValueError):
         backend.conv3d(x, w, np.zeros(w_shape[0], np.float32), None, primitive)
+
+
+@pytest.mark.parametrize("tiles", [2, 3, 4])
+@pytest.mark.parametrize("primitive", ["fft-keep", "fft-recompute"])
+def test_overlap_save_tiles_match_scipy(primitive, tiles):
+    rng = np.random.default_rng(tiles)
+    b = CpuBackend(threads=2, fft_effort="FFTW_ESTIMATE", persist_choices=False, fft_tiles=tiles)
+    try:
+        for size, kernel in [
+            ((13, 10, 17), (3, 2, 4)),
+            ((6, 9, 5), (1, 5, 2)),
+            ((3, 11, 8), (3, 1, 1)),
+        ]:
+            x, w, bias = _layer(rng, 2, 3, 4, size, kernel)
+            act = Activation("leaky_relu", 0.2)
+            assert close(b.conv3d(x, w, bias, act, primitive), _naive(x, w, bias, act))
+    finally:
+        b.close()
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("primitive", CONV_PRIMITIVES)
+def test_one_voxel_outputs_of_a_batch_with_every_activation(backend, primitive, act):
+    # Regression: fused activations on strided (sample, channel) views went wrong here.
+    rng = np.random.default_rng(11)
+    x, w, b = _layer(rng, 3, 3, 4, (1, 1, 3), (1, 1, 3))
+    a = Activation(act, 0.1)
+    assert close(backend.conv3d(x, w, b, a, primitive), _naive(x, w, b, a))

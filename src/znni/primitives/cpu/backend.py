@@ -29,6 +29,7 @@ from znni.primitives.cpu.fft_sizes import padded_shape
 from znni.primitives.cpu.fftw_plans import PlanCache
 from znni.primitives.cpu.pooling import maxpool, mpf
 from znni.primitives.cpu.spectra_cache import SpectraCache, spectra_key
+from znni.primitives.cpu.tiling import choose_tiles, join_tiles, split_tiles, tile_geometry
 
 CONV_PRIMITIVES = ("direct", "fft-keep", "fft-recompute")
 
@@ -58,9 +59,13 @@ class CpuBackend:
         spectra_cache_bytes: int = 2**30,
         workspace_bytes: int = 2**30,
         persist_choices: bool = True,
+        fft_tiles: int | None = None,
     ) -> None:
         if threads is not None and threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
+        if fft_tiles is not None and fft_tiles < 1:
+            raise ValueError(f"fft_tiles must be >= 1, got {fft_tiles}")
+        self.fft_tiles = fft_tiles  # None: chosen per layer by the tiling model
         self.threads = threads or usable_cores()
         # Default FFTW_MEASURE; ZNNI_FFT_EFFORT lets CI pick a cheap planner for every backend.
         self.fft_effort = fft_effort or os.environ.get("ZNNI_FFT_EFFORT", "FFTW_MEASURE")
@@ -102,8 +107,29 @@ class CpuBackend:
     ) -> np.ndarray:
         if primitive == "direct":
             return direct_conv3d(self._pool, x, weight, bias, activation)
-        spectra = self.kept_spectra(weight, x.shape[2:]) if primitive == "fft-keep" else None
-        return fft_conv3d(self.plans, self._pool, x, weight, bias, activation, spectra)
+        return self._run_fft(primitive == "fft-keep", x, weight, bias, activation)
+
+    def _run_fft(
+        self,
+        keep: bool,
+        x: np.ndarray,
+        weight: np.ndarray,
+        bias: np.ndarray,
+        activation: Activation | None,
+    ) -> np.ndarray:
+        """FFT conv, over overlap-save tiles when the tiling model says that is faster."""
+        s, cin = x.shape[:2]
+        cout = weight.shape[0]
+        kernel: Triple = tuple(int(v) for v in weight.shape[2:])  # type: ignore[assignment]
+        out: Triple = tuple(int(n) - k + 1 for n, k in zip(x.shape[2:], kernel, strict=True))  # type: ignore[assignment]
+        budget = self.spectra.max_bytes if keep else None
+        m = self.fft_tiles or choose_tiles(s, cin, cout, out, kernel, budget)
+        counts, t_out, t_in = tile_geometry(out, kernel, m)
+        tiled = counts != (1, 1, 1)
+        xt = split_tiles(x, counts, t_out, t_in) if tiled else x  # (S*T, Cin, t_in)
+        spectra = self.kept_spectra(weight, t_in) if keep else None
+        y = fft_conv3d(self.plans, self._pool, xt, weight, bias, activation, spectra)
+        return join_tiles(y, s, counts, out) if tiled else y
 
     def kept_spectra(self, weight: np.ndarray, size: tuple[int, ...]) -> np.ndarray:
         """Kernel spectra for patches of `size`, from the cache (kept there when they fit)."""

@@ -54,10 +54,10 @@ def direct_conv3d(
             win = sliding_window_view(src, k, axis=(1, 2, 3))  # (Cin, zb, oy, ox, kz, ky, kx)
             col = np.ascontiguousarray(win.transpose(0, 4, 5, 6, 1, 2, 3)).reshape(depth, -1)
         res = np.matmul(w2, col).reshape(cout, z1 - z0, oy, ox)  # (Cout, zb, oy, ox)
-        view = out[si, :, z0:z1]
-        np.add(res, b2, out=view)
-        if activation is not None:
-            apply_activation(view, activation)
+        res += b2
+        if activation is not None:  # on the contiguous result, never on a strided view
+            apply_activation(res, activation)
+        out[si, :, z0:z1] = res
 
     with blas_single_thread():
         list(pool.map(task, [(si, z0) for si in range(s) for z0 in range(0, oz, zb)]))

@@ -168,21 +168,26 @@ def output_step(
     out: np.ndarray,
     activation: Activation | None,
 ) -> None:
-    """out (s, Co, oz, oy, ox) = act(r[..., :ox] + bias), split over the pool by channel."""
+    """out (s, Co, oz, oy, ox) = act(r[..., :ox] + bias), split over the pool in row blocks.
+
+    Each task works on a C-contiguous block of (sample, channel) rows: numpy 2.4's in-place
+    unary ufuncs (np.negative(v, out=v)) give wrong results on some strided views.
+    """
     s, co = out.shape[:2]
     ox = out.shape[-1]
-    r5 = r.reshape(s, co, *r.shape[1:])  # (s, Co, oz, oy, Nx)
-    b5 = bias.astype(np.float32).reshape(1, co, 1, 1, 1)
-    step = max(1, co // (2 * pool._max_workers))
+    rows = s * co
+    out2 = out.reshape(rows, *out.shape[2:])  # (s*Co, oz, oy, ox), a view: out is contiguous
+    bias_rows = np.tile(bias.astype(np.float32), s).reshape(rows, 1, 1, 1)
+    step = max(1, -(-rows // (4 * pool._max_workers)))
 
-    def task(c0: int) -> None:
-        c1 = min(co, c0 + step)
-        view = out[:, c0:c1]
-        np.add(r5[:, c0:c1, ..., :ox], b5[:, c0:c1], out=view)
+    def task(r0: int) -> None:
+        r1 = min(rows, r0 + step)
+        block = out2[r0:r1]
+        np.add(r[r0:r1, ..., :ox], bias_rows[r0:r1], out=block)
         if activation is not None:
-            apply_activation(view, activation)
+            apply_activation(block, activation)
 
-    list(pool.map(task, range(0, co, step)))
+    list(pool.map(task, range(0, rows, step)))
 
 
 def fft_conv3d(
