@@ -146,10 +146,9 @@ class CpuBackend:
         padded = padded_shape((int(size[0]), int(size[1]), int(size[2])))
         return prod(spectrum_shape(padded)) * int(w_shape[0]) * int(w_shape[1]) * COMPLEX_BYTES
 
-    @staticmethod
-    def estimate(primitive: str, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> float:
+    def estimate(self, primitive: str, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> float:
         """Rough model seconds (used to skip hopeless candidates, not to choose)."""
-        return estimate_s(primitive, x_shape, w_shape)
+        return estimate_s(primitive, x_shape, w_shape, self.spectra.max_bytes)
 
     def choose(
         self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray, activation: Activation | None
@@ -171,7 +170,7 @@ class CpuBackend:
         return self.chooser.choose(
             key,
             {n: (lambda n=n: timed(n)) for n in names},
-            {n: estimate_s(n, x.shape, weight.shape) for n in names},
+            {n: self.estimate(n, x.shape, weight.shape) for n in names},
         )
 
     @staticmethod

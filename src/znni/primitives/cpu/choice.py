@@ -14,19 +14,17 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from math import log2, prod
+from math import prod
 from pathlib import Path
 
-from znni.primitives.cpu.fft_sizes import padded_shape
 from znni.primitives.cpu.fftw_plans import cache_dir
+from znni.primitives.cpu.tiling import choose_tiles, model_s
 
 log = logging.getLogger(__name__)
 
-# Rough rates of this machine kind (ANCHORS.md), used only to skip hopeless candidates.
+# Rough rate of this machine kind (ANCHORS.md), used only to skip hopeless candidates.
 GEMM_FLOPS_PER_S = 1.0e11
-FFT_FLOPS_PER_S = 1.0e10
-MEMORY_BYTES_PER_S = 1.5e10
-PRUNE_RATIO = 6.0
+PRUNE_RATIO = 4.0
 
 
 def layer_key(x_shape: tuple[int, ...], w_shape: tuple[int, ...], threads: int, effort: str) -> str:
@@ -36,21 +34,22 @@ def layer_key(x_shape: tuple[int, ...], w_shape: tuple[int, ...], threads: int, 
     return f"s{s}-ci{cin}-co{cout}-{dims}-t{threads}-{effort}"
 
 
-def estimate_s(primitive: str, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> float:
-    """Crude time model: direct = GEMM flops; FFT = transforms + spectra traffic."""
+def estimate_s(
+    primitive: str,
+    x_shape: tuple[int, ...],
+    w_shape: tuple[int, ...],
+    spectra_budget: int = 2**30,
+) -> float:
+    """Crude time model: direct = GEMM flops; FFT = the best tiling's model time."""
     s, cin, *n = x_shape
     cout, _, *k = w_shape
-    out = prod(a - b + 1 for a, b in zip(n, k, strict=True))
+    kernel = (int(k[0]), int(k[1]), int(k[2]))
+    out = (n[0] - k[0] + 1, n[1] - k[1] + 1, n[2] - k[2] + 1)
     if primitive == "direct":
-        return 2.0 * s * cin * cout * out * prod(k) / GEMM_FLOPS_PER_S
-    padded = padded_shape((n[0], n[1], n[2]))
-    vol = prod(padded)
-    nf = vol // padded[2] * (padded[2] // 2 + 1)
-    fft_s = 2.5 * vol * log2(max(vol, 2)) * s * (cin + cout) / FFT_FLOPS_PER_S
-    mult_s = 8.0 * cin * cout * nf * max(1, s // 8) / MEMORY_BYTES_PER_S
-    if primitive == "fft-recompute":
-        fft_s += 2.5 * vol * log2(max(vol, 2)) * cin * cout * 0.3 / FFT_FLOPS_PER_S
-    return fft_s + mult_s
+        return 2.0 * s * cin * cout * prod(out) * prod(kernel) / GEMM_FLOPS_PER_S
+    keep = primitive == "fft-keep"
+    m = choose_tiles(s, cin, cout, out, kernel, spectra_budget if keep else None)
+    return model_s(s, cin, cout, out, kernel, m, recompute=not keep)[0]
 
 
 class PrimitiveChooser:
