@@ -44,11 +44,20 @@ def child(args: argparse.Namespace) -> None:
     plan = Plan.from_dict(json.loads(Path(args.plan).read_text()))
     net = network(plan.network)
     rng = np.random.default_rng(0)
-    ops = [Conv((rng.standard_normal(op.weight.shape, dtype=np.float32) * 0.05),
-                np.zeros(op.out_channels, np.float32)) if isinstance(op, Conv) else op
-           for op in net.ops]
-    backend = CpuBackend(spectra_cache_bytes=plan.spectra_cache_bytes,
-                         workspace_bytes=plan.workspace_cache_bytes, persist_choices=False)
+    ops = [
+        Conv(
+            (rng.standard_normal(op.weight.shape, dtype=np.float32) * 0.05),
+            np.zeros(op.out_channels, np.float32),
+        )
+        if isinstance(op, Conv)
+        else op
+        for op in net.ops
+    ]
+    backend = CpuBackend(
+        spectra_cache_bytes=plan.spectra_cache_bytes,
+        workspace_bytes=plan.workspace_cache_bytes,
+        persist_choices=False,
+    )
     times = []
     for _ in range(args.patches):
         x = rng.random((plan.batch, 1, *plan.input_size), dtype=np.float32)
@@ -56,16 +65,22 @@ def child(args: argparse.Namespace) -> None:
         y = dense_forward(ops, x, backend, plan.primitives)
         times.append(time.perf_counter() - t0)
         del x, y
-    hwm = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status")
-               if line.startswith("VmHWM"))
+    hwm = next(
+        int(line.split()[1]) * 1024
+        for line in open("/proc/self/status")
+        if line.startswith("VmHWM")
+    )
     print(json.dumps({"peak_rss_bytes": hwm, "seconds": times}))
 
 
 def measure(plan: Plan, patches: int) -> dict:
     path = Path("/tmp") / f"znni-plan-{plan.network}-{plan.input_size[0]}.json"
     path.write_text(json.dumps(plan.to_dict()))
-    out = subprocess.run([sys.executable, __file__, "child", "--plan", str(path),
-                          "--patches", str(patches)], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, __file__, "child", "--plan", str(path), "--patches", str(patches)],
+        capture_output=True,
+        text=True,
+    )
     if out.returncode:
         raise RuntimeError(f"child exit {out.returncode}: {out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -86,9 +101,11 @@ def memory(machine: MachineProfile, limit: int) -> None:
             plan = plan_at(net, machine, n, limit)
             got = measure(plan, 2)
             convs = ",".join(p[:5] for p in plan.primitives if p)
-            print(f"{name} | {n:5d} | {convs:34s} | {plan.peak_bytes / 2**30:13.2f} | "
-                  f"{got['peak_rss_bytes'] / 2**30:7.2f} | "
-                  f"{got['peak_rss_bytes'] / plan.peak_bytes:.2f}")
+            print(
+                f"{name} | {n:5d} | {convs:34s} | {plan.peak_bytes / 2**30:13.2f} | "
+                f"{got['peak_rss_bytes'] / 2**30:7.2f} | "
+                f"{got['peak_rss_bytes'] / plan.peak_bytes:.2f}"
+            )
 
 
 def timing(machine: MachineProfile, limit: int) -> None:
@@ -97,8 +114,10 @@ def timing(machine: MachineProfile, limit: int) -> None:
         plan = make_plan(network(name), machine=machine, device="cpu", memory_limit_bytes=limit)
         got = measure(plan, 3)
         t = min(got["seconds"][1:])
-        print(f"{name} | {plan.input_size[0]:5d} | {plan.predicted_patch_s:11.2f} | "
-              f"{t:10.2f} | {t / plan.predicted_patch_s:.2f}")
+        print(
+            f"{name} | {plan.input_size[0]:5d} | {plan.predicted_patch_s:11.2f} | "
+            f"{t:10.2f} | {t / plan.predicted_patch_s:.2f}"
+        )
 
 
 def regret(machine: MachineProfile, limit: int) -> None:
@@ -107,36 +126,53 @@ def regret(machine: MachineProfile, limit: int) -> None:
         chosen = make_plan(net, machine=machine, device="cpu", memory_limit_bytes=limit)
         n0 = chosen.input_size[0]
         p = max(net.pool_product)
-        alts = [plan_at(net, machine, n, limit) for n in (n0 - 3 * p, n0 - 2 * p, n0 - p)
-                if n > net.fov[0]]
+        alts = [
+            plan_at(net, machine, n, limit)
+            for n in (n0 - 3 * p, n0 - 2 * p, n0 - p)
+            if n > net.fov[0]
+        ]
         for forced in ("direct", "fft-recompute", "fft-keep"):
             prims = tuple(forced if q else None for q in chosen.primitives)
-            alts.append(replace(chosen, primitives=prims,
-                                spectra_cache_bytes=4 * 2**30 if forced == "fft-keep" else 0))
+            alts.append(
+                replace(
+                    chosen,
+                    primitives=prims,
+                    spectra_cache_bytes=4 * 2**30 if forced == "fft-keep" else 0,
+                )
+            )
         for i, q in enumerate(chosen.primitives):  # flip the heaviest layers one at a time
             if q and len(alts) < 10 and i > 0:
                 other = "fft-recompute" if q != "fft-recompute" else "direct"
-                alts.append(replace(chosen, primitives=chosen.primitives[:i] + (other,)
-                                    + chosen.primitives[i + 1:]))
+                alts.append(
+                    replace(
+                        chosen,
+                        primitives=chosen.primitives[:i] + (other,) + chosen.primitives[i + 1 :],
+                    )
+                )
         rows = []
         for label, plan in [("chosen", chosen)] + [(f"alt{i}", a) for i, a in enumerate(alts)]:
             got = measure(plan, 2)
             vox = np.prod(plan.output_size) * plan.batch / min(got["seconds"][1:])
             rows.append((label, plan, vox))
-            print(f"{name} {label:6s} {plan.input_size[0]:4d} "
-                  f"{','.join(x[:5] for x in plan.primitives if x):40s} "
-                  f"pred {plan.predicted_voxels_per_second:9.0f} meas {vox:9.0f} vox/s", flush=True)
+            print(
+                f"{name} {label:6s} {plan.input_size[0]:4d} "
+                f"{','.join(x[:5] for x in plan.primitives if x):40s} "
+                f"pred {plan.predicted_voxels_per_second:9.0f} meas {vox:9.0f} vox/s",
+                flush=True,
+            )
         best = max(v for _, _, v in rows)
         print(f"{name}: chosen = {rows[0][2] / best:.2f} of the best measured ({len(alts)} alts)")
 
 
 def tight(machine: MachineProfile, limit: int) -> None:
-    plan = make_plan(network("n537"), machine=machine, device="cpu", memory_limit_bytes=limit)
+    plan = make_plan(network("n337"), machine=machine, device="cpu", memory_limit_bytes=limit)
     got = measure(plan, 2)
-    print(f"n537 limit {limit / 2**30:.2f} GiB: plan {plan.input_size[0]}^3, predicted "
-          f"{plan.peak_bytes / 2**30:.2f} GiB, measured peak RSS "
-          f"{got['peak_rss_bytes'] / 2**30:.2f} GiB, under limit: "
-          f"{got['peak_rss_bytes'] <= limit}")
+    print(
+        f"n537 limit {limit / 2**30:.2f} GiB: plan {plan.input_size[0]}^3, predicted "
+        f"{plan.peak_bytes / 2**30:.2f} GiB, measured peak RSS "
+        f"{got['peak_rss_bytes'] / 2**30:.2f} GiB, under limit: "
+        f"{got['peak_rss_bytes'] <= limit}"
+    )
 
 
 def main() -> None:
@@ -151,8 +187,7 @@ def main() -> None:
         return
     machine = MachineProfile.detect()
     limit = parse_bytes(args.limit)
-    {"memory": memory, "time": timing, "regret": regret, "limit": tight}[args.what](
-        machine, limit)
+    {"memory": memory, "time": timing, "regret": regret, "limit": tight}[args.what](machine, limit)
 
 
 if __name__ == "__main__":
