@@ -9,12 +9,15 @@ FILE, so tests and operators can see exactly what a run recomputed.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from znni.engine.borders import read_with_border
+from znni.engine.cpu_gpu import run_patches_cpu_gpu
+from znni.engine.execution import Execution, build_backends, default_theta, execution_for
 from znni.engine.geometry import Block, Box, Triple, patch_tiling
 from znni.engine.volume import encode_output, open_input, write_box
 from znni.planner.network import Network
@@ -35,17 +38,12 @@ class BlockSpec:
     dtype: str
     patch: Triple  # dense output per patch, a multiple of the pool product per axis
     primitives: tuple[str | None, ...] | None = None
-    backend_name: str | None = None  # None: the default backend of this machine
+    execution: Execution | None = None  # None: CPU only, this machine's default backend
 
 
 def default_backend_name() -> str:
-    """ZNNI_BACKEND if set, else the fast CPU backend when registered, else the reference."""
-    from znni.primitives.backends import BACKEND_FACTORIES
-
-    name = os.environ.get("ZNNI_BACKEND")
-    if name:
-        return name
-    return "cpu" if "cpu" in BACKEND_FACTORIES else "reference"
+    """ZNNI_BACKEND if set, else the fast CPU backend."""
+    return execution_for(None, "cpu").cpu_backend
 
 
 class BlockWorker:
@@ -55,12 +53,17 @@ class BlockWorker:
                  output_array: Any | None = None) -> None:
         import zarr
 
-        from znni.primitives.backends import make_backend
-
         self.spec = spec
         self.network = spec.network
         self.volume = open_input(spec.input_path, spec.network.in_channels)
-        self.backend = backend or make_backend(spec.backend_name or default_backend_name())
+        execution = spec.execution or execution_for(None, "cpu")
+        self.execution = execution
+        self.gpu_backend: Backend | None = None
+        if backend is not None:  # an explicit backend runs everything (tests, benchmarks)
+            self.backend = backend
+            self.execution = Execution("cpu", backend.name)
+        else:
+            self.backend, self.gpu_backend = build_backends(execution)
         self.output = output_array if output_array is not None else zarr.open_array(
             spec.output_path, mode="r+"
         )
@@ -85,15 +88,29 @@ class BlockWorker:
         )
         halo = tuple(f - 1 for f in net.fov)
         out = np.empty((net.out_channels, *extent), dtype=np.float32)  # (Cout, CZ, CY, CX)
-        for box in patch_tiling(extent, patch):
-            grown = box.grow((0, 0, 0), (halo[0], halo[1], halo[2]))
-            xp = x[(slice(None), *grown.slices())][None]  # (1, C, nz, ny, nx)
-            y = dense_forward(net.ops, xp, self.backend, self.spec.primitives)
+        boxes = list(patch_tiling(extent, patch))
+        grown = [box.grow((0, 0, 0), (halo[0], halo[1], halo[2])) for box in boxes]
+        patches = (x[(slice(None), *g.slices())][None] for g in grown)  # (1, C, nz, ny, nx)
+        for box, y in zip(boxes, self._forward(patches), strict=True):
             out[(slice(None), *box.slices())] = y[0]
         keep = Box((0, 0, 0), block.write.shape)
         result = encode_output(out[(slice(None), *keep.slices())], self.spec.dtype)
         _trace(block)
         return result
+
+    def _forward(self, patches: Iterator[np.ndarray]) -> Iterator[np.ndarray]:
+        """Dense outputs of the patches, in order, on the execution's device(s)."""
+        net, prims, mode = self.network, self.spec.primitives, self.execution.mode
+        if mode == "cpu-gpu" and self.gpu_backend is not None:
+            theta = self.execution.theta
+            theta = default_theta(net) if theta is None else theta
+            yield from run_patches_cpu_gpu(
+                net.ops, patches, self.backend, self.gpu_backend, theta, prims
+            )
+            return
+        backend = self.gpu_backend if mode == "gpu" and self.gpu_backend else self.backend
+        for xp in patches:
+            yield dense_forward(net.ops, xp, backend, prims)
 
     def write(self, block: Block, values: np.ndarray) -> None:
         write_box(self.output, block.write, values)

@@ -1,10 +1,8 @@
-"""Choosing the patch and block sizes under a memory budget (until a Plan decides them).
+"""Choosing the block size under a memory budget (the planner chooses the patch).
 
-Patch: the largest dense output (a multiple of the pool product per axis,
-at most `PATCH_CAP` voxels per axis) whose MPF pass fits a quarter of the
-budget. Block: whole output chunks, at least one patch wide where the
-region allows, with two input blocks and two output blocks (read-ahead
-and write-behind) plus the patch pass inside the budget.
+Block: whole output chunks, at least one patch wide where the region
+allows, with two input blocks and two output blocks (read-ahead and
+write-behind) plus the patch pass inside the budget.
 """
 
 from __future__ import annotations
@@ -14,7 +12,6 @@ import os
 from znni.engine.geometry import Triple
 from znni.planner.network import FLOAT_BYTES, Network
 
-PATCH_CAP = 96  # dense output voxels per axis of one patch when no plan says otherwise
 PATCH_PEAK_FACTOR = 3  # backend temporaries on top of one layer's input + output
 DEFAULT_BUDGET_FRACTION = 0.5  # of available RAM when no --memory-limit is given
 
@@ -42,28 +39,6 @@ def patch_peak_bytes(network: Network, output: Triple) -> int:
     size = network.input_size_for(output)
     shapes = network.layer_shapes(size)
     return PATCH_PEAK_FACTOR * max(s.in_bytes + s.out_bytes for s in shapes)
-
-
-def choose_patch_output(network: Network, budget_bytes: int, region: Triple) -> Triple:
-    """Largest patch output (multiple of the pool product) that fits a quarter of the budget."""
-    pool = network.pool_product
-    # never larger than the region (rounded up to the pool product) or the cap
-    limit = [
-        max(p, min(-(-r // p) * p, PATCH_CAP // p * p)) for r, p in zip(region, pool, strict=True)
-    ]
-    out = list(pool)
-    grown = True
-    while grown:
-        grown = False
-        for d in sorted(range(3), key=lambda a: out[a]):
-            if out[d] + pool[d] > limit[d]:
-                continue
-            trial = list(out)
-            trial[d] += pool[d]
-            if patch_peak_bytes(network, (trial[0], trial[1], trial[2])) * 4 <= budget_bytes:
-                out = trial
-                grown = True
-    return (out[0], out[1], out[2])
 
 
 def block_bytes(network: Network, block: Triple, in_dtype_bytes: int) -> int:

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from znni.engine.blockwork import BlockSpec, BlockWorker
+from znni.engine.execution import check_device, execution_for, plan_job
 from znni.engine.geometry import Block, Box, Halo, Triple, split_blocks
 from znni.engine.job import ProgressEvent, SegmentJob, SegmentReport
-from znni.engine.layout import choose_block_shape, choose_patch_output, memory_budget_bytes
+from znni.engine.layout import choose_block_shape, memory_budget_bytes
 from znni.engine.ledger import (
     Ledger,
     fingerprint,
@@ -36,6 +37,7 @@ from znni.engine.volume import (
 )
 from znni.primitives.base import Backend
 
+PLAN_FRACTION = 0.75  # of the memory budget for the patch pass; the rest holds blocks
 SCHEDULER_RE = re.compile(r"local:(\d+)|tcp://[^\s:/]+:\d+")
 
 
@@ -54,11 +56,17 @@ class Prepared:
     patch: Triple
     block_shape: Triple
     primitives: tuple[str | None, ...] | None
+    plan: Any | None  # the planner's Plan this run follows
 
 
 def validate_job(job: SegmentJob, plan: Any | None = None) -> None:
     """Raise ValueError for anything that would make `segment(job)` fail; writes nothing."""
     prepare(job, plan)
+
+
+def plan_for(job: SegmentJob) -> Any:
+    """The plan `segment(job)` follows when given none: the planner's best for its region."""
+    return prepare(job).plan
 
 
 def prepare(job: SegmentJob, plan: Any | None = None) -> Prepared:
@@ -83,7 +91,9 @@ def prepare(job: SegmentJob, plan: Any | None = None) -> Prepared:
     if job.overwrite:
         resume = False
     budget = memory_budget_bytes(job.memory_limit_bytes)
-    patch, primitives = _patch_from_plan(job, plan, budget, region.shape)
+    if plan is None:  # the patch pass gets PLAN_FRACTION; block buffers live in the rest
+        plan = plan_job(net, job.device, int(budget * PLAN_FRACTION), region.shape)
+    patch, primitives = _patch_from_plan(job, plan)
     if resume and header is not None and "block_shape" in header:
         block_shape: Triple = tuple(int(v) for v in header["block_shape"])  # type: ignore[assignment]
     elif job.block is not None:
@@ -94,7 +104,7 @@ def prepare(job: SegmentJob, plan: Any | None = None) -> Prepared:
         )
     return Prepared(
         job, volume, region, out_shape, chunks, parts, resume,
-        frozenset(done) if resume else frozenset(), patch, block_shape, primitives,
+        frozenset(done) if resume else frozenset(), patch, block_shape, primitives, plan,
     )
 
 
@@ -110,18 +120,15 @@ def _check_options(job: SegmentJob) -> None:
     if job.scheduler is not None and job.scheduler.startswith("local:"):
         if int(job.scheduler[6:]) < 1:
             raise ValueError(f"scheduler {job.scheduler!r} needs at least one worker")
+    check_device(job.device)
     for what, value in (("chunks", job.chunks), ("block", job.block)):
         if value is not None and (len(value) != 3 or min(value) < 1):
             raise ValueError(f"{what} {value!r} must be 3 positive integers z,y,x")
 
 
-def _patch_from_plan(
-    job: SegmentJob, plan: Any | None, budget: int, region: Triple
-) -> tuple[Triple, tuple[str | None, ...] | None]:
-    """The plan's patch output and primitives, or the engine's own memory-bounded choice."""
+def _patch_from_plan(job: SegmentJob, plan: Any) -> tuple[Triple, tuple[str | None, ...] | None]:
+    """The plan's patch output and per-op primitives, checked against the network."""
     net = job.network
-    if plan is None:
-        return choose_patch_output(net, budget, region), None
     out = tuple(int(v) for v in plan.output_size)
     if any(o % p for o, p in zip(out, net.pool_product, strict=True)):
         raise ValueError(
@@ -144,6 +151,7 @@ def segment(
 ) -> SegmentReport:
     """Compute every unfinished block of the job and write it; see the module docstring."""
     prep = prepare(job, plan)
+    plan = prep.plan
     output = open_or_create_output(job.output_path, prep.out_shape, job.dtype, prep.chunks)
     ledger = Ledger(job.output_path)
     if prep.resume:
@@ -158,7 +166,7 @@ def segment(
     done_voxels = sum(b.write.size for b in blocks if b.key in prep.done)
     spec = BlockSpec(
         net, job.input_path, job.output_path, job.border, job.dtype, prep.patch,
-        prep.primitives, backend.name if backend is not None else None,
+        prep.primitives, execution_for(plan, job.device),
     )
     meter = Progress(
         len(blocks), prep.region.size, quiet=quiet, callback=progress,

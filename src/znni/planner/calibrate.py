@@ -38,8 +38,13 @@ def cache_path(cores: int) -> Path:
     return Path(base) / "znni" / f"machine-{os.uname().nodename}-{cores}cores.json"
 
 
-def calibrated_profile(profile: MachineProfile, *, quick: bool = False) -> MachineProfile:
-    """`profile` with measured rates and baseline RSS, from the cache or measured now."""
+def calibrated_profile(
+    profile: MachineProfile, *, quick: bool = False, measure: bool = True
+) -> MachineProfile:
+    """`profile` with measured rates and baseline RSS, from the cache or measured now.
+
+    measure=False never measures: the cached rates if there are any, else `profile` as is.
+    """
     path = cache_path(profile.cores)
     if path.is_file() and not quick:
         try:
@@ -48,6 +53,9 @@ def calibrated_profile(profile: MachineProfile, *, quick: bool = False) -> Machi
                            base_rss_bytes=int(cached["base_rss_bytes"]), calibrated=True)
         except (ValueError, KeyError, OSError) as e:
             log.warning("ignoring unreadable calibration cache %s: %s", path, e)
+    if not measure:
+        return profile
+    log.info("calibrating the CPU primitives on this machine (once; cached in %s)", path)
     rates = measure_rates(QUICK_SHAPES if quick else FULL_SHAPES, quick=quick)
     out = replace(profile, cpu_rates=rates, base_rss_bytes=baseline_rss_bytes(),
                   calibrated=True)

@@ -124,8 +124,12 @@ class MachineProfile:
             raise ValueError(f"machine profile {p} is not valid JSON ({e})") from e
 
     @classmethod
-    def detect(cls, *, calibrate: bool = True) -> MachineProfile:
-        """This machine: cores, available RAM, CUDA devices, and (cached) calibrated rates."""
+    def detect(cls, *, calibrate: bool | None = True) -> MachineProfile:
+        """This machine: cores, available RAM, CUDA devices, and (cached) calibrated rates.
+
+        calibrate: True measures the rates when none are cached; None uses cached
+        rates if any, else the defaults (never measures); False always uses the defaults.
+        """
         from znni.primitives.gpu import device_info
 
         gpus = tuple(
@@ -137,10 +141,10 @@ class MachineProfile:
             memory_bytes=available_memory_bytes(),
             gpus=gpus,
         )
-        if calibrate:
+        if calibrate is not False:
             from znni.planner.calibrate import calibrated_profile
 
-            profile = calibrated_profile(profile)
+            profile = calibrated_profile(profile, measure=bool(calibrate))
         return profile
 
 

@@ -111,12 +111,15 @@ def make_plan(
     machine: MachineProfile | None = None,
     device: str = "auto",
     memory_limit_bytes: int | None = None,
+    max_output: Triple | None = None,
 ) -> Plan:
     """The configuration with the highest predicted output voxels/s that fits in memory.
 
     machine: None detects this machine (calibrated rates cached per machine).
     device: 'auto' | 'cpu' | 'gpu' | 'cpu-gpu'. memory_limit_bytes: host budget
-    (default: the profile's available memory). Raises ValueError when nothing fits.
+    (default: the profile's available memory). max_output: the region to compute;
+    no patch is planned larger than it (rounded up to the pool product).
+    Raises ValueError when nothing fits.
     """
     from znni.planner.search import search
 
@@ -128,4 +131,4 @@ def make_plan(
         raise ValueError(f"memory limit must be positive, got {memory_limit_bytes}")
     if machine is None:
         machine = MachineProfile.detect()
-    return search(network, machine, DEVICE_ALGORITHMS[device], memory_limit_bytes)
+    return search(network, machine, DEVICE_ALGORITHMS[device], memory_limit_bytes, max_output)

@@ -35,6 +35,7 @@ def search(
     machine: MachineProfile,
     algorithms: tuple[str, ...],
     memory_limit_bytes: int | None,
+    max_output: tuple[int, int, int] | None = None,
 ) -> Plan:
     host = memory_limit_bytes or int(machine.memory_bytes * HOST_FRACTION)
     gpu = int(machine.gpu.memory_bytes * GPU_FRACTION) if machine.gpu else 0
@@ -44,7 +45,7 @@ def search(
         if alg != "cpu" and machine.gpu is None:
             summaries.append(AlgorithmSummary(alg, False, reason="no GPU in the machine profile"))
             continue
-        plan = best_of_algorithm(network, machine, alg, host, gpu)
+        plan = best_of_algorithm(network, machine, alg, host, gpu, max_output)
         if plan is None:
             summaries.append(AlgorithmSummary(alg, False, reason="nothing fits in memory"))
             continue
@@ -74,24 +75,38 @@ def summarise(plan: Plan) -> AlgorithmSummary:
     )
 
 
-def candidate_sizes(network: Network) -> list[tuple[int, int, int]]:
-    """Valid MPF input sizes, smallest first: output j*P per axis (near-cubic)."""
-    pmax = max(network.pool_product)
-    sizes = []
+def candidate_sizes(
+    network: Network, max_output: tuple[int, int, int] | None = None
+) -> list[tuple[int, int, int]]:
+    """Valid MPF input sizes, smallest first: output j*P per axis (near-cubic), each axis
+    capped at `max_output` rounded up to the pool product."""
+    pool = network.pool_product
+    pmax = max(pool)
+    cap = max_output or (MAX_OUTPUT,) * 3
+    cap = tuple(max(p, -(-min(c, MAX_OUTPUT) // p) * p) for c, p in zip(cap, pool, strict=True))
+    sizes: list[tuple[int, int, int]] = []
     for j in range(1, MAX_OUTPUT // pmax + 1):
-        size = network.input_size_for((j * pmax,) * 3)
-        if network.is_valid_input_size(size):
+        out = tuple(min(j * pmax, c) for c in cap)
+        size = network.input_size_for(out)  # type: ignore[arg-type]
+        if network.is_valid_input_size(size) and size not in sizes:
             sizes.append(size)
+        if all(o >= c for o, c in zip(out, cap, strict=True)):
+            break
     return sizes
 
 
 def best_of_algorithm(
-    network: Network, machine: MachineProfile, alg: str, host_bytes: int, gpu_bytes: int
+    network: Network,
+    machine: MachineProfile,
+    alg: str,
+    host_bytes: int,
+    gpu_bytes: int,
+    max_output: tuple[int, int, int] | None = None,
 ) -> Plan | None:
     """The best plan of one algorithm over sizes x batches (x split points)."""
     best: Plan | None = None
     misses = 0
-    for size in candidate_sizes(network):
+    for size in candidate_sizes(network, max_output):
         found = False
         for batch in BATCHES:
             shapes = network.layer_shapes(size, batch)

@@ -226,11 +226,13 @@ def plan(body: PlanRequest, state: StateDep) -> PlanRead:
         ) from e
     try:
         network = state.catalogue.get(body.network)
-        machine = None
-        if state.settings.machine is not None:
-            from znni.planner.machine import MachineProfile
+        from znni.planner.machine import MachineProfile
 
-            machine = MachineProfile.load(state.settings.machine)
+        machine = (
+            MachineProfile.load(state.settings.machine)
+            if state.settings.machine is not None
+            else MachineProfile.detect(calibrate=None)  # cached rates; never measures here
+        )
         result = make_plan(
             network, machine=machine, device=body.device, memory_limit_bytes=body.memory_limit_bytes
         )

@@ -53,6 +53,15 @@ def run(args: argparse.Namespace) -> int:
     from znni.engine.segment import segment
 
     report = segment(job, quiet=args.quiet)
+    if not args.quiet and report.plan is not None:
+        plan = report.plan
+        print(
+            f"plan: {plan['algorithm']}, patch {_size(plan['input_size'])} -> "
+            f"{_size(plan['output_size'])} dense output, batch {plan['batch']}, predicted "
+            f"{plan['predicted_voxels_per_second']:,.0f} voxels/s in "
+            f"{plan['peak_bytes'] / 2**30:.2f} GiB",
+            file=sys.stderr,
+        )
     if not args.quiet:
         print(
             f"wrote {report.output_path}: {report.voxels_written:,} voxels in "
@@ -61,3 +70,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def _size(triple: list[int] | tuple[int, ...]) -> str:
+    return "x".join(str(v) for v in triple)

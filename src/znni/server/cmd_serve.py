@@ -35,12 +35,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-body-bytes", type=int, help="largest accepted request body")
     p.add_argument("--scheduler", help="Dask scheduler address for every job (default: local)")
     p.add_argument("--machine", help="machine profile JSON (or shipped name) for the planner")
-    p.add_argument(
-        "--use-planner",
-        action="store_true",
-        default=None,
-        help="run each job with make_plan's plan (default: the engine's memory-bounded rule)",
-    )
     p.set_defaults(run=run)
 
 

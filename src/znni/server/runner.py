@@ -8,7 +8,7 @@ import sqlite3
 from typing import Any
 
 from znni.engine.job import ProgressEvent, SegmentCancelled, SegmentJob
-from znni.engine.segment import segment, validate_job
+from znni.engine.segment import plan_for, segment, validate_job
 from znni.planner.network import Network
 from znni.server.catalogue import NetworkCatalogue
 from znni.server.events import log_event
@@ -59,7 +59,7 @@ class JobRunner:
                 raise ValueError(f"the job was interrupted {MAX_ATTEMPTS} times; giving up")
             network = self._network(record)
             job = self._job(record, network, resumed)
-            plan = self._plan(record, network)
+            plan = self._plan(record, job)
         except (ValueError, TypeError, FileNotFoundError) as e:
             self._fail(record, e)
             return
@@ -125,26 +125,13 @@ class JobRunner:
             return keep
         return job
 
-    def _plan(self, record: JobRecord, network: Network) -> Any:
-        """The job's plan: the stored one on resume, else a new one from the planner."""
-        if not self.settings.use_planner:
-            return None  # the engine picks its patch with its own memory-bounded rule
-        from znni.planner.plan import Plan, make_plan
+    def _plan(self, record: JobRecord, job: SegmentJob) -> Any:
+        """The job's plan: the stored one on resume, else the planner's for this job."""
+        from znni.planner.plan import Plan
 
         if record.plan is not None:
             return Plan.from_dict(record.plan)
-        machine = None
-        if self.settings.machine is not None:
-            from znni.planner.machine import MachineProfile
-
-            machine = MachineProfile.load(self.settings.machine)
-        params = record.parameters
-        plan = make_plan(
-            network,
-            machine=machine,
-            device=params.get("device", "auto"),
-            memory_limit_bytes=params.get("memory_limit_bytes"),
-        )
+        plan = plan_for(job)
         self.store.set_plan(record.id, plan.to_dict())
         return plan
 

@@ -25,7 +25,6 @@ class Settings(BaseSettings):
     workers: int = Field(default=1, ge=0, le=64)  # job worker processes; 0: API only
     scheduler: str | None = None  # Dask scheduler address handed to every job, or None: local
     machine: str | None = None  # MachineProfile JSON file or shipped name; None: detect
-    use_planner: bool = False  # pass make_plan's plan to the engine (else its own memory rule)
     poll_s: float = Field(default=0.2, gt=0, le=10)  # how often an idle worker looks for jobs
     log_level: str = "INFO"
 

@@ -1,0 +1,124 @@
+"""From a job and its plan to the backends that run it: CPU, GPU, or the CPU-GPU pipeline.
+
+The planner decides the algorithm (cpu, gpu, gpu-ram, cpu-gpu), the patch and
+the per-layer primitives; this module turns that into backend names and
+options a `BlockWorker` can build in any process. With ZNNI_GPU_STANDIN=1 the
+GPU algorithms run on the numpy stand-in device, so every path runs in CI.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from znni.engine.geometry import Triple
+from znni.planner.network import Network
+from znni.primitives.base import Backend
+
+STANDIN_ENV = "ZNNI_GPU_STANDIN"  # "1": GPU work runs on the numpy stand-in device
+BACKEND_ENV = "ZNNI_BACKEND"  # overrides the CPU backend's name (e.g. "reference")
+STANDIN_MEMORY_BYTES = 2**30  # the stand-in device's memory cap when no plan sets one
+
+
+@dataclass(frozen=True)
+class Execution:
+    """How patches run: `mode` cpu | gpu | cpu-gpu, backends by name, the split theta."""
+
+    mode: str
+    cpu_backend: str
+    cpu_options: dict[str, Any] = field(default_factory=dict)
+    gpu_backend: str | None = None
+    gpu_options: dict[str, Any] = field(default_factory=dict)
+    theta: int | None = None  # cpu-gpu: ops [0, theta) on the CPU, the rest on the GPU
+
+
+def standin_requested() -> bool:
+    return os.environ.get(STANDIN_ENV, "") not in ("", "0")
+
+
+def gpu_available() -> bool:
+    """A CUDA device through CuPy, or the stand-in when ZNNI_GPU_STANDIN=1."""
+    if standin_requested():
+        return True
+    from znni.primitives.gpu.cupy_device import cuda_available
+
+    return cuda_available()
+
+
+def check_device(device: str) -> None:
+    """--device gpu / cpu-gpu without CuPy or a CUDA device: one sentence naming the fix."""
+    if device in ("gpu", "cpu-gpu") and not gpu_available():
+        from znni.primitives.gpu import require_cuda
+
+        require_cuda()
+
+
+def planning_machine() -> Any:
+    """This machine as the planner sees it: cached calibration, never measured here."""
+    from znni.planner.machine import GpuProfile, MachineProfile
+
+    machine = MachineProfile.detect(calibrate=None)
+    if standin_requested() and machine.gpu is None:
+        standin = GpuProfile(name="numpy stand-in", memory_bytes=STANDIN_MEMORY_BYTES)
+        machine = replace(machine, gpus=(standin,))
+    return machine
+
+
+def plan_job(network: Network, device: str, budget_bytes: int, region: Triple) -> Any:
+    """The planner's best plan for computing `region` within `budget_bytes` of host memory."""
+    from znni.planner.plan import make_plan
+
+    check_device(device)
+    return make_plan(
+        network,
+        machine=planning_machine(),
+        device=device,
+        memory_limit_bytes=budget_bytes,
+        max_output=region,
+    )
+
+
+def execution_for(plan: Any | None, device: str) -> Execution:
+    """The backends a plan (or, without one, the device flag alone) asks for."""
+    cpu_name = os.environ.get(BACKEND_ENV) or "cpu"
+    cpu_options: dict[str, Any] = {}
+    if plan is not None and cpu_name == "cpu":
+        if plan.spectra_cache_bytes:
+            cpu_options["spectra_cache_bytes"] = int(plan.spectra_cache_bytes)
+        if plan.workspace_cache_bytes:
+            cpu_options["workspace_bytes"] = int(plan.workspace_cache_bytes)
+    algorithm = plan.algorithm if plan is not None else ("cpu" if device == "auto" else device)
+    if algorithm == "cpu":
+        return Execution("cpu", cpu_name, cpu_options)
+    gpu_name = "gpu-standin" if standin_requested() else "gpu"
+    gpu_options: dict[str, Any] = {}
+    if plan is not None and plan.gpu_memory_limit_bytes:
+        gpu_options["memory_cap_bytes"] = int(plan.gpu_memory_limit_bytes)
+    elif gpu_name == "gpu-standin":
+        gpu_options["memory_cap_bytes"] = STANDIN_MEMORY_BYTES
+    if algorithm in ("gpu", "gpu-ram"):
+        return Execution("gpu", cpu_name, cpu_options, gpu_name, gpu_options)
+    # Plan.theta is the last op on the CPU; the pipeline takes the first op on the GPU.
+    theta = plan.theta + 1 if plan is not None and plan.theta is not None else None
+    return Execution("cpu-gpu", cpu_name, cpu_options, gpu_name, gpu_options, theta)
+
+
+def build_backends(execution: Execution) -> tuple[Backend, Backend | None]:
+    """(CPU backend, GPU backend or None), built in the calling process."""
+    from znni.primitives.backends import make_backend
+
+    cpu = make_backend(execution.cpu_backend, **execution.cpu_options)
+    if execution.gpu_backend is None:
+        return cpu, None
+    return cpu, make_backend(execution.gpu_backend, **execution.gpu_options)
+
+
+def default_theta(network: Network) -> int:
+    """Without a plan: the CPU runs everything up to and including the first pooling layer."""
+    from znni.primitives.base import Pool
+
+    for i, op in enumerate(network.ops):
+        if isinstance(op, Pool):
+            return i + 1
+    return 1

@@ -1,0 +1,82 @@
+"""`--device`: CPU-GPU and GPU runs over multi-block volumes through the stand-in device,
+and a clear refusal when no CUDA device is there."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from engine_ref import dense_volume, small_network, write_network, write_volume
+from naive import close
+
+from znni.engine.job import SegmentJob
+from znni.engine.segment import plan_for, segment
+from znni.planner.network import load_network
+from znni.server.cli import main
+
+
+@pytest.fixture()
+def setup(tmp_path: Path) -> dict:
+    rng = np.random.default_rng(11)
+    layers, params = small_network(rng)
+    spec = write_network(tmp_path, layers, params, scale=1 / 255)
+    vol = rng.integers(0, 256, size=(21, 26, 23)).astype(np.uint8)
+    inp = write_volume(tmp_path / "in.zarr", vol, 3, (7, 9, 8))
+    ref = dense_volume(layers, params, vol[None], "reflect", 1 / 255)
+    return dict(tmp=tmp_path, spec=spec, inp=inp, ref=ref)
+
+
+def _run(setup: dict, device: str, name: str) -> np.ndarray:
+    net = load_network(setup["spec"])
+    out = str(setup["tmp"] / name)
+    job = SegmentJob(net, setup["inp"], out, device=device, chunks=(8, 8, 8), block=(8, 8, 8))
+    report = segment(job)
+    assert report.blocks_total >= 8
+    assert report.plan is not None
+    return zarr.open_array(out)[...]
+
+
+@pytest.mark.parametrize("device", ["cpu-gpu", "gpu"])
+def test_gpu_devices_on_standin_equal_cpu_and_reference(setup, monkeypatch, device) -> None:
+    cpu = _run(setup, "cpu", "cpu.zarr")
+    monkeypatch.setenv("ZNNI_GPU_STANDIN", "1")
+    other = _run(setup, device, f"{device}.zarr")
+    assert close(cpu, setup["ref"])
+    assert close(other, cpu)
+
+
+def test_cpu_gpu_plan_splits_between_devices(setup, monkeypatch) -> None:
+    monkeypatch.setenv("ZNNI_GPU_STANDIN", "1")
+    net = load_network(setup["spec"])
+    plan = plan_for(SegmentJob(net, setup["inp"], str(setup["tmp"] / "o.zarr"), device="cpu-gpu"))
+    assert plan.algorithm == "cpu-gpu"
+    devices = [layer.device for layer in plan.layers]
+    assert devices[0] == "cpu" and devices[-1] == "gpu"
+    assert plan.theta is not None and devices[plan.theta] == "cpu"
+
+
+@pytest.mark.parametrize("device", ["gpu", "cpu-gpu"])
+def test_gpu_device_without_cuda_is_one_sentence(setup, monkeypatch, capsys, device) -> None:
+    try:
+        import cupy  # noqa: F401
+
+        pytest.skip("CuPy is installed here; the refusal is for machines without it")
+    except ImportError:
+        pass
+    monkeypatch.delenv("ZNNI_GPU_STANDIN", raising=False)
+    out = setup["tmp"] / "nogpu.zarr"
+    rc = main(["segment", str(setup["spec"]), setup["inp"], str(out), "--device", device])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert "pip install 'znni[gpu]'" in err and len(err.splitlines()) == 1
+    assert not out.exists()
+
+
+def test_auto_device_falls_back_to_cpu_silently(setup, monkeypatch, capsys) -> None:
+    monkeypatch.delenv("ZNNI_GPU_STANDIN", raising=False)
+    out = setup["tmp"] / "auto.zarr"
+    rc = main(["segment", str(setup["spec"]), setup["inp"], str(out), "--quiet"])
+    assert rc == 0 and capsys.readouterr().err == ""
+    assert close(zarr.open_array(str(out))[...], setup["ref"])
