@@ -71,9 +71,17 @@ CASES = {
         "layer 0 (conv) has unknown key 'stride'",
     ),
     "bad in_channels": (spec(in_channels=0), good_weights(), "'in_channels' must be a positive"),
-    "bad input scale": (spec(input={"scale": "x"}), good_weights(), "'input.scale' must be a number"),
+    "bad input scale": (
+        spec(input={"scale": "x"}),
+        good_weights(),
+        "'input.scale' must be a number",
+    ),
     "no conv": (spec(layers=[{"kind": "relu"}]), {}, "no conv layer"),
-    "missing weight key": (spec(), weights(**{"3_bias": None}), "layer 3 (conv) needs key '3.bias'"),
+    "missing weight key": (
+        spec(),
+        weights(**{"3_bias": None}),
+        "layer 3 (conv) needs key '3.bias'",
+    ),
     "wrong weight shape": (
         spec(),
         weights(**{"0_weight": np.ones((2, 2, 3, 3, 3), np.float32)}),
