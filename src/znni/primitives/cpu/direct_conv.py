@@ -21,6 +21,21 @@ from znni.primitives.cpu.threads import blas_single_thread
 FLOAT_BYTES = 4
 
 
+def _blocks(s: int, oz: int, oy: int, row_bytes: int, slab_bytes: int, workers: int) -> list:
+    """(sample, z0, z1, y0, y1) blocks whose im2col matrix is about `slab_bytes`."""
+    rows = max(1, slab_bytes // max(1, row_bytes))  # output (z, y) rows per block
+    zb = max(1, min(oz, rows // oy))
+    yb = oy if zb > 1 else max(1, min(oy, rows))
+    while zb > 1 and s * -(-oz // zb) < 2 * workers:  # enough blocks for every worker
+        zb = (zb + 1) // 2
+    return [
+        (si, z0, min(oz, z0 + zb), y0, min(oy, y0 + yb))
+        for si in range(s)
+        for z0 in range(0, oz, zb)
+        for y0 in range(0, oy, yb)
+    ]
+
+
 def direct_conv3d(
     pool: ThreadPoolExecutor,
     x: np.ndarray,
@@ -29,7 +44,11 @@ def direct_conv3d(
     activation: Activation | None,
     slab_bytes: int = 2**23,
 ) -> np.ndarray:
-    """Valid cross-correlation (S, Cin, n) x (Cout, Cin, k) -> (S, Cout, n-k+1), fused bias/act."""
+    """Valid cross-correlation (S, Cin, n) x (Cout, Cin, k) -> (S, Cout, n-k+1), fused bias/act.
+
+    Blocks of about `slab_bytes` of im2col: big enough for efficient GEMMs, never whole rows
+    of a huge patch.
+    """
     s, cin = x.shape[:2]
     cout = weight.shape[0]
     k = tuple(int(v) for v in weight.shape[2:])
@@ -38,27 +57,19 @@ def direct_conv3d(
     w2 = np.ascontiguousarray(weight.reshape(cout, depth), dtype=np.float32)  # (Cout, K)
     b2 = bias.astype(np.float32).reshape(cout, 1, 1, 1)
     out = np.empty((s, cout, oz, oy, ox), dtype=np.float32)
-    zb = max(1, min(oz, slab_bytes // max(1, depth * oy * ox * FLOAT_BYTES)))
-    # Enough slabs to keep every worker busy.
-    workers = pool._max_workers
-    while zb > 1 and s * -(-oz // zb) < 2 * workers:
-        zb = (zb + 1) // 2
 
-    def task(item: tuple[int, int]) -> None:
-        si, z0 = item
-        z1 = min(oz, z0 + zb)
-        src = x[si, :, z0 : z1 + k[0] - 1]
-        if depth == cin:  # 1x1x1 kernel: no copy needed
-            col = src.reshape(cin, -1)
-        else:
-            win = sliding_window_view(src, k, axis=(1, 2, 3))  # (Cin, zb, oy, ox, kz, ky, kx)
-            col = np.ascontiguousarray(win.transpose(0, 4, 5, 6, 1, 2, 3)).reshape(depth, -1)
-        res = np.matmul(w2, col).reshape(cout, z1 - z0, oy, ox)  # (Cout, zb, oy, ox)
+    def task(block: tuple[int, int, int, int, int]) -> None:
+        si, z0, z1, y0, y1 = block
+        src = x[si, :, z0 : z1 + k[0] - 1, y0 : y1 + k[1] - 1]
+        win = sliding_window_view(src, k, axis=(1, 2, 3))  # (Cin, zb, yb, ox, kz, ky, kx)
+        col = np.ascontiguousarray(win.transpose(0, 4, 5, 6, 1, 2, 3)).reshape(depth, -1)
+        res = np.matmul(w2, col).reshape(cout, z1 - z0, y1 - y0, ox)  # (Cout, zb, yb, ox)
         res += b2
         if activation is not None:  # on the contiguous result, never on a strided view
             apply_activation(res, activation)
-        out[si, :, z0:z1] = res
+        out[si, :, z0:z1, y0:y1] = res
 
+    blocks = _blocks(s, oz, oy, depth * ox * FLOAT_BYTES, slab_bytes, pool._max_workers)
     with blas_single_thread():
-        list(pool.map(task, [(si, z0) for si in range(s) for z0 in range(0, oz, zb)]))
+        list(pool.map(task, blocks))
     return out
