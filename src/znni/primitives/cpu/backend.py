@@ -155,12 +155,7 @@ class CpuBackend:
     ) -> str:
         """The measured-fastest primitive for this layer shape (cached by shape)."""
         key = layer_key(x.shape, weight.shape, self.threads, self.fft_effort)
-        fft = (
-            "fft-keep"
-            if self.spectra.fits(self.spectra_bytes(weight.shape, x.shape[2:]))
-            else "fft-recompute"
-        )
-        names = ("direct", fft)
+        names = CONV_PRIMITIVES  # fft-keep tiles so its spectra fit the cache
 
         def timed(name: str) -> float:
             if name != "direct":  # plans and kept spectra are one-off costs: warm them first
