@@ -49,6 +49,16 @@ def test_activations_match_naive(kind):
     np.testing.assert_allclose(out, naive_activation(x, kind, 0.2), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("kind", ACTIVATION_KINDS)
+def test_activations_on_strided_views(kind):
+    """numpy 2.4 float32 in-place unary ufuncs are wrong on some strided views."""
+    base = (RNG.standard_normal((2, 3, 4, 5, 16)) * 3).astype(np.float32)
+    view = base[:, :, :, :, 1::4]  # a 16-byte stride triggers it
+    expected = naive_activation(view.copy(), kind, 0.2)
+    out = ReferenceBackend().activation(view, Activation(kind, slope=0.2))
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
+
+
 def test_fused_activation_equals_separate():
     x = RNG.standard_normal((2, 3, 6, 7, 8)).astype(np.float32)
     w = RNG.standard_normal((4, 3, 2, 3, 1)).astype(np.float32)

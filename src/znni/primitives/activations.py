@@ -11,7 +11,13 @@ from znni.primitives.base import Activation
 
 
 def apply_activation(x: Any, act: Activation, xp: ModuleType = np) -> Any:
-    """Apply `act` to float32 `x` in place and return it."""
+    """Apply `act` to float32 `x` in place and return it.
+
+    A non-contiguous `x` is copied first: numpy 2.4's float32 in-place unary
+    ufuncs (e.g. np.negative(v, out=v)) give wrong values on some strided views.
+    """
+    if not x.flags.c_contiguous:
+        x = xp.ascontiguousarray(x)
     kind = act.kind
     if kind == "linear":
         return x
