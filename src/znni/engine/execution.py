@@ -9,6 +9,8 @@ GPU algorithms run on the numpy stand-in device, so every path runs in CI.
 from __future__ import annotations
 
 import os
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -19,6 +21,11 @@ from znni.primitives.base import Backend
 STANDIN_ENV = "ZNNI_GPU_STANDIN"  # "1": GPU work runs on the numpy stand-in device
 BACKEND_ENV = "ZNNI_BACKEND"  # overrides the CPU backend's name (e.g. "reference")
 STANDIN_MEMORY_BYTES = 2**30  # the stand-in device's memory cap when no plan sets one
+PLAN_BUDGET_QUANTUM_BYTES = 64 * 2**20  # budgets are planned in whole 64 MiB steps
+PLAN_CACHE_ENTRIES = 64  # plans are small frozen values; bounded by count
+
+_PLANS: OrderedDict[tuple, Any] = OrderedDict()
+_PLAN_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -66,17 +73,33 @@ def planning_machine() -> Any:
 
 
 def plan_job(network: Network, device: str, budget_bytes: int, region: Triple) -> Any:
-    """The planner's best plan for computing `region` within `budget_bytes` of host memory."""
+    """The planner's best plan for computing `region` within `budget_bytes` of host memory.
+
+    Budgets are rounded down to PLAN_BUDGET_QUANTUM_BYTES so that a plan is a pure
+    function of (network, device, budget, region, machine) and can be reused: a
+    server validating many submissions of one network plans once.
+    """
     from znni.planner.plan import make_plan
 
     check_device(device)
-    return make_plan(
-        network,
-        machine=planning_machine(),
-        device=device,
-        memory_limit_bytes=budget_bytes,
+    if budget_bytes > PLAN_BUDGET_QUANTUM_BYTES:
+        budget_bytes -= budget_bytes % PLAN_BUDGET_QUANTUM_BYTES
+    machine = planning_machine()
+    # the machine without its free memory: the plan uses the explicit budget only
+    key = (network.digest, device, budget_bytes, tuple(region), repr(machine.with_memory(1)))
+    with _PLAN_LOCK:
+        if key in _PLANS:
+            _PLANS.move_to_end(key)
+            return _PLANS[key]
+    plan = make_plan(
+        network, machine=machine, device=device, memory_limit_bytes=budget_bytes,
         max_output=region,
     )
+    with _PLAN_LOCK:
+        _PLANS[key] = plan
+        while len(_PLANS) > PLAN_CACHE_ENTRIES:
+            _PLANS.popitem(last=False)
+    return plan
 
 
 def execution_for(plan: Any | None, device: str) -> Execution:
