@@ -95,7 +95,7 @@ def plan_at(net, machine: MachineProfile, size: int, limit: int) -> Plan:  # typ
 
 def memory(machine: MachineProfile, limit: int) -> None:
     print("net  | input | primitives (conv)                  | predicted GiB | RSS GiB | ratio")
-    for name, sizes in (("n537", (170, 186, 202)), ("n337", (100, 132, 164))):
+    for name, sizes in (("n537", (170, 178, 186)), ("n337", (100, 124, 132))):
         net = network(name)
         for n in sizes:
             plan = plan_at(net, machine, n, limit)
@@ -168,7 +168,7 @@ def tight(machine: MachineProfile, limit: int) -> None:
     plan = make_plan(network("n337"), machine=machine, device="cpu", memory_limit_bytes=limit)
     got = measure(plan, 2)
     print(
-        f"n537 limit {limit / 2**30:.2f} GiB: plan {plan.input_size[0]}^3, predicted "
+        f"n337 limit {limit / 2**30:.2f} GiB: plan {plan.input_size[0]}^3, predicted "
         f"{plan.peak_bytes / 2**30:.2f} GiB, measured peak RSS "
         f"{got['peak_rss_bytes'] / 2**30:.2f} GiB, under limit: "
         f"{got['peak_rss_bytes'] <= limit}"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from znni.planner.costs import Work, conv_work, other_work
+from znni.planner.costs import Work, cpu_conv_work, other_work
 from znni.planner.machine import DEFAULT_CPU_RATES, MachineProfile
 from znni.planner.network import LayerShape
 
@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 FULL_SHAPES = ((1, 1, 40, 3, 64), (1, 40, 40, 3, 40), (8, 40, 40, 3, 20), (1, 80, 80, 5, 32),
                (8, 32, 32, 5, 24), (64, 24, 24, 3, 12))
 QUICK_SHAPES = ((1, 1, 8, 3, 20), (1, 8, 8, 3, 16), (8, 8, 8, 3, 10))
+SPECTRA_BYTES = 2**31  # the calibration backend's spectra cache (decides fft-keep tiling)
 COLUMNS = ("fft_flops", "kernel_fft_flops", "madd", "direct_flops", "memory_bytes", "calls")
 
 
@@ -84,7 +85,7 @@ def measurements(shapes: tuple, quick: bool) -> list[tuple[Work, float]]:
     from znni.primitives.backends import make_backend
 
     effort = "FFTW_ESTIMATE" if quick else "FFTW_MEASURE"
-    backend = make_backend("cpu", fft_effort=effort, spectra_cache_bytes=2**31)
+    backend = make_backend("cpu", fft_effort=effort, spectra_cache_bytes=SPECTRA_BYTES)
     rng = np.random.default_rng(0)
     rows: list[tuple[Work, float]] = []
     repeats = 1 if quick else 3
@@ -95,7 +96,7 @@ def measurements(shapes: tuple, quick: bool) -> list[tuple[Work, float]]:
         sh = _conv_shape(s, f, g, k, n)
         for prim in ("direct", "fft-keep", "fft-recompute"):
             t = _timed(lambda p=prim, x=x, w=w, b=b: backend.conv3d(x, w, b, None, p), repeats)
-            rows.append((conv_work(sh, prim), t))
+            rows.append((cpu_conv_work(sh, prim, SPECTRA_BYTES), t))
     for s, c, n in ((1, 8, 63), (8, 16, 31)):
         x = rng.standard_normal((s, c, n, n, n), dtype=np.float32)
         m = (n + 1) // 2 - 1

@@ -14,6 +14,7 @@ from math import log2, prod
 
 from znni.planner.machine import GpuProfile, MachineProfile
 from znni.planner.network import LayerShape
+from znni.planner.tiles import fft_tiles, padded_input_bytes, tiled_layer
 
 Triple = tuple[int, int, int]
 FFT_C = 2.5  # ZNNi: an FFT of N points costs about C*N*log2(N) flops, C ~ 2.5
@@ -122,6 +123,25 @@ def conv_work(layer: LayerShape, primitive: str) -> Work:
     )
 
 
+def cpu_conv_work(layer: LayerShape, primitive: str, spectra_budget: int | None = None) -> Work:
+    """Work of a conv on CpuBackend: FFT primitives run over the overlap-save tiles the
+    backend picks (tiles.py), plus the split and join copies. `spectra_budget`: the
+    backend's spectra cache bound for fft-keep (None: the layer's own untiled spectra)."""
+    if primitive not in ("fft-keep", "fft-recompute"):
+        return conv_work(layer, primitive)
+    if spectra_budget is None:
+        nc = spectrum_points(fft_shape(layer.size_in))
+        spectra_budget = layer.channels_in * layer.channels_out * nc * COMPLEX_BYTES
+    m = fft_tiles(layer, primitive, spectra_budget)
+    tiled = tiled_layer(layer, m)
+    work = conv_work(tiled, primitive)
+    if tiled is layer:
+        return work
+    # split: pad copy + tile gather (read + write); join: transposed copy + crop copy
+    copies = 2 * (padded_input_bytes(layer, m) + tiled.in_bytes + tiled.out_bytes + layer.out_bytes)
+    return work + Work(memory_bytes=float(copies), calls=0)
+
+
 def other_work(layer: LayerShape) -> Work:
     """Pooling (MPF) and stand-alone activations: element-wise traffic only."""
     return Work(memory_bytes=float(layer.in_bytes + 2 * layer.out_bytes))
@@ -154,14 +174,21 @@ def gpu_seconds(work: Work, gpu: GpuProfile) -> float:
     )
 
 
-def layer_seconds(layer: LayerShape, primitive: str | None, machine: MachineProfile) -> float:
+def layer_seconds(
+    layer: LayerShape,
+    primitive: str | None,
+    machine: MachineProfile,
+    spectra_budget: int | None = None,
+) -> float:
     """Seconds for one layer: conv by primitive (gpu-* on the machine's GPU), others on the
-    device named by primitive ('gpu' or None for the CPU)."""
+    device named by primitive ('gpu' or None for the CPU). `spectra_budget`: CpuBackend's
+    spectra cache bound, which decides fft-keep's tiling (see cpu_conv_work)."""
     if layer.kind == "conv":
         if primitive is None:
             raise ValueError(f"conv layer {layer.index} needs a primitive to be costed")
-        work = conv_work(layer, primitive)
         on_gpu = primitive.startswith("gpu")
+        work = conv_work(layer, primitive) if on_gpu else cpu_conv_work(layer, primitive,
+                                                                         spectra_budget)
     else:
         work = other_work(layer)
         on_gpu = primitive == "gpu"

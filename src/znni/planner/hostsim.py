@@ -17,6 +17,7 @@ from math import prod
 
 from znni.planner.costs import COMPLEX_BYTES, FLOAT_BYTES, fft_shape, spectrum_points
 from znni.planner.network import LayerShape
+from znni.planner.tiles import fft_tiles, padded_input_bytes, tiled_layer
 
 WORK_BYTES = 2**29  # fft_conv3d work_bytes: sample chunk bound
 RECOMPUTE_BYTES = 2**27  # fft_conv3d recompute_bytes and kernel_spectra chunk
@@ -124,6 +125,27 @@ def _freq_product(
 
 
 def fft_conv(sim: HostSim, sh: LayerShape, keep: bool, threads: int) -> None:
+    """CpuBackend._run_fft: overlap-save tiles when the backend's tiling model picks them
+    (split_tiles' padded copy and tile batch, fft_conv3d over the tiles, join_tiles' two
+    copies), else fft_conv3d on the whole input. Input is already live; output stays live."""
+    m = fft_tiles(sh, "fft-keep" if keep else "fft-recompute", sim.sp_bound)
+    tiled = tiled_layer(sh, m)
+    if tiled is sh:
+        _fft_conv3d(sim, sh, keep, threads)
+        return
+    pad = padded_input_bytes(sh, m)
+    sim.alloc(pad)  # xp: the input zero-padded to whole tiles
+    sim.alloc(tiled.in_bytes)  # (S*T, Cin, t_in) tiles
+    sim.release(pad)
+    _fft_conv3d(sim, tiled, keep, threads)  # (S*T, Cout, t_out)
+    sim.alloc(tiled.out_bytes)  # join: the transposed reshape copies
+    if tiled.out_bytes != sh.out_bytes:  # the crop to the real output copies again
+        sim.alloc(sh.out_bytes)
+        sim.release(tiled.out_bytes)
+    sim.release(tiled.out_bytes + tiled.in_bytes)
+
+
+def _fft_conv3d(sim: HostSim, sh: LayerShape, keep: bool, threads: int) -> None:
     """fft_conv3d (with CpuBackend.kept_spectra first when `keep`). Input is already live."""
     padded = fft_shape(sh.size_in)
     nf = spectrum_points(padded)

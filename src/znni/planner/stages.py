@@ -65,11 +65,39 @@ def cpu_stage(shapes: list[LayerShape], machine: MachineProfile, budget: int) ->
         prims.append(p)
         times.append(t)
     upgrade_to_keep(shapes, machine, budget, prims, times)
-    _, per_layer = pass_peak_bytes(shapes, prims, threads=threads,
-                                   workspace_bytes=workspace_cache_bytes(budget))
-    if max(per_layer) > budget:
-        return None
+    ws = workspace_cache_bytes(budget)
+    _, per_layer = pass_peak_bytes(shapes, prims, threads=threads, workspace_bytes=ws)
+    while max(per_layer) > budget:  # the tiled FFT path can outgrow the quick estimate
+        if not _fall_back(shapes, machine, prims, times, per_layer, budget):
+            return None
+        _, per_layer = pass_peak_bytes(shapes, prims, threads=threads, workspace_bytes=ws)
+    kept = sum(layer_memory(sh, p).kept_bytes for sh, p in zip(shapes, prims, strict=True))
+    for i, (sh, p) in enumerate(zip(shapes, prims, strict=True)):
+        if p == "fft-keep":  # the real cache bound decides its tiling
+            times[i] = layer_seconds(sh, p, machine, spectra_budget=kept)
     return Stage("cpu", tuple(shapes), tuple(prims), tuple(times), tuple(per_layer))
+
+
+FALLBACK = {"fft-keep": "fft-recompute", "fft-recompute": "direct"}
+
+
+def _fall_back(
+    shapes: list[LayerShape],
+    machine: MachineProfile,
+    prims: list[str | None],
+    times: list[float],
+    per_layer: list[int],
+    budget: int,
+) -> bool:
+    """Move the conv layer with the largest peak over `budget` to its next leaner primitive
+    (fft-keep -> fft-recompute -> direct); False when none is left."""
+    over = sorted((b, i) for i, b in enumerate(per_layer) if b > budget and prims[i] in FALLBACK)
+    if not over:
+        return False
+    i = over[-1][1]
+    prims[i] = FALLBACK[prims[i]]  # type: ignore[index]
+    times[i] = layer_seconds(shapes[i], prims[i], machine)
+    return True
 
 
 def upgrade_to_keep(

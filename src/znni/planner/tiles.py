@@ -1,0 +1,56 @@
+"""Which overlap-save tiling CpuBackend will use for an FFT conv layer, and its shapes.
+
+CpuBackend cuts a big FFT conv into m^3 overlapping tiles when its tiling
+model (primitives/cpu/tiling.py) says that is faster; kept spectra are then
+made at the tile size and must fit the spectra cache bound. The planner asks
+the backend's own model (never a re-implementation) so that the memory it
+predicts is the memory the backend allocates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from math import prod
+
+from znni.planner.network import LayerShape
+
+Triple = tuple[int, int, int]
+
+
+def fft_tiles(layer: LayerShape, primitive: str | None, spectra_budget: int | None) -> int:
+    """Tiles per axis CpuBackend picks: its model, with the cache bound for fft-keep
+    (`spectra_budget`) and no bound for fft-recompute. 1 for every other primitive."""
+    if layer.kind != "conv" or primitive not in ("fft-keep", "fft-recompute"):
+        return 1
+    from znni.primitives.cpu.tiling import choose_tiles  # imports pyFFTW's package lazily
+
+    budget = spectra_budget if primitive == "fft-keep" else None
+    return choose_tiles(layer.batch_in, layer.channels_in, layer.channels_out, layer.size_out,
+                        layer.kernel, budget)
+
+
+def tile_geometry(layer: LayerShape, m: int) -> tuple[Triple, Triple, Triple]:
+    """(tiles per axis, tile output size, tile input size), as CpuBackend computes them."""
+    from znni.primitives.cpu.tiling import tile_geometry as geometry
+
+    return geometry(layer.size_out, layer.kernel, m)
+
+
+def tiled_layer(layer: LayerShape, m: int) -> LayerShape:
+    """The layer fft_conv3d really runs: S*T tiles of the tile input size (itself when m=1
+    or the patch is too small to cut)."""
+    counts, t_out, t_in = tile_geometry(layer, m)
+    if counts == (1, 1, 1):
+        return layer
+    t = prod(counts)
+    return replace(layer, batch_in=layer.batch_in * t, size_in=t_in, batch_out=layer.batch_in * t,
+                   size_out=t_out)
+
+
+def padded_input_bytes(layer: LayerShape, m: int) -> int:
+    """split_tiles' zero-padded copy of the input (0 when whole tiles cover it exactly)."""
+    counts, t_out, t_in = tile_geometry(layer, m)
+    need = tuple(c * t + (ti - t) for c, t, ti in zip(counts, t_out, t_in, strict=True))
+    if counts == (1, 1, 1) or need == layer.size_in:
+        return 0
+    return layer.batch_in * layer.channels_in * prod(need) * 4
