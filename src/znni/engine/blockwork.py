@@ -39,6 +39,7 @@ class BlockSpec:
     patch: Triple  # dense output per patch, a multiple of the pool product per axis
     primitives: tuple[str | None, ...] | None = None
     execution: Execution | None = None  # None: CPU only, this machine's default backend
+    batch: int = 1  # patches stacked into one dense pass (the plan's S)
 
 
 def default_backend_name() -> str:
@@ -91,15 +92,17 @@ class BlockWorker:
         boxes = list(patch_tiling(extent, patch))
         grown = [box.grow((0, 0, 0), (halo[0], halo[1], halo[2])) for box in boxes]
         patches = (x[(slice(None), *g.slices())][None] for g in grown)  # (1, C, nz, ny, nx)
-        for box, y in zip(boxes, self._forward(patches), strict=True):
-            out[(slice(None), *box.slices())] = y[0]
+        stacks = _stacked(patches, self.spec.batch)  # (S, C, nz, ny, nx) each
+        outputs = (ys[i] for ys in self._forward(stacks) for i in range(ys.shape[0]))
+        for box, y in zip(boxes, outputs, strict=True):  # y: (Cout, pz, py, px)
+            out[(slice(None), *box.slices())] = y
         keep = Box((0, 0, 0), block.write.shape)
         result = encode_output(out[(slice(None), *keep.slices())], self.spec.dtype)
         _trace(block)
         return result
 
     def _forward(self, patches: Iterator[np.ndarray]) -> Iterator[np.ndarray]:
-        """Dense outputs of the patches, in order, on the execution's device(s)."""
+        """Dense outputs of the patch batches, in order, on the execution's device(s)."""
         net, prims, mode = self.network, self.spec.primitives, self.execution.mode
         if mode == "cpu-gpu" and self.gpu_backend is not None:
             theta = self.execution.theta
@@ -117,6 +120,18 @@ class BlockWorker:
 
     def run(self, block: Block) -> None:
         self.write(block, self.compute(block, self.read(block)))
+
+
+def _stacked(patches: Iterator[np.ndarray], batch: int) -> Iterator[np.ndarray]:
+    """Group (1, C, nz, ny, nx) patches of one size into (S, C, nz, ny, nx) batches of <= batch."""
+    group: list[np.ndarray] = []
+    for x in patches:
+        group.append(x)
+        if len(group) == batch:
+            yield np.concatenate(group)
+            group = []
+    if group:
+        yield np.concatenate(group)
 
 
 def _trace(block: Block) -> None:

@@ -166,7 +166,7 @@ def segment(
     done_voxels = sum(b.write.size for b in blocks if b.key in prep.done)
     spec = BlockSpec(
         net, job.input_path, job.output_path, job.border, job.dtype, prep.patch,
-        prep.primitives, execution_for(plan, job.device),
+        prep.primitives, execution_for(plan, job.device), max(1, int(plan.batch)),
     )
     meter = Progress(
         len(blocks), prep.region.size, quiet=quiet, callback=progress,

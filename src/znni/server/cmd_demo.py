@@ -22,6 +22,7 @@ def run(args: argparse.Namespace) -> int:
     from znni.engine.job import SegmentJob
     from znni.engine.segment import segment
     from znni.planner.network import load_network
+    from znni.server.cmd_segment import plan_summary
     from znni.server.demo_data import synthetic_em, write_demo_network
 
     root = Path(args.dir)
@@ -40,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
     precision = float((pred & membranes).sum() / max(1, pred.sum()))
     recall = float((pred & membranes).sum() / max(1, membranes.sum()))
     print(f"output: {out_path} (boundary probability, shape {boundary.shape})")
+    if report.plan is not None:
+        print(plan_summary(report.plan))
     print(
         f"mean boundary probability on true membranes {boundary[membranes].mean():.2f}, "
         f"inside cells {boundary[~membranes].mean():.2f}; at 0.5: precision {precision:.2f}, "

@@ -54,14 +54,7 @@ def run(args: argparse.Namespace) -> int:
 
     report = segment(job, quiet=args.quiet)
     if not args.quiet and report.plan is not None:
-        plan = report.plan
-        print(
-            f"plan: {plan['algorithm']}, patch {_size(plan['input_size'])} -> "
-            f"{_size(plan['output_size'])} dense output, batch {plan['batch']}, predicted "
-            f"{plan['predicted_voxels_per_second']:,.0f} voxels/s in "
-            f"{plan['peak_bytes'] / 2**30:.2f} GiB",
-            file=sys.stderr,
-        )
+        print(plan_summary(report.plan), file=sys.stderr)
     if not args.quiet:
         print(
             f"wrote {report.output_path}: {report.voxels_written:,} voxels in "
@@ -72,5 +65,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _size(triple: list[int] | tuple[int, ...]) -> str:
-    return "x".join(str(v) for v in triple)
+def plan_summary(plan: dict) -> str:
+    """One line on the plan a run followed (what `znni plan` would have chosen)."""
+
+    def size(triple: list[int] | tuple[int, ...]) -> str:
+        return "x".join(str(v) for v in triple)
+
+    return (
+        f"plan: {plan['algorithm']}, patch {size(plan['input_size'])} -> "
+        f"{size(plan['output_size'])} dense output, batch {plan['batch']}, predicted "
+        f"{plan['predicted_voxels_per_second']:,.0f} voxels/s in "
+        f"{plan['peak_bytes'] / 2**30:.2f} GiB"
+    )
