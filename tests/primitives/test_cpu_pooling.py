@@ -68,3 +68,13 @@ def test_maxpool_matches_naive(backend, seed):
     out = backend.maxpool(x, window)
     for si in range(2):
         np.testing.assert_array_equal(out[si], naive_pool(x[si], window).astype(np.float32))
+
+
+@pytest.mark.parametrize(("s", "c"), [(1, 80), (3, 7), (5, 1)])
+def test_threaded_mpf_slices_match_fragments_reference(backend, s, c):
+    # The pool splits (sample, channel-range) slices; every split must recombine exactly.
+    rng = np.random.default_rng(s * 100 + c)
+    window = (2, 3, 1)
+    x = rng.standard_normal((s, c, 7, 8, 4)).astype(np.float32)
+    out = backend.mpf(x, window)
+    np.testing.assert_array_equal(out, fragments_reference(x, window))

@@ -192,7 +192,7 @@ class CpuBackend:
         return maxpool(x, _check_window(window))
 
     def mpf(self, x: np.ndarray, window: Triple) -> np.ndarray:
-        return mpf(x, _check_window(window))
+        return mpf(x, _check_window(window), self._pool)
 
     def activation(self, x: np.ndarray, activation: Activation) -> np.ndarray:
         return apply_activation(x, activation)

@@ -8,6 +8,8 @@ holds the filtered positions o + p*i. The result is laid out exactly as
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 from znni.primitives.base import Triple
@@ -31,19 +33,36 @@ def sliding_max(x: np.ndarray, window: Triple) -> np.ndarray:
     return out if out is not x else x.copy()
 
 
-def mpf(x: np.ndarray, window: Triple) -> np.ndarray:
-    """(S, C, Z, Y, X) -> (S*pz*py*px, C, mz, my, mx) max-pooling fragments."""
+def mpf(x: np.ndarray, window: Triple, pool: ThreadPoolExecutor | None = None) -> np.ndarray:
+    """(S, C, Z, Y, X) -> (S*pz*py*px, C, mz, my, mx) max-pooling fragments.
+
+    With a `pool`, (sample, channel-range) slices run concurrently (numpy releases the
+    GIL in `np.maximum` and the copies); each slice's sliding-max temporaries are the
+    slice's size, so the peak is below the single-threaded one.
+    """
     s, c, nz, ny, nx = x.shape
     pz, py, px = window
     mz, my, mx = fragment_size(nz, pz), fragment_size(ny, py), fragment_size(nx, px)
-    dense = sliding_max(x, window)  # (S, C, nz-pz+1, ny-py+1, nx-px+1)
     out = np.empty((s, pz, py, px, c, mz, my, mx), dtype=x.dtype)
-    for oz in range(pz):
-        for oy in range(py):
-            for ox in range(px):
-                out[:, oz, oy, ox] = dense[
-                    :, :, oz : oz + pz * mz : pz, oy : oy + py * my : py, ox : ox + px * mx : px
-                ]
+    workers = pool._max_workers if pool is not None else 1
+    step = max(1, -(-c // max(1, -(-2 * workers // s))))  # >= 2 slices per worker
+    slices = [(si, c0, min(c, c0 + step)) for si in range(s) for c0 in range(0, c, step)]
+
+    def task(sl: tuple[int, int, int]) -> None:
+        si, c0, c1 = sl
+        dense = sliding_max(x[si, c0:c1], window)  # (c1-c0, nz-pz+1, ny-py+1, nx-px+1)
+        for oz in range(pz):
+            for oy in range(py):
+                for ox in range(px):
+                    out[si, oz, oy, ox, c0:c1] = dense[
+                        :, oz : oz + pz * mz : pz, oy : oy + py * my : py, ox : ox + px * mx : px
+                    ]
+
+    if pool is None or len(slices) == 1:
+        for sl in slices:
+            task(sl)
+    else:
+        list(pool.map(task, slices))
     return out.reshape(s * pz * py * px, c, mz, my, mx)  # (S*P, C, mz, my, mx)
 
 
