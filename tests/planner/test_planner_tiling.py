@@ -77,3 +77,21 @@ def test_tiled_work_counts_the_tiles_and_copies() -> None:
     assert tiled.kernel_fft_flops < whole.kernel_fft_flops
     assert tiled.memory_bytes > whole.memory_bytes
     assert cpu_conv_work(sh, "direct") == conv_work(sh, "direct")
+
+
+@pytest.mark.parametrize(
+    ("s", "cin", "cout", "n", "k", "threads"),
+    [(1, 1, 80, (60, 61, 62), (2, 2, 2), 2), (8, 80, 80, (29, 27, 31), (3, 3, 3), 2),
+     (512, 80, 3, (5, 5, 5), (1, 1, 1), 2), (64, 40, 40, (17, 19, 18), (3, 2, 3), 1),
+     (1, 300, 300, (40, 200, 250), (3, 3, 3), 2)],
+)
+def test_direct_bytes_closed_form_matches_backend(
+    s: int, cin: int, cout: int, n: tuple[int, int, int], k: tuple[int, int, int], threads: int
+) -> None:
+    from znni.planner.hostsim import direct_bytes
+    from znni.planner.network import LayerShape
+    from znni.primitives.cpu.direct_conv import direct_bytes as backend_bytes
+
+    out = tuple(a - b + 1 for a, b in zip(n, k, strict=True))
+    sh = LayerShape(0, "conv", s, cin, n, s, cout, out, k)  # type: ignore[arg-type]
+    assert direct_bytes(sh, threads) == backend_bytes(s, cin, cout, n, k, threads)

@@ -185,20 +185,35 @@ def _chunk_sizes(total: int, chunk: int) -> list[int]:
     return [chunk] * min(full, 2) + ([rest] if rest else [])
 
 
-def direct_conv(sim: HostSim, sh: LayerShape, threads: int) -> None:
-    """direct_conv3d: the output, plus per worker an im2col slab and its GEMM result."""
-    cin, cout = sh.channels_in, sh.channels_out
+def direct_bytes(sh: LayerShape, threads: int, slab_bytes: int = SLAB_BYTES) -> int:
+    """Peak bytes of direct_conv3d besides its input: the output plus, per busy worker, a
+    column buffer (Cin*k^3, L) (none for 1^3 kernels) and a GEMM result (Cout, L).
+
+    Closed form of primitives/cpu/direct_conv.direct_bytes (which lists every block; too slow
+    inside the search): the largest block is the first, (zb, yb) by the same rule as its
+    `_blocks`. tests/planner/test_planner_tiling.py checks the two agree."""
+    s, cin, cout = sh.batch_in, sh.channels_in, sh.channels_out
+    _, ny, nx = sh.size_in
     oz, oy, ox = sh.size_out
     depth = cin * prod(sh.kernel)
-    sim.alloc(sh.out_bytes)
-    zb = max(1, min(oz, SLAB_BYTES // max(1, depth * oy * ox * FLOAT_BYTES)))
-    while zb > 1 and sh.batch_in * -(-oz // zb) < 2 * threads:
-        zb = (zb + 1) // 2
-    tasks = min(threads, sh.batch_in * -(-oz // zb))
-    col = 0 if depth == cin else depth * zb * oy * ox * FLOAT_BYTES
-    slab = tasks * (col + cout * zb * oy * ox * FLOAT_BYTES)
-    sim.alloc(slab)
-    sim.release(slab)
+    rows = max(1, max(1, slab_bytes // (max(1, depth) * FLOAT_BYTES)) // nx)
+    if rows >= ny:
+        zb, yb = max(1, min(oz, rows // ny)), oy
+        while zb > 1 and s * -(-oz // zb) < 2 * threads:
+            zb = (zb + 1) // 2
+    else:
+        zb, yb = 1, min(oy, rows)
+    cap = (zb - 1) * ny * nx + (yb - 1) * nx + ox  # L of the largest block
+    blocks = s * -(-oz // zb) * -(-oy // yb)
+    per_worker = (cout + (depth if prod(sh.kernel) > 1 else 0)) * cap * FLOAT_BYTES
+    return sh.out_bytes + min(threads, blocks) * per_worker
+
+
+def direct_conv(sim: HostSim, sh: LayerShape, threads: int) -> None:
+    """direct_conv3d: the output stays live, the per-worker buffers are freed."""
+    total = direct_bytes(sh, threads)
+    sim.alloc(total)
+    sim.release(total - sh.out_bytes)
 
 
 def mpf(sim: HostSim, sh: LayerShape) -> None:
