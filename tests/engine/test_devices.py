@@ -97,3 +97,43 @@ def test_plan_batch_stacks_patches_and_equals_reference(setup, batch) -> None:
     report = segment(job, plan=plan)
     assert report.plan["batch"] == batch and report.blocks_total >= 4
     assert close(zarr.open_array(job.output_path)[...], setup["ref"])
+
+
+@pytest.mark.parametrize("stage", ["cpu", "gpu"])
+def test_failure_in_either_stage_marks_no_partial_block_and_resume_completes(
+    setup, monkeypatch, stage
+) -> None:
+    """An error injected in the CPU or the GPU stage of a cpu-gpu run surfaces (no hang),
+    the ledger lists only blocks that were written whole, and a rerun completes exactly."""
+    from znni.engine.ledger import read_ledger
+    from znni.primitives.cpu import CpuBackend
+    from znni.primitives.gpu.backend import GpuBackend
+
+    monkeypatch.setenv("ZNNI_GPU_STANDIN", "1")
+    net = load_network(setup["spec"])
+    out = str(setup["tmp"] / f"fail-{stage}.zarr")
+    job = SegmentJob(net, setup["inp"], out, device="cpu-gpu", chunks=(8, 8, 8), block=(8, 8, 8))
+    target = CpuBackend if stage == "cpu" else GpuBackend
+    method = "conv3d" if stage == "cpu" else "run_ops"
+    original = getattr(target, method)
+    calls = {"n": 0}
+
+    def failing(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 7:
+            raise RuntimeError(f"injected {stage} failure")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(target, method, failing)
+    with pytest.raises(Exception, match=f"injected {stage} failure"):
+        segment(job)
+    _, done = read_ledger(out)
+    assert 0 < len(done) < 36  # some blocks finished before the failure, not all
+    written = zarr.open_array(out)[...]
+    for key in done:  # every block the ledger calls done holds its final values
+        box = tuple(slice(*(int(v) for v in r.split(":"))) for r in key.split(","))
+        assert close(written[(slice(None), *box)], setup["ref"][(slice(None), *box)])
+    monkeypatch.setattr(target, method, original)
+    report = segment(job)
+    assert report.blocks_computed == report.blocks_total - len(done)
+    assert close(zarr.open_array(out)[...], setup["ref"])
