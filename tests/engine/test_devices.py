@@ -137,3 +137,13 @@ def test_failure_in_either_stage_marks_no_partial_block_and_resume_completes(
     report = segment(job)
     assert report.blocks_computed == report.blocks_total - len(done)
     assert close(zarr.open_array(out)[...], setup["ref"])
+
+
+def test_plan_never_batches_more_patches_than_the_region_holds(setup) -> None:
+    net = load_network(setup["spec"])
+    plan = plan_for(SegmentJob(net, setup["inp"], str(setup["tmp"] / "one.zarr")))
+    region = (21, 26, 23)
+    patches = 1
+    for r, o in zip(region, plan.output_size):
+        patches *= -(-r // o)
+    assert plan.batch <= patches

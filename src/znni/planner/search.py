@@ -10,6 +10,7 @@ fragments, pipelined with a queue of one patch).
 from __future__ import annotations
 
 from dataclasses import replace
+from math import prod
 
 from znni.planner.costs import transfer_seconds as xfer_s
 from znni.planner.machine import MachineProfile
@@ -109,6 +110,8 @@ def best_of_algorithm(
     for size in candidate_sizes(network, max_output):
         found = False
         for batch in BATCHES:
+            if batch > _patches_needed(network, size, max_output):
+                break  # a batch larger than the region's patch count only wastes work
             shapes = network.layer_shapes(size, batch)
             for plan in evaluate(network, machine, alg, shapes, host_bytes, gpu_bytes):
                 found = True
@@ -118,6 +121,16 @@ def best_of_algorithm(
         if misses >= GIVE_UP_AFTER:
             break
     return best
+
+
+def _patches_needed(
+    network: Network, size: tuple[int, int, int], max_output: tuple[int, int, int] | None
+) -> int:
+    """Patches of input `size` that cover `max_output` (unbounded without a region)."""
+    if max_output is None:
+        return max(BATCHES)
+    out = network.output_size(size)
+    return prod(-(-r // o) for r, o in zip(max_output, out, strict=True))
 
 
 def better(plan: Plan, best: Plan) -> bool:
