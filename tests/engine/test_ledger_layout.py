@@ -70,7 +70,8 @@ def test_planned_patch_fits_budget_and_is_mpf_valid(net, budget: int) -> None:
 
 def test_planned_patch_never_exceeds_region(net) -> None:
     plan = plan_job(net, "cpu", 2**34, (5, 3, 7))
-    assert plan.output_size == (6, 3, 8)  # region rounded up to the pool product (2, 1, 2)
+    # at most the region rounded up to the pool product (2, 1, 2): (6, 3, 8)
+    assert all(o <= c for o, c in zip(plan.output_size, (6, 3, 8)))
 
 
 def test_block_shape_is_whole_chunks_within_budget(net) -> None:
