@@ -127,7 +127,8 @@ def test_stage_times_and_progress_reported(tmp_path: Path) -> None:
     job, *_ = _job(tmp_path)
     seen = []
     report = segment(job, progress=seen.append, backend=make_backend("reference"))
-    assert set(report.stage_seconds) >= {"read", "compute", "write", "wait"}
-    assert report.stage_seconds["compute"] > 0 and report.voxels_per_second > 0
+    stages = report.stage_seconds  # reported, not bounded: no speed is asserted here
+    assert set(stages) >= {"read", "compute", "write", "wait"}
+    assert stages["compute"] > 0 and report.voxels_per_second > 0
     assert [e.blocks_done for e in seen] == list(range(1, report.blocks_total + 1))
     assert seen[-1].voxels_done == seen[-1].voxels_total == 19 * 22 * 25
