@@ -10,6 +10,7 @@ or `znni bench layers [--quick]`.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -71,6 +72,18 @@ def bench_shape(backend, torch, shape, reps: int, reference: bool) -> list[str]:
     ]
 
 
+def blas_core() -> str:
+    """OpenBLAS's kernel family, and whether OPENBLAS_CORETYPE forced it (it changes GEMM speed).
+
+    On the 2-core AVX-512 machine, forcing Haswell (AVX2) kernels makes direct conv ~1.3x slower.
+    """
+    from threadpoolctl import threadpool_info
+
+    arch = next((i.get("architecture") for i in threadpool_info() if i["user_api"] == "blas"), None)
+    forced = os.environ.get("OPENBLAS_CORETYPE")
+    return f"{arch or 'unknown'}" + (f" (OPENBLAS_CORETYPE={forced})" if forced else " (detected)")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small shapes, a smoke run")
@@ -105,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"# conv layers, batch 1, {backend.threads} threads, {args.effort}, torch "
         f"{torch.__version__ if torch else 'not installed'}; medians of {args.reps} "
-        f"(one run above {SLOW_S:.0f} s); seconds"
+        f"(one run above {SLOW_S:.0f} s); BLAS {blas_core()}; seconds"
     )
     rows = []
     for shape in shapes:
