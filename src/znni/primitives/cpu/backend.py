@@ -29,6 +29,7 @@ from znni.primitives.cpu.fft_sizes import padded_shape
 from znni.primitives.cpu.fftw_plans import PlanCache
 from znni.primitives.cpu.pooling import maxpool, mpf
 from znni.primitives.cpu.spectra_cache import SpectraCache, spectra_key
+from znni.primitives.cpu.threads import warn_if_blas_forced
 from znni.primitives.cpu.tiling import choose_tiles, join_tiles, split_tiles, tile_geometry
 
 CONV_PRIMITIVES = ("direct", "fft-keep", "fft-recompute")
@@ -73,6 +74,7 @@ class CpuBackend:
         self.spectra = SpectraCache(spectra_cache_bytes)
         self.chooser = PrimitiveChooser(persist=persist_choices)
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="znni-cpu")
+        warn_if_blas_forced()
 
     def close(self) -> None:
         """Stop the worker threads and drop caches."""
