@@ -16,6 +16,7 @@ FLAGS = (
     "max_body_bytes",
     "scheduler",
     "machine",
+    "worker_nice",
 )
 
 
@@ -35,6 +36,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-body-bytes", type=int, help="largest accepted request body")
     p.add_argument("--scheduler", help="Dask scheduler address for every job (default: local)")
     p.add_argument("--machine", help="machine profile JSON (or shipped name) for the planner")
+    p.add_argument(
+        "--worker-nice",
+        type=int,
+        help="niceness 0-19 of the job workers (default 10: requests preempt compute)",
+    )
     p.set_defaults(run=run)
 
 

@@ -26,6 +26,9 @@ class Settings(BaseSettings):
     scheduler: str | None = None  # Dask scheduler address handed to every job, or None: local
     machine: str | None = None  # MachineProfile JSON file or shipped name; None: detect
     poll_s: float = Field(default=0.2, gt=0, le=10)  # how often an idle worker looks for jobs
+    # niceness of worker processes (and their threads and children): compute yields the cores
+    # to request handling, so the API answers quickly while a job runs; 0 keeps equal priority
+    worker_nice: int = Field(default=10, ge=0, le=19)
     log_level: str = "INFO"
 
     @field_validator("token", "scheduler", "machine")

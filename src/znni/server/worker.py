@@ -45,6 +45,7 @@ def worker_main(settings_values: dict[str, Any], slot: int) -> None:
     SIGINT is ignored, so a Ctrl-C in the terminal reaches only the server, which stops it.
     """
     settings = Settings(**settings_values)
+    lower_priority(settings.worker_nice)  # first: threads started later inherit it
     stop = threading.Event()
     current = Current()
 
@@ -66,11 +67,31 @@ def worker_main(settings_values: dict[str, Any], slot: int) -> None:
     if lock_fd is None:
         return
     runner = JobRunner(settings, slot, current)
-    log.info("worker %d ready (pid %d)", slot, os.getpid())
+    log.info(
+        "worker %d ready (pid %d, nice %d)", slot, os.getpid(), os.getpriority(os.PRIO_PROCESS, 0)
+    )
     while not stop.is_set():
         if not runner.run_next():
             stop.wait(settings.poll_s)
     os.close(lock_fd)
+
+
+def lower_priority(nice: int) -> None:
+    """Raise this process's niceness to at least `nice`, so the API process preempts compute.
+
+    On Linux niceness belongs to each thread and a new thread inherits its creator's, so
+    every existing thread is set (in a fresh worker that is only the main thread) and all
+    later ones (engine pools, FFTW/BLAS threads, Dask workers) follow. Never lowers it:
+    that needs privileges and would make compute outrank requests.
+    """
+    tasks = Path("/proc/self/task")
+    tids = [int(t.name) for t in tasks.iterdir()] if tasks.is_dir() else [0]
+    for tid in tids:
+        try:
+            if os.getpriority(os.PRIO_PROCESS, tid) < nice:
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
+        except ProcessLookupError:
+            continue  # that thread ended meanwhile
 
 
 def slot_lock_path(settings: Settings, slot: int) -> Path:
