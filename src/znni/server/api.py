@@ -3,8 +3,12 @@
 Status reads (one indexed SQLite SELECT in WAL mode, ~0.1 ms, never blocked by
 writers) are `async def` and run on the event loop: under load, a thread hop per
 poll costs more in GIL hand-offs than the query itself. Everything that may wait
-(Zarr reads during validation, SQLite writes, loading networks, planning) is plain
-`def`, which FastAPI runs in its (bounded) thread pool.
+(Zarr reads during validation, SQLite writes, loading networks, planning) runs in
+the (bounded) thread pool. The job routes make that ONE explicit hop from an
+`async def`: for a plain `def` route FastAPI hops twice (the route, then response
+validation), and as the pool's tokens are handed out first come first served, each
+of 50 simultaneous submissions' second hop queued behind all the others' first, so
+every submission was answered only when the last one was validated.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
 
 from znni.server.catalogue import NetworkCatalogue, UnknownNetworkError, describe
 from znni.server.events import log_event
@@ -125,8 +130,12 @@ def _relative(path: str, root: FsPath) -> str:
 
 
 @router.post("/jobs", status_code=status.HTTP_201_CREATED, response_model=JobRead)
-def create_job(body: JobCreate, state: StateDep) -> JobRead:
+async def create_job(body: JobCreate, state: StateDep) -> JobRead:
     """Validate everything (nothing is stored on a 4xx), then queue the job."""
+    return await run_in_threadpool(_create_job, body, state)
+
+
+def _create_job(body: JobCreate, state: ServerState) -> JobRead:
     settings = state.settings
     t0 = time.perf_counter()
     try:
@@ -174,8 +183,12 @@ async def get_job(job_id: JobId, state: StateDep) -> JobRead:
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobRead)
-def cancel_job(job_id: JobId, state: StateDep) -> JobRead:
+async def cancel_job(job_id: JobId, state: StateDep) -> JobRead:
     """Queued: cancelled now. Running: stops after its current block, keeping finished ones."""
+    return await run_in_threadpool(_cancel_job, job_id, state)
+
+
+def _cancel_job(job_id: int, state: ServerState) -> JobRead:
     before = state.store.get(job_id)
     if before is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no job with id {job_id}")
