@@ -1,10 +1,14 @@
 """Calibration: measure the CPU primitives on this machine and fit the profile's rates.
 
 Each primitive (direct, fft-keep, fft-recompute, MPF) runs through the real
-CpuBackend at a few layer shapes; the counted work of costs.py per run gives
-one linear equation  t = sum_j work_j / rate_j  per measurement, solved in
-relative least squares for the inverse rates. Results are cached per
-machine in $XDG_CACHE_HOME/znni, so a process calibrates once.
+CpuBackend at layer shapes whose working sets range from cache-resident
+(~1 MB) to far beyond the caches (~400 MB). The counted work of costs.py per
+run gives one linear equation  t = sum_j work_j / rate_j, solved in relative
+least squares for the inverse rates. What one set of rates cannot say (big
+layers stream from DRAM and fault in fresh pages, small ones run from cache)
+is then fitted per primitive as a time factor linear in log(working set)
+(MachineProfile.cpu_scaling). Results are cached per machine in
+$XDG_CACHE_HOME/znni, so a process calibrates once.
 """
 
 from __future__ import annotations
@@ -20,23 +24,34 @@ from pathlib import Path
 
 import numpy as np
 
-from znni.planner.costs import Work, cpu_conv_work, other_work
+from znni.planner.costs import Work, cpu_conv_work, other_work, working_set_bytes
 from znni.planner.machine import DEFAULT_CPU_RATES, MachineProfile
 from znni.planner.network import LayerShape
 
 log = logging.getLogger(__name__)
 
-# (S, f, f', k, n): first-layer-like, deep layers at S = 1 and at fragment batches.
-FULL_SHAPES = ((1, 1, 40, 3, 64), (1, 40, 40, 3, 40), (8, 40, 40, 3, 20), (1, 80, 80, 5, 32),
-               (8, 32, 32, 5, 24), (64, 24, 24, 3, 12))
-QUICK_SHAPES = ((1, 1, 8, 3, 20), (1, 8, 8, 3, 16), (8, 8, 8, 3, 10))
+# (S, f, f', k, n): first layers, deep layers at S = 1 and at fragment batches, and a few
+# output layers (f' = 3); in cache, then the same kinds at 50-400 MB working sets, and
+# 7^3 kernels (direct's column buffers grow with f*k^3).
+FULL_SHAPES = ((1, 8, 8, 3, 20), (1, 1, 40, 3, 64), (1, 40, 40, 3, 40), (8, 40, 40, 3, 20),
+               (1, 80, 80, 5, 32), (8, 32, 32, 5, 24), (64, 24, 24, 3, 12), (64, 80, 3, 3, 12),
+               (1, 1, 80, 5, 112), (8, 80, 80, 3, 41), (1, 40, 40, 5, 64), (64, 80, 3, 3, 16),
+               (64, 80, 80, 3, 21), (1, 80, 80, 7, 36), (8, 80, 80, 7, 29))
+QUICK_SHAPES = ((1, 1, 8, 3, 20), (1, 8, 8, 3, 16), (8, 8, 8, 3, 10), (8, 8, 2, 3, 12))
+# (S, C, n) of MPF with 2^3 windows, small to large
+FULL_POOLS = ((1, 8, 63), (8, 16, 31), (8, 80, 51), (1, 80, 143))
+QUICK_POOLS = ((1, 4, 31), (8, 4, 15))
 SPECTRA_BYTES = 2**31  # the calibration backend's spectra cache (decides fft-keep tiling)
-COLUMNS = ("fft_flops", "kernel_fft_flops", "madd", "direct_flops", "memory_bytes", "calls")
+CACHE_VERSION = 5  # bump when the calibration changes meaning; older caches are re-measured
 
 
 def cache_path(cores: int) -> Path:
+    """Per host and core count; an OPENBLAS_CORETYPE override gets its own file, since it
+    changes which GEMM kernels (and so the direct-conv rate) this process gets."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "znni" / f"machine-{os.uname().nodename}-{cores}cores.json"
+    blas = os.environ.get("OPENBLAS_CORETYPE", "").strip().lower()
+    suffix = f"-blas-{''.join(c for c in blas if c.isalnum())}" if blas else ""
+    return Path(base) / "znni" / f"machine-{os.uname().nodename}-{cores}cores{suffix}.json"
 
 
 def calibrated_profile(
@@ -50,19 +65,29 @@ def calibrated_profile(
     if path.is_file() and not quick:
         try:
             cached = json.loads(path.read_text())
-            return replace(profile, cpu_rates=cached["cpu_rates"],
-                           base_rss_bytes=int(cached["base_rss_bytes"]), calibrated=True)
-        except (ValueError, KeyError, OSError) as e:
+            if cached.get("version") == CACHE_VERSION:
+                return MachineProfile.from_dict({
+                    **profile.to_dict(), "cpu_rates": cached["cpu_rates"],
+                    "cpu_scaling": cached["cpu_scaling"],
+                    "base_rss_bytes": int(cached["base_rss_bytes"]), "calibrated": True})
+            log.info("calibration cache %s is from an older znni; measuring again", path)
+        except (ValueError, KeyError, TypeError, OSError) as e:
             log.warning("ignoring unreadable calibration cache %s: %s", path, e)
     if not measure:
         return profile
     log.info("calibrating the CPU primitives on this machine (once; cached in %s)", path)
-    rates = measure_rates(QUICK_SHAPES if quick else FULL_SHAPES, quick=quick)
-    out = replace(profile, cpu_rates=rates, base_rss_bytes=baseline_rss_bytes(),
-                  calibrated=True)
+    rows = measurements(QUICK_SHAPES if quick else FULL_SHAPES,
+                        QUICK_POOLS if quick else FULL_POOLS, quick)
+    rates = fit_rates([(w, t) for _, w, t, _ in rows], dict(DEFAULT_CPU_RATES))
+    scaling = fit_scaling(rows, rates)
+    out = replace(profile, cpu_rates=rates,
+                  cpu_scaling={k: tuple((b, f) for b, f in v) for k, v in scaling.items()},
+                  base_rss_bytes=baseline_rss_bytes(), calibrated=True)
     if not quick:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"cpu_rates": rates, "base_rss_bytes": out.base_rss_bytes}))
+        path.write_text(json.dumps({"version": CACHE_VERSION, "cpu_rates": rates,
+                                    "cpu_scaling": scaling,
+                                    "base_rss_bytes": out.base_rss_bytes}))
     return out
 
 
@@ -80,15 +105,18 @@ def _timed(fn, repeats: int) -> float:  # type: ignore[no-untyped-def]
     return best
 
 
-def measurements(shapes: tuple, quick: bool) -> list[tuple[Work, float]]:
-    """(work, seconds) for every primitive at every shape, plus MPF."""
+Row = tuple[str, Work, float, int]  # (scaling key, counted work, seconds, working-set bytes)
+
+
+def measurements(shapes: tuple, pools: tuple, quick: bool) -> list[Row]:
+    """One row per primitive at every conv shape, plus MPF at every pool shape."""
     from znni.primitives.backends import make_backend
 
     effort = "FFTW_ESTIMATE" if quick else "FFTW_MEASURE"
     backend = make_backend("cpu", fft_effort=effort, spectra_cache_bytes=SPECTRA_BYTES)
     rng = np.random.default_rng(0)
-    rows: list[tuple[Work, float]] = []
-    repeats = 1 if quick else 3
+    rows: list[Row] = []
+    repeats = 1 if quick else 2
     for s, f, g, k, n in shapes:
         x = rng.standard_normal((s, f, n, n, n), dtype=np.float32)
         w = rng.standard_normal((g, f, k, k, k), dtype=np.float32)
@@ -96,12 +124,15 @@ def measurements(shapes: tuple, quick: bool) -> list[tuple[Work, float]]:
         sh = _conv_shape(s, f, g, k, n)
         for prim in ("direct", "fft-keep", "fft-recompute"):
             t = _timed(lambda p=prim, x=x, w=w, b=b: backend.conv3d(x, w, b, None, p), repeats)
-            rows.append((cpu_conv_work(sh, prim, SPECTRA_BYTES), t))
-    for s, c, n in ((1, 8, 63), (8, 16, 31)):
+            rows.append((prim, cpu_conv_work(sh, prim, SPECTRA_BYTES), t, working_set_bytes(sh)))
+        del x
+    for s, c, n in pools:
         x = rng.standard_normal((s, c, n, n, n), dtype=np.float32)
-        m = (n + 1) // 2 - 1
+        m = (n + 1) // 2 - 1  # MPF fragment size (n + 1 divisible by 2)
         sh = LayerShape(0, "maxpool", s, c, (n, n, n), 8 * s, c, (m, m, m), (2, 2, 2))
-        rows.append((other_work(sh), _timed(lambda x=x: backend.mpf(x, (2, 2, 2)), repeats)))
+        t = _timed(lambda x=x: backend.mpf(x, (2, 2, 2)), repeats)
+        rows.append(("maxpool", other_work(sh), t, working_set_bytes(sh)))
+        del x
     close = getattr(backend, "close", None)
     if close is not None:
         close()
@@ -115,6 +146,7 @@ def _columns(work: Work, rates: dict[str, float]) -> list[float]:
     return [work.fft_flops / rates["fft_flops_per_s"],
             work.kernel_fft_flops / rates["kernel_fft_flops_per_s"], madd_s,
             work.direct_flops / rates["direct_flops_per_s"],
+            work.gather_bytes / rates["gather_bytes_per_s"],
             work.memory_bytes / rates["memory_bytes_per_s"],
             work.calls * rates["layer_overhead_s"]]
 
@@ -137,18 +169,33 @@ def fit_rates(rows: list[tuple[Work, float]], start: dict[str, float]) -> dict[s
         active.pop(int(np.argmin(sol)))
     keys = (("fft_flops_per_s",), ("kernel_fft_flops_per_s",),
             ("madd_flops_per_s", "madd_bytes_per_s"), ("direct_flops_per_s",),
-            ("memory_bytes_per_s",))
+            ("gather_bytes_per_s",), ("memory_bytes_per_s",))
     rates = dict(start)
     for j, names in enumerate(keys):
         for name in names:
             rates[name] = float(start[name] / mult[j])
-    rates["layer_overhead_s"] = float(start["layer_overhead_s"] * mult[5])
+    rates["layer_overhead_s"] = float(start["layer_overhead_s"] * mult[len(keys)])
     return rates
 
 
-def measure_rates(shapes: tuple, quick: bool = False) -> dict[str, float]:
-    rows = measurements(shapes, quick)
-    return fit_rates(rows, dict(DEFAULT_CPU_RATES))
+def fit_scaling(rows: list[Row], rates: dict[str, float]) -> dict[str, list[list[float]]]:
+    """Per scaling key, measured / modelled time as a + b*log(working set) in least squares,
+    returned as its values at the smallest and largest calibrated working set (floored at
+    0.2 so a noisy fit never predicts a layer nearly free)."""
+    out: dict[str, list[list[float]]] = {}
+    for key in sorted({r[0] for r in rows}):
+        pts = [(float(ws), t / sum(_columns(w, rates))) for k, w, t, ws in rows if k == key]
+        logs = np.log([b for b, _ in pts])
+        ratios = np.array([f for _, f in pts])
+        lo, hi = float(min(b for b, _ in pts)), float(max(b for b, _ in pts))
+        if len(pts) < 2 or np.ptp(logs) == 0:
+            f = float(max(0.2, ratios.mean()))
+            out[key] = [[lo, f], [hi, f]]
+            continue
+        b, a = np.polyfit(logs, ratios, 1)  # ratio = a + b*log(ws)
+        out[key] = [[lo, max(0.2, float(a + b * np.log(lo)))],
+                    [hi, max(0.2, float(a + b * np.log(hi)))]]
+    return out
 
 
 def baseline_rss_bytes() -> int:

@@ -8,7 +8,7 @@ size, N = nz*ny*nx real points, Nc = nz*ny*(nx//2+1) complex points.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 from math import log2, prod
 
@@ -20,6 +20,8 @@ Triple = tuple[int, int, int]
 FFT_C = 2.5  # ZNNi: an FFT of N points costs about C*N*log2(N) flops, C ~ 2.5
 COMPLEX_BYTES = 8  # complex64
 FLOAT_BYTES = 4
+WORK_BYTES = 2**29  # fft_conv3d work_bytes: samples per chunk of transforms
+RECOMPUTE_BYTES = 2**27  # fft_conv3d recompute_bytes and kernel_spectra chunk
 
 CPU_CONV_PRIMITIVES = ("direct", "fft-keep", "fft-recompute")
 GPU_CONV_PRIMITIVES = ("gpu-direct", "gpu-fft")
@@ -85,6 +87,7 @@ class Work:
     madd_flops: float = 0.0  # frequency-domain multiply-add, 8 flops per complex madd
     madd_bytes: float = 0.0  # bytes that multiply-add streams (spectra read once per call)
     direct_flops: float = 0.0  # 2 flops per real multiply-add
+    gather_bytes: float = 0.0  # direct conv: column buffers written, then read by the GEMM
     memory_bytes: float = 0.0  # element-wise traffic: crop, bias, activation, MPF, copies
     calls: int = 1
 
@@ -99,8 +102,12 @@ def conv_work(layer: LayerShape, primitive: str) -> Work:
     elementwise_bytes = float(s * g * n_out * FLOAT_BYTES * 3)  # bias + activation + store
     if primitive in ("direct", "gpu-direct"):
         # ZNNi direct conv: S*f'*f*n'^3*k^3 multiply-adds
+        # primitives/cpu/direct_conv.py gathers f*k^3 input values per output position into
+        # a column buffer (written once, read once); a 1x1x1 kernel uses the input as is
+        columns = 0 if prod(layer.kernel) == 1 else s * f * prod(layer.kernel) * n_out
         return Work(
             direct_flops=2.0 * s * g * f * n_out * prod(layer.kernel),
+            gather_bytes=2.0 * columns * FLOAT_BYTES,
             memory_bytes=elementwise_bytes + s * f * n_in * FLOAT_BYTES,
         )
     padded = fft_shape(layer.size_in)
@@ -123,6 +130,29 @@ def conv_work(layer: LayerShape, primitive: str) -> Work:
     )
 
 
+def sample_chunks(layer: LayerShape) -> int:
+    """How many sample chunks fft_conv3d splits the batch into (its `sc` arithmetic)."""
+    nc = spectrum_points(fft_shape(layer.size_in))
+    per_sample_bytes = (layer.channels_in + layer.channels_out) * nc * COMPLEX_BYTES
+    chunk = max(1, min(layer.batch_in, WORK_BYTES // per_sample_bytes))
+    return -(-layer.batch_in // chunk)
+
+
+def cpu_madd_bytes(layer: LayerShape, primitive: str) -> float:
+    """Bytes fft_conv3d's multiply-add streams, following its loops: per sample chunk the
+    kernel spectra are read once (kept) or made RECOMPUTE_BYTES of output channels at a
+    time, and every output-channel chunk reads the chunk's input spectra again; inputs
+    and outputs pass twice (freq_product's transposing copies)."""
+    f, g, s = layer.channels_in, layer.channels_out, layer.batch_in
+    nc = spectrum_points(fft_shape(layer.size_in))
+    channel_chunks = 1
+    if primitive == "fft-recompute":
+        oc = max(1, min(g, RECOMPUTE_BYTES // max(1, f * nc * COMPLEX_BYTES)))
+        channel_chunks = -(-g // oc)
+    spectra = sample_chunks(layer) * f * g * (1 if primitive == "fft-keep" else 2)
+    return float((spectra + 2 * s * (f * channel_chunks + g)) * nc * COMPLEX_BYTES)
+
+
 def cpu_conv_work(layer: LayerShape, primitive: str, spectra_budget: int | None = None) -> Work:
     """Work of a conv on CpuBackend: FFT primitives run over the overlap-save tiles the
     backend picks (tiles.py), plus the split and join copies. `spectra_budget`: the
@@ -135,11 +165,29 @@ def cpu_conv_work(layer: LayerShape, primitive: str, spectra_budget: int | None 
     m = fft_tiles(layer, primitive, spectra_budget)
     tiled = tiled_layer(layer, m)
     work = conv_work(tiled, primitive)
+    work = replace(work, madd_bytes=cpu_madd_bytes(tiled, primitive))
+    if primitive == "fft-recompute":
+        # fft_conv3d transforms samples in chunks of WORK_BYTES of spectra and recomputes
+        # every kernel spectrum once per chunk, not once per call
+        extra = sample_chunks(tiled) - 1
+        work = work + Work(kernel_fft_flops=extra * work.kernel_fft_flops, calls=0)
     if tiled is layer:
         return work
     # split: pad copy + tile gather (read + write); join: transposed copy + crop copy
     copies = 2 * (padded_input_bytes(layer, m) + tiled.in_bytes + tiled.out_bytes + layer.out_bytes)
     return work + Work(memory_bytes=float(copies), calls=0)
+
+
+def working_set_bytes(layer: LayerShape) -> int:
+    """The layer's input plus output: what decides whether it runs from cache."""
+    return layer.in_bytes + layer.out_bytes
+
+
+def scaling_key(layer: LayerShape, primitive: str | None) -> str:
+    """Which calibrated size scaling (MachineProfile.cpu_scaling) a CPU layer follows."""
+    if layer.kind == "conv":
+        return str(primitive)
+    return "maxpool" if layer.kind == "maxpool" else "elementwise"
 
 
 def other_work(layer: LayerShape) -> Work:
@@ -157,6 +205,7 @@ def cpu_seconds(work: Work, machine: MachineProfile) -> float:
         + work.kernel_fft_flops / r("kernel_fft_flops_per_s")
         + madd_s
         + work.direct_flops / r("direct_flops_per_s")
+        + work.gather_bytes / r("gather_bytes_per_s")
         + work.memory_bytes / r("memory_bytes_per_s")
         + work.calls * r("layer_overhead_s")
     )
@@ -168,7 +217,7 @@ def gpu_seconds(work: Work, gpu: GpuProfile) -> float:
     return (
         (work.fft_flops + work.kernel_fft_flops) / gpu.fft_flops_per_s
         + madd_s
-        + work.direct_flops / gpu.direct_flops_per_s
+        + work.direct_flops / gpu.direct_flops_per_s  # cuDNN: no column buffers (gather_bytes)
         + work.memory_bytes / gpu.memory_bytes_per_s
         + work.calls * gpu.layer_overhead_s
     )
@@ -196,7 +245,8 @@ def layer_seconds(
         if machine.gpu is None:
             raise ValueError(f"machine profile {machine.name!r} has no GPU to cost layer on")
         return gpu_seconds(work, machine.gpu)
-    return cpu_seconds(work, machine)
+    scale = machine.scaling(scaling_key(layer, primitive), working_set_bytes(layer))
+    return cpu_seconds(work, machine) * scale
 
 
 def transfer_seconds(nbytes: float, gpu: GpuProfile) -> float:

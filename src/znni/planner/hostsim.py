@@ -15,12 +15,17 @@ from collections import OrderedDict
 from collections.abc import Hashable
 from math import prod
 
-from znni.planner.costs import COMPLEX_BYTES, FLOAT_BYTES, fft_shape, spectrum_points
+from znni.planner.costs import (
+    COMPLEX_BYTES,
+    FLOAT_BYTES,
+    RECOMPUTE_BYTES,
+    WORK_BYTES,
+    fft_shape,
+    spectrum_points,
+)
 from znni.planner.network import LayerShape
 from znni.planner.tiles import fft_tiles, padded_input_bytes, tiled_layer
 
-WORK_BYTES = 2**29  # fft_conv3d work_bytes: sample chunk bound
-RECOMPUTE_BYTES = 2**27  # fft_conv3d recompute_bytes and kernel_spectra chunk
 SLAB_BYTES = 2**23  # direct_conv3d slab_bytes
 
 

@@ -12,6 +12,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
+from math import log
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ DEFAULT_CPU_RATES: dict[str, float] = {
     "madd_flops_per_s": 60e9,  # complex frequency-domain matmul, compute-bound (S > 1)
     "madd_bytes_per_s": 15e9,  # the same, memory-bound at S = 1 (spectra read once)
     "direct_flops_per_s": 40e9,  # direct conv as GEMMs
+    "gather_bytes_per_s": 30e9,  # direct conv: filling and reading the column buffers
     "memory_bytes_per_s": 10e9,  # element-wise passes: crop, bias, activation, MPF
     "layer_overhead_s": 2e-4,  # fixed cost per layer call (Python, planning lookups)
 }
@@ -54,9 +56,26 @@ class MachineProfile:
     # Resident bytes of a process before any patch (interpreter, numpy, FFTW, weights excluded).
     base_rss_bytes: int = 150 * 2**20
     calibrated: bool = False
+    # Per CPU primitive ("direct", "fft-keep", "fft-recompute", "maxpool", "elementwise"):
+    # measured / modelled time at the smallest and largest calibrated working set,
+    # ((bytes_lo, factor_lo), (bytes_hi, factor_hi)). Caches make small layers faster
+    # per unit of work than big ones, which one set of rates cannot express.
+    cpu_scaling: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
 
     def rate(self, key: str) -> float:
         return float(self.cpu_rates.get(key, DEFAULT_CPU_RATES[key]))
+
+    def scaling(self, key: str, working_set_bytes: float) -> float:
+        """Calibrated time factor of primitive `key` at a working set: linear in
+        log(bytes) between the calibrated ends, constant beyond them, 1 if uncalibrated."""
+        points = self.cpu_scaling.get(key)
+        if not points:
+            return 1.0
+        (b0, f0), (b1, f1) = points[0], points[-1]
+        if b1 <= b0:
+            return float(f0)
+        u = (log(max(working_set_bytes, 1.0)) - log(b0)) / (log(b1) - log(b0))
+        return float(f0 + min(1.0, max(0.0, u)) * (f1 - f0))
 
     @property
     def gpu(self) -> GpuProfile | None:
@@ -89,6 +108,7 @@ class MachineProfile:
             gpus = tuple(GpuProfile(**g) for g in d.get("gpus", []))
         except TypeError as e:
             raise ValueError(f"machine profile has a malformed GPU entry ({e})") from e
+        scaling = _scaling_from_json(d.get("cpu_scaling", {}))
         cores, memory = int(d["cores"]), int(d["memory_bytes"])
         if cores < 1 or memory < 1:
             raise ValueError(f"machine profile needs cores >= 1 and memory_bytes >= 1, "
@@ -101,6 +121,7 @@ class MachineProfile:
             gpus=gpus,
             base_rss_bytes=int(d.get("base_rss_bytes", 150 * 2**20)),
             calibrated=bool(d.get("calibrated", False)),
+            cpu_scaling=scaling,
         )
 
     def save(self, path: str | Path) -> None:
@@ -146,6 +167,24 @@ class MachineProfile:
 
             profile = calibrated_profile(profile, measure=bool(calibrate))
         return profile
+
+
+def _scaling_from_json(d: Any) -> dict[str, tuple[tuple[float, float], ...]]:
+    """Validate cpu_scaling: {primitive: [[bytes, factor], [bytes, factor]]}, factors > 0."""
+    if not isinstance(d, dict):
+        raise ValueError(f"machine profile cpu_scaling must be an object, found {d!r}")
+    out = {}
+    for key, points in d.items():
+        try:
+            pts = tuple((float(b), float(f)) for b, f in points)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"machine profile cpu_scaling[{key!r}] must be [[bytes, factor], "
+                             f"...], found {points!r}") from e
+        if not pts or any(b <= 0 or f <= 0 for b, f in pts):
+            raise ValueError(f"machine profile cpu_scaling[{key!r}] needs positive bytes and "
+                             f"factors, found {points!r}")
+        out[str(key)] = pts
+    return out
 
 
 def shipped_profiles() -> list[str]:

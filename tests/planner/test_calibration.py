@@ -1,0 +1,121 @@
+"""Calibration: fitted rates and size scaling, the profile's scaling lookup, and the cache."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from znni.planner import calibrate
+from znni.planner.costs import Work, cpu_seconds, layer_seconds, working_set_bytes
+from znni.planner.machine import DEFAULT_CPU_RATES, MachineProfile
+from znni.planner.network import LayerShape
+
+
+def _profile(**kw) -> MachineProfile:  # type: ignore[no-untyped-def]
+    return MachineProfile(name="t", cores=2, memory_bytes=2**34, **kw)
+
+
+def test_scaling_is_linear_in_log_bytes_and_clamped() -> None:
+    prof = _profile(cpu_scaling={"direct": ((1e3, 1.0), (1e9, 4.0))})
+    assert prof.scaling("direct", 1e3) == pytest.approx(1.0)
+    assert prof.scaling("direct", 1e9) == pytest.approx(4.0)
+    assert prof.scaling("direct", 1e6) == pytest.approx(2.5)  # halfway in log10: 3 .. 9
+    assert prof.scaling("direct", 10.0) == pytest.approx(1.0)  # below: the small end
+    assert prof.scaling("direct", 1e12) == pytest.approx(4.0)  # beyond: the big end
+    assert prof.scaling("fft-keep", 1e6) == 1.0  # not calibrated: the model as is
+
+
+def test_layer_seconds_applies_the_primitive_scaling() -> None:
+    sh = LayerShape(0, "conv", 1, 8, (20, 20, 20), 1, 8, (18, 18, 18), (3, 3, 3))
+    plain = _profile()
+    scaled = _profile(cpu_scaling={"direct": ((1.0, 3.0), (2.0, 3.0))})
+    t = layer_seconds(sh, "direct", plain)
+    assert layer_seconds(sh, "direct", scaled) == pytest.approx(3 * t)
+    assert layer_seconds(sh, "fft-keep", scaled) == pytest.approx(
+        layer_seconds(sh, "fft-keep", plain))
+    assert working_set_bytes(sh) == 4 * 8 * (20**3 + 18**3)
+
+
+def test_direct_counts_its_column_gather() -> None:
+    sh = LayerShape(0, "conv", 2, 5, (9, 9, 9), 2, 3, (7, 7, 7), (3, 3, 3))
+    plain = _profile()
+    t = layer_seconds(sh, "direct", plain)
+    gather_bytes = 2 * 4 * (2 * 5 * 27 * 7**3)  # write and read f*k^3 floats per output
+    slow = _profile(cpu_rates={**DEFAULT_CPU_RATES, "gather_bytes_per_s": 1e9})
+    expect = t + gather_bytes / 1e9 - gather_bytes / DEFAULT_CPU_RATES["gather_bytes_per_s"]
+    assert layer_seconds(sh, "direct", slow) == pytest.approx(expect)
+    pointwise = LayerShape(0, "conv", 2, 5, (9, 9, 9), 2, 3, (9, 9, 9), (1, 1, 1))
+    assert layer_seconds(pointwise, "direct", slow) == pytest.approx(
+        layer_seconds(pointwise, "direct", plain))  # 1x1x1 reads the input in place
+
+
+def test_profile_round_trips_scaling_and_refuses_malformed() -> None:
+    prof = _profile(cpu_scaling={"maxpool": ((1e6, 0.8), (1e8, 2.0))})
+    back = MachineProfile.from_dict(json.loads(json.dumps(prof.to_dict())))
+    assert back.scaling("maxpool", 1e7) == pytest.approx(prof.scaling("maxpool", 1e7))
+    for bad in ([[1e6, -1.0]], "x", [[1, 2, 3]], []):
+        with pytest.raises(ValueError, match="cpu_scaling"):
+            MachineProfile.from_dict({**prof.to_dict(), "cpu_scaling": {"direct": bad}})
+
+
+def test_fit_recovers_rates_and_a_log_linear_scaling() -> None:
+    """Synthetic rows made from known rates and a known factor a + b*ln(ws): the fit finds both."""
+    truth = {**DEFAULT_CPU_RATES, "fft_flops_per_s": 7e9, "direct_flops_per_s": 90e9}
+    rows = []
+    for i, ws in enumerate((1e5, 1e6, 1e7, 1e8)):
+        for key, work in (
+            ("direct", Work(direct_flops=1e9 * (i + 1), gather_bytes=1e8, memory_bytes=1e7)),
+            ("fft-keep", Work(fft_flops=2e9 * (i + 1), madd_flops=1e9, madd_bytes=1e8,
+                              memory_bytes=1e7 * (4 - i))),
+        ):
+            factor = 1.0 if key == "direct" else 0.5 + 0.1 * math.log(ws)
+            t = cpu_seconds(work, _profile(cpu_rates=truth)) * factor
+            rows.append((key, work, t, int(ws)))
+    rates = calibrate.fit_rates([(w, t) for _, w, t, _ in rows], dict(DEFAULT_CPU_RATES))
+    scaling = calibrate.fit_scaling(rows, rates)
+    fitted = _profile(cpu_rates=rates, cpu_scaling={k: tuple(map(tuple, v))
+                                                    for k, v in scaling.items()})
+    for key, work, t, ws in rows:
+        pred = cpu_seconds(work, fitted) * fitted.scaling(key, ws)
+        assert pred == pytest.approx(t, rel=0.15), (key, ws, pred, t)
+    lo, hi = scaling["fft-keep"][0][1], scaling["fft-keep"][-1][1]
+    assert hi / lo == pytest.approx((0.5 + 0.1 * math.log(1e8)) / (0.5 + 0.1 * math.log(1e5)),
+                                    rel=0.1)
+
+
+def test_quick_calibration_on_this_machine_and_the_cache(tmp_path, monkeypatch) -> None:
+    """A real (quick) calibration gives positive rates and a scaling for every primitive;
+    a cached calibration is read back without measuring, an outdated one is not used."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    base = _profile()
+    quick = calibrate.calibrated_profile(base, quick=True)
+    assert quick.calibrated
+    assert all(np.isfinite(v) and v > 0 for v in quick.cpu_rates.values())
+    assert set(quick.cpu_scaling) == {"direct", "fft-keep", "fft-recompute", "maxpool"}
+    assert not calibrate.cache_path(2).exists()  # quick runs are never cached
+
+    path = calibrate.cache_path(2)
+    path.parent.mkdir(parents=True)
+    stored = {"version": calibrate.CACHE_VERSION, "cpu_rates": quick.cpu_rates,
+              "cpu_scaling": {k: [list(p) for p in v] for k, v in quick.cpu_scaling.items()},
+              "base_rss_bytes": 12345}
+    path.write_text(json.dumps(stored))
+    cached = calibrate.calibrated_profile(base, measure=False)
+    assert cached.calibrated and cached.base_rss_bytes == 12345
+    assert cached.cpu_scaling == quick.cpu_scaling
+    path.write_text(json.dumps({**stored, "version": calibrate.CACHE_VERSION - 1}))
+    assert calibrate.calibrated_profile(base, measure=False) == replace(base)
+
+
+def test_cache_file_follows_a_blas_override(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("OPENBLAS_CORETYPE", raising=False)
+    plain = calibrate.cache_path(2)
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
+    forced = calibrate.cache_path(2)
+    assert plain != forced and forced.name.endswith("-blas-haswell.json")
+    assert plain.parent == forced.parent == tmp_path / "znni"
