@@ -17,16 +17,24 @@ import json
 import subprocess
 import sys
 import time
-from dataclasses import replace
+from math import prod
 from pathlib import Path
 
 import numpy as np
 
 from znni.engine.units import parse_bytes
+from znni.planner.costs import layer_seconds
 from znni.planner.machine import MachineProfile
+from znni.planner.memory import (
+    layer_memory,
+    pass_peak_bytes,
+    weights_bytes,
+    workspace_cache_bytes,
+)
 from znni.planner.network import network_shapes_only
 from znni.planner.plan import Plan, make_plan
-from znni.planner.search import evaluate
+from znni.planner.search import build, evaluate
+from znni.planner.stages import Stage, fused
 
 NETS = Path(__file__).resolve().parent / "networks"
 
@@ -39,7 +47,7 @@ def child(args: argparse.Namespace) -> None:
     """Run `patches` dense passes of a plan; print JSON with peak RSS and seconds per patch."""
     from znni.primitives.base import Conv
     from znni.primitives.cpu import CpuBackend
-    from znni.primitives.dense import dense_forward
+    from znni.primitives.dense import dense_forward, forward_range, fuse_activations
 
     plan = Plan.from_dict(json.loads(Path(args.plan).read_text()))
     net = network(plan.network)
@@ -58,26 +66,35 @@ def child(args: argparse.Namespace) -> None:
         workspace_bytes=plan.workspace_cache_bytes,
         persist_choices=False,
     )
-    times = []
+    times, layer_s = [], [0.0] * len(ops)
     for _ in range(args.patches):
         x = rng.random((plan.batch, 1, *plan.input_size), dtype=np.float32)
         t0 = time.perf_counter()
         y = dense_forward(ops, x, backend, plan.primitives)
         times.append(time.perf_counter() - t0)
         del x, y
+    if not args.no_layers:  # one more pass op by op (activations fused into their conv)
+        x = rng.random((plan.batch, 1, *plan.input_size), dtype=np.float32)
+        for i, _, act in fuse_activations(ops):
+            t0 = time.perf_counter()
+            x, _ = forward_range(ops, x, backend, plan.primitives, i, i + (2 if act else 1))
+            layer_s[i] = time.perf_counter() - t0
+        del x
     hwm = next(
         int(line.split()[1]) * 1024
         for line in open("/proc/self/status")
         if line.startswith("VmHWM")
     )
-    print(json.dumps({"peak_rss_bytes": hwm, "seconds": times}))
+    print(json.dumps({"peak_rss_bytes": hwm, "seconds": times, "layer_seconds": layer_s}))
 
 
-def measure(plan: Plan, patches: int) -> dict:
+def measure(plan: Plan, patches: int, layers: bool = False) -> dict:
+    """Seconds of `patches` passes (and, with `layers`, of each op in one more pass)."""
     path = Path("/tmp") / f"znni-plan-{plan.network}-{plan.input_size[0]}.json"
     path.write_text(json.dumps(plan.to_dict()))
     out = subprocess.run(
-        [sys.executable, __file__, "child", "--plan", str(path), "--patches", str(patches)],
+        [sys.executable, __file__, "child", "--plan", str(path), "--patches", str(patches)]
+        + ([] if layers else ["--no-layers"]),
         capture_output=True,
         text=True,
     )
@@ -117,43 +134,64 @@ def timing(machine: MachineProfile, limit: int) -> None:
         except ValueError as e:  # e.g. n537's smallest patch needs more than the limit
             print(f"{name} | skipped: {e}")
             continue
-        got = measure(plan, 3)
+        got = measure(plan, 3, layers=True)
         t = min(got["seconds"][1:])
         print(
             f"{name} | {plan.input_size[0]:5d} | {plan.predicted_patch_s:11.2f} | "
             f"{t:10.2f} | {t / plan.predicted_patch_s:.2f}"
         )
+        for lp, s in zip(plan.layers, got["layer_seconds"], strict=True):
+            if lp.predicted_s or s > 0.01:
+                print(f"    op {lp.index:2d} {lp.kind:8s} {lp.primitive or '':14s} "
+                      f"predicted {lp.predicted_s:8.3f} s  measured {s:8.3f} s")
+
+
+def forced(net, machine: MachineProfile, chosen: Plan, prims: tuple, limit: int) -> Plan | None:  # type: ignore[no-untyped-def]
+    """The chosen patch with these conv primitives, costed like the planner costs its own
+    plans; None when it does not fit `limit` (an alternative must obey the same limit)."""
+    shapes = net.layer_shapes(chosen.input_size, chosen.batch)
+    fixed = machine.base_rss_bytes + weights_bytes(shapes)
+    budget = limit - fixed - 2 * shapes[-1].out_bytes
+    ws = workspace_cache_bytes(budget)
+    peak, per_layer = pass_peak_bytes(shapes, list(prims), threads=machine.cores,
+                                      fixed_bytes=fixed, workspace_bytes=ws)
+    if peak > limit:
+        return None
+    kept = sum(layer_memory(sh, q).kept_bytes for sh, q in zip(shapes, prims, strict=True))
+    seconds = [0.0 if fused(shapes, i) else
+               layer_seconds(sh, q, machine, spectra_budget=kept if q == "fft-keep" else None)
+               for i, (sh, q) in enumerate(zip(shapes, prims, strict=True))]
+    stage = Stage("cpu", tuple(shapes), tuple(prims), tuple(seconds), tuple(per_layer))
+    return build(net, machine, "cpu", shapes, None, [stage], stage.seconds, peak, 0,
+                 shapes[-1].batch_out * prod(shapes[-1].size_out), limit, 0)
+
+
+def alternatives(net, machine: MachineProfile, chosen: Plan, limit: int) -> list[Plan]:  # type: ignore[no-untyped-def]
+    """Other patch sizes (the planner's best at each), then the chosen patch with every conv
+    forced to one primitive, then with single layers flipped; all within `limit`."""
+    n0, p = chosen.input_size[0], max(net.pool_product)
+    alts = [plan_at(net, machine, n, limit) for n in (n0 - 3 * p, n0 - 2 * p, n0 - p)
+            if n > net.fov[0]]
+    candidates = [tuple(q if c else None for c in chosen.primitives)
+                  for q in ("direct", "fft-recompute", "fft-keep")]
+    for i, q in enumerate(chosen.primitives):
+        for other in ("direct", "fft-recompute", "fft-keep"):
+            if q and other != q:
+                candidates.append(chosen.primitives[:i] + (other,) + chosen.primitives[i + 1:])
+    for prims in candidates:
+        if len(alts) >= 8:
+            break
+        plan = forced(net, machine, chosen, prims, limit)
+        if plan is not None and prims != chosen.primitives:
+            alts.append(plan)
+    return alts
 
 
 def regret(machine: MachineProfile, limit: int) -> None:
     for name in ("n337", "n726"):
         net = network(name)
         chosen = make_plan(net, machine=machine, device="cpu", memory_limit_bytes=limit)
-        n0 = chosen.input_size[0]
-        p = max(net.pool_product)
-        alts = [
-            plan_at(net, machine, n, limit)
-            for n in (n0 - 3 * p, n0 - 2 * p, n0 - p)
-            if n > net.fov[0]
-        ]
-        for forced in ("direct", "fft-recompute", "fft-keep"):
-            prims = tuple(forced if q else None for q in chosen.primitives)
-            alts.append(
-                replace(
-                    chosen,
-                    primitives=prims,
-                    spectra_cache_bytes=4 * 2**30 if forced == "fft-keep" else 0,
-                )
-            )
-        for i, q in enumerate(chosen.primitives):  # flip the heaviest layers one at a time
-            if q and len(alts) < 10 and i > 0:
-                other = "fft-recompute" if q != "fft-recompute" else "direct"
-                alts.append(
-                    replace(
-                        chosen,
-                        primitives=chosen.primitives[:i] + (other,) + chosen.primitives[i + 1 :],
-                    )
-                )
+        alts = alternatives(net, machine, chosen, limit)
         rows = []
         for label, plan in [("chosen", chosen)] + [(f"alt{i}", a) for i, a in enumerate(alts)]:
             got = measure(plan, 2)
@@ -162,11 +200,13 @@ def regret(machine: MachineProfile, limit: int) -> None:
             print(
                 f"{name} {label:6s} {plan.input_size[0]:4d} "
                 f"{','.join(x[:5] for x in plan.primitives if x):40s} "
-                f"pred {plan.predicted_voxels_per_second:9.0f} meas {vox:9.0f} vox/s",
+                f"pred {plan.predicted_voxels_per_second:9.0f} meas {vox:9.0f} vox/s "
+                f"peak {got['peak_rss_bytes'] / 2**30:5.2f} GiB",
                 flush=True,
             )
         best = max(v for _, _, v in rows)
-        print(f"{name}: chosen = {rows[0][2] / best:.2f} of the best measured ({len(alts)} alts)")
+        print(f"{name}: chosen = {rows[0][2] / best:.2f} of the best measured ({len(alts)} alts, "
+              f"all within {limit / 2**30:.2f} GiB)")
 
 
 def tight(machine: MachineProfile, limit: int) -> None:
@@ -186,6 +226,7 @@ def main() -> None:
     ap.add_argument("--limit", default="3GiB")
     ap.add_argument("--plan")
     ap.add_argument("--patches", type=int, default=2)
+    ap.add_argument("--no-layers", action="store_true", help="child: skip the op-by-op pass")
     args = ap.parse_args()
     if args.what == "child":
         child(args)
