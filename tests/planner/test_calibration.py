@@ -119,3 +119,23 @@ def test_cache_file_follows_a_blas_override(tmp_path, monkeypatch) -> None:
     forced = calibrate.cache_path(2)
     assert plain != forced and forced.name.endswith("-blas-haswell.json")
     assert plain.parent == forced.parent == tmp_path / "znni"
+
+
+def test_fft_products_follow_the_sample_and_channel_chunks() -> None:
+    """fft_conv3d runs one small GEMM per frequency, per sample chunk and, when recomputing,
+    per output-channel chunk of RECOMPUTE_BYTES: counted from its chunk arithmetic."""
+    from znni.planner import costs
+
+    small = LayerShape(0, "conv", 2, 4, (10, 10, 10), 2, 6, (8, 8, 8), (3, 3, 3))
+    nc = 10 * 10 * 6  # rfft of 10^3
+    assert costs.cpu_conv_work(small, "fft-keep").products == nc
+    assert costs.cpu_products(small, "fft-recompute") == nc  # (untiled) one chunk of each
+    big = LayerShape(0, "conv", 8, 80, (85, 85, 85), 8, 80, (77, 77, 77), (9, 9, 9))
+    spectrum_bytes = 80 * 88 * 88 * 45 * 8  # one output channel's Cin spectra at 88^3
+    per_sample = 160 * 88 * 88 * 45 * 8
+    oc = max(1, costs.RECOMPUTE_BYTES // spectrum_bytes)
+    samples = max(1, costs.WORK_BYTES // per_sample)
+    expect = -(-8 // samples) * -(-80 // oc) * 88 * 88 * 45
+    untiled = costs.conv_work(big, "fft-recompute")
+    assert untiled.products == 0  # the generic (GPU) count has no per-product cost
+    assert costs.cpu_products(big, "fft-recompute") == expect

@@ -32,17 +32,19 @@ log = logging.getLogger(__name__)
 
 # (S, f, f', k, n): first layers, deep layers at S = 1 and at fragment batches, and a few
 # output layers (f' = 3); in cache, then the same kinds at 50-400 MB working sets, and
-# 7^3 kernels (direct's column buffers grow with f*k^3).
+# 7^3 kernels (direct's column buffers grow with f*k^3), and few channels over many
+# frequencies (the multiply-add's per-frequency products dominate).
 FULL_SHAPES = ((1, 8, 8, 3, 20), (1, 1, 40, 3, 64), (1, 40, 40, 3, 40), (8, 40, 40, 3, 20),
                (1, 80, 80, 5, 32), (8, 32, 32, 5, 24), (64, 24, 24, 3, 12), (64, 80, 3, 3, 12),
                (1, 1, 80, 5, 112), (8, 80, 80, 3, 41), (1, 40, 40, 5, 64), (64, 80, 3, 3, 16),
-               (64, 80, 80, 3, 21), (1, 80, 80, 7, 36), (8, 80, 80, 7, 29))
+               (64, 80, 80, 3, 21), (1, 80, 80, 7, 36), (8, 80, 80, 7, 29), (1, 4, 4, 3, 64),
+               (1, 16, 16, 3, 64))
 QUICK_SHAPES = ((1, 1, 8, 3, 20), (1, 8, 8, 3, 16), (8, 8, 8, 3, 10), (8, 8, 2, 3, 12))
 # (S, C, n) of MPF with 2^3 windows, small to large
 FULL_POOLS = ((1, 8, 63), (8, 16, 31), (8, 80, 51), (1, 80, 143))
 QUICK_POOLS = ((1, 4, 31), (8, 4, 15))
 SPECTRA_BYTES = 2**31  # the calibration backend's spectra cache (decides fft-keep tiling)
-CACHE_VERSION = 5  # bump when the calibration changes meaning; older caches are re-measured
+CACHE_VERSION = 7  # bump when the calibration changes meaning; older caches are re-measured
 
 
 def cache_path(cores: int) -> Path:
@@ -70,7 +72,7 @@ def calibrated_profile(
                     **profile.to_dict(), "cpu_rates": cached["cpu_rates"],
                     "cpu_scaling": cached["cpu_scaling"],
                     "base_rss_bytes": int(cached["base_rss_bytes"]), "calibrated": True})
-            log.info("calibration cache %s is from an older znni; measuring again", path)
+            log.info("calibration cache %s is from an older znni; not using it", path)
         except (ValueError, KeyError, TypeError, OSError) as e:
             log.warning("ignoring unreadable calibration cache %s: %s", path, e)
     if not measure:
@@ -148,6 +150,7 @@ def _columns(work: Work, rates: dict[str, float]) -> list[float]:
             work.direct_flops / rates["direct_flops_per_s"],
             work.gather_bytes / rates["gather_bytes_per_s"],
             work.memory_bytes / rates["memory_bytes_per_s"],
+            work.products * rates["product_overhead_s"],
             work.calls * rates["layer_overhead_s"]]
 
 
@@ -174,7 +177,8 @@ def fit_rates(rows: list[tuple[Work, float]], start: dict[str, float]) -> dict[s
     for j, names in enumerate(keys):
         for name in names:
             rates[name] = float(start[name] / mult[j])
-    rates["layer_overhead_s"] = float(start["layer_overhead_s"] * mult[len(keys)])
+    for j, name in enumerate(("product_overhead_s", "layer_overhead_s"), start=len(keys)):
+        rates[name] = float(start[name] * mult[j])  # seconds per unit: scales the other way
     return rates
 
 

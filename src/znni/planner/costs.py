@@ -86,6 +86,7 @@ class Work:
     kernel_fft_flops: float = 0.0  # pruned kernel transforms
     madd_flops: float = 0.0  # frequency-domain multiply-add, 8 flops per complex madd
     madd_bytes: float = 0.0  # bytes that multiply-add streams (spectra read once per call)
+    products: float = 0.0  # per-frequency matrix products (numpy runs one small GEMM each)
     direct_flops: float = 0.0  # 2 flops per real multiply-add
     gather_bytes: float = 0.0  # direct conv: column buffers written, then read by the GEMM
     memory_bytes: float = 0.0  # element-wise traffic: crop, bias, activation, MPF, copies
@@ -153,6 +154,19 @@ def cpu_madd_bytes(layer: LayerShape, primitive: str) -> float:
     return float((spectra + 2 * s * (f * channel_chunks + g)) * nc * COMPLEX_BYTES)
 
 
+def cpu_products(layer: LayerShape, primitive: str) -> float:
+    """Small matrix products fft_conv3d's multiply-add dispatches: one per frequency, per
+    sample chunk and per output-channel chunk. With few channels per chunk their fixed cost
+    outweighs the flops (n926's 9^3 layer at 85^3: 15 M products of (3, 80) @ (80, 7))."""
+    f, g = layer.channels_in, layer.channels_out
+    nc = spectrum_points(fft_shape(layer.size_in))
+    channel_chunks = 1
+    if primitive == "fft-recompute":
+        oc = max(1, min(g, RECOMPUTE_BYTES // max(1, f * nc * COMPLEX_BYTES)))
+        channel_chunks = -(-g // oc)
+    return float(sample_chunks(layer) * channel_chunks * nc)
+
+
 def cpu_conv_work(layer: LayerShape, primitive: str, spectra_budget: int | None = None) -> Work:
     """Work of a conv on CpuBackend: FFT primitives run over the overlap-save tiles the
     backend picks (tiles.py), plus the split and join copies. `spectra_budget`: the
@@ -165,7 +179,8 @@ def cpu_conv_work(layer: LayerShape, primitive: str, spectra_budget: int | None 
     m = fft_tiles(layer, primitive, spectra_budget)
     tiled = tiled_layer(layer, m)
     work = conv_work(tiled, primitive)
-    work = replace(work, madd_bytes=cpu_madd_bytes(tiled, primitive))
+    work = replace(work, madd_bytes=cpu_madd_bytes(tiled, primitive),
+                   products=cpu_products(tiled, primitive))
     if primitive == "fft-recompute":
         # fft_conv3d transforms samples in chunks of WORK_BYTES of spectra and recomputes
         # every kernel spectrum once per chunk, not once per call
@@ -207,6 +222,7 @@ def cpu_seconds(work: Work, machine: MachineProfile) -> float:
         + work.direct_flops / r("direct_flops_per_s")
         + work.gather_bytes / r("gather_bytes_per_s")
         + work.memory_bytes / r("memory_bytes_per_s")
+        + work.products * r("product_overhead_s")
         + work.calls * r("layer_overhead_s")
     )
 
