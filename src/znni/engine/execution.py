@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -23,9 +24,12 @@ BACKEND_ENV = "ZNNI_BACKEND"  # overrides the CPU backend's name (e.g. "referenc
 STANDIN_MEMORY_BYTES = 2**30  # the stand-in device's memory cap when no plan sets one
 PLAN_BUDGET_QUANTUM_BYTES = 64 * 2**20  # budgets are planned in whole 64 MiB steps
 PLAN_CACHE_ENTRIES = 64  # plans are small frozen values; bounded by count
+MACHINE_TTL_S = 30.0  # a server re-detects this machine at most this often
 
 _PLANS: OrderedDict[tuple, Any] = OrderedDict()
 _PLAN_LOCK = threading.Lock()
+_MACHINE_LOCK = threading.Lock()
+_MACHINE: dict[tuple, tuple[float, Any]] = {}  # environment key -> (detected at, profile)
 
 
 @dataclass(frozen=True)
@@ -62,14 +66,26 @@ def check_device(device: str) -> None:
 
 
 def planning_machine() -> Any:
-    """This machine as the planner sees it: cached calibration, never measured here."""
+    """This machine as the planner sees it: cached calibration, never measured here.
+
+    Detection (CUDA devices via an import of CuPy, the calibration file, free memory) is
+    reused for MACHINE_TTL_S per environment, so a server validating a burst of
+    submissions does not repeat it for each.
+    """
     from znni.planner.machine import GpuProfile, MachineProfile
 
-    machine = MachineProfile.detect(calibrate=None)
-    if standin_requested() and machine.gpu is None:
-        standin = GpuProfile(name="numpy stand-in", memory_bytes=STANDIN_MEMORY_BYTES)
-        machine = replace(machine, gpus=(standin,))
-    return machine
+    env = tuple(os.environ.get(k) for k in (STANDIN_ENV, "XDG_CACHE_HOME", "OPENBLAS_CORETYPE"))
+    now = time.monotonic()
+    with _MACHINE_LOCK:
+        hit = _MACHINE.get(env)
+        if hit is not None and now - hit[0] < MACHINE_TTL_S:
+            return hit[1]
+        machine = MachineProfile.detect(calibrate=None)
+        if standin_requested() and machine.gpu is None:
+            standin = GpuProfile(name="numpy stand-in", memory_bytes=STANDIN_MEMORY_BYTES)
+            machine = replace(machine, gpus=(standin,))
+        _MACHINE[env] = (now, machine)
+        return machine
 
 
 def plan_job(network: Network, device: str, budget_bytes: int, region: Triple) -> Any:
