@@ -125,9 +125,10 @@ def memory(machine: MachineProfile, limit: int) -> None:
             )
 
 
-def timing(machine: MachineProfile, limit: int) -> None:
+def timing(machine: MachineProfile, limit: int,
+           nets: tuple[str, ...] = ("n337", "n537", "n726", "n926")) -> None:
     print("net  | input | predicted s | measured s (min of 2 after warm-up) | ratio")
-    for name in ("n337", "n537", "n726", "n926"):
+    for name in nets:
         try:
             plan = make_plan(network(name), machine=machine, device="cpu",
                              memory_limit_bytes=limit)
@@ -187,8 +188,8 @@ def alternatives(net, machine: MachineProfile, chosen: Plan, limit: int) -> list
     return alts
 
 
-def regret(machine: MachineProfile, limit: int) -> None:
-    for name in ("n337", "n726"):
+def regret(machine: MachineProfile, limit: int, nets: tuple[str, ...] = ("n337", "n726")) -> None:
+    for name in nets:
         net = network(name)
         chosen = make_plan(net, machine=machine, device="cpu", memory_limit_bytes=limit)
         alts = alternatives(net, machine, chosen, limit)
@@ -227,13 +228,18 @@ def main() -> None:
     ap.add_argument("--plan")
     ap.add_argument("--patches", type=int, default=2)
     ap.add_argument("--no-layers", action="store_true", help="child: skip the op-by-op pass")
+    ap.add_argument("--nets", help="time / regret: networks, comma-separated "
+                    "(default: all four / n337,n726)")
     args = ap.parse_args()
     if args.what == "child":
         child(args)
         return
     machine = MachineProfile.detect()
     limit = parse_bytes(args.limit)
-    {"memory": memory, "time": timing, "regret": regret, "limit": tight}[args.what](machine, limit)
+    if args.what in ("time", "regret") and args.nets:
+        {"time": timing, "regret": regret}[args.what](machine, limit, tuple(args.nets.split(",")))
+        return
+    {"memory": memory, "time": timing, "limit": tight}[args.what](machine, limit)
 
 
 if __name__ == "__main__":
