@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import tracemalloc
 from typing import Any
+
+import numpy as np
 
 from znni.planner.network import Network, network_shapes_only
 
@@ -34,3 +37,28 @@ def znni_spec(name: str, maps: int = 80) -> dict[str, Any]:
 
 def znni_network(name: str) -> Network:
     return network_shapes_only(znni_spec(name), name)
+
+
+def traced_peak_bytes(net: Network, backend: Any, prims: list[str | None],
+                      size: tuple[int, int, int], seed: int) -> int:
+    """Peak bytes tracemalloc sees over two dense patches of `net` with random weights (the
+    second starts with warm caches, like a real sweep); closes `backend`."""
+    from znni.primitives.dense import dense_forward
+
+    rng = np.random.default_rng(seed)
+    ops = [
+        type(op)(rng.standard_normal(op.weight.shape, dtype=np.float32),
+                 np.zeros(op.out_channels, np.float32)) if hasattr(op, "weight") else op
+        for op in net.ops
+    ]
+    tracemalloc.start()
+    try:
+        for _ in range(2):
+            x = rng.standard_normal((1, net.in_channels, *size), dtype=np.float32)
+            y = dense_forward(ops, x, backend, prims)
+            del x, y
+        _, measured = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        backend.close()
+    return measured

@@ -3,15 +3,12 @@ buffers), on small networks: every primitive, several channels, anisotropic kern
 
 from __future__ import annotations
 
-import tracemalloc
-
-import numpy as np
 import pytest
+from planner_nets import traced_peak_bytes
 
 from znni.planner.hostsim import simulate_pass
 from znni.planner.memory import layer_memory
 from znni.planner.network import network_shapes_only
-from znni.primitives.dense import dense_forward
 
 pytest.importorskip("pyfftw")
 
@@ -52,22 +49,7 @@ def test_replayed_peak_matches_tracemalloc(choice: tuple[str, ...], workspace_by
                                                                       strict=True))
     backend = CpuBackend(threads=1, fft_effort="FFTW_ESTIMATE", spectra_cache_bytes=spectra_bytes,
                          workspace_bytes=workspace_bytes, persist_choices=False)
-    rng = np.random.default_rng(1)
-    ops = [
-        type(op)(np.ascontiguousarray(rng.standard_normal(op.weight.shape, dtype=np.float32)),
-                 np.zeros(op.out_channels, np.float32)) if hasattr(op, "weight") else op
-        for op in net.ops
-    ]
-    tracemalloc.start()
-    try:
-        for _ in range(2):  # the second patch starts with warm caches, like a real sweep
-            x = rng.standard_normal((1, 2, *size), dtype=np.float32)
-            y = dense_forward(ops, x, backend, prims)
-            del x, y
-        _, measured = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-        backend.close()
+    measured = traced_peak_bytes(net, backend, prims, size, seed=1)
     # At these tiny shapes (a few MB) cached FFT workspaces weigh more than at patch scale,
     # where benchmarks/planner.py measures peak RSS within a few percent.
     assert 0.8 <= predicted / measured <= 1.2, (predicted, measured)

@@ -3,17 +3,14 @@ backend's own tiling model, and the replayed peak matches tracemalloc of a real 
 
 from __future__ import annotations
 
-import tracemalloc
-
-import numpy as np
 import pytest
+from planner_nets import traced_peak_bytes
 
 from znni.planner.costs import conv_work, cpu_conv_work
 from znni.planner.hostsim import simulate_pass
 from znni.planner.memory import layer_memory
 from znni.planner.network import network_shapes_only
 from znni.planner.tiles import fft_tiles, padded_input_bytes, tiled_layer
-from znni.primitives.dense import dense_forward
 
 pytest.importorskip("pyfftw")
 
@@ -46,22 +43,7 @@ def test_tiled_fft_peak_matches_tracemalloc(prim: str) -> None:
     untiled = sum(sh.in_bytes + sh.out_bytes for sh in shapes)
     backend = CpuBackend(threads=1, fft_effort="FFTW_ESTIMATE", spectra_cache_bytes=spectra,
                          workspace_bytes=2**30, persist_choices=False)
-    rng = np.random.default_rng(3)
-    ops = [
-        type(op)(rng.standard_normal(op.weight.shape, dtype=np.float32),
-                 np.zeros(op.out_channels, np.float32)) if hasattr(op, "weight") else op
-        for op in net.ops
-    ]
-    tracemalloc.start()
-    try:
-        for _ in range(2):
-            x = rng.standard_normal((1, 5, *SIZE), dtype=np.float32)
-            y = dense_forward(ops, x, backend, prims)
-            del x, y
-        _, measured = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-        backend.close()
+    measured = traced_peak_bytes(net, backend, prims, SIZE, seed=3)
     assert measured > untiled  # tiles, copies and workspaces really cost memory
     assert 0.85 <= predicted / measured <= 1.15, (predicted, measured)
 

@@ -139,6 +139,17 @@ def sample_chunks(layer: LayerShape) -> int:
     return -(-layer.batch_in // chunk)
 
 
+def output_channel_chunks(layer: LayerShape, primitive: str) -> int:
+    """fft_conv3d's output-channel chunks: kept spectra come whole; recomputed ones are made
+    RECOMPUTE_BYTES of channels at a time (its `oc` arithmetic)."""
+    if primitive != "fft-recompute":
+        return 1
+    f, g = layer.channels_in, layer.channels_out
+    nc = spectrum_points(fft_shape(layer.size_in))
+    oc = max(1, min(g, RECOMPUTE_BYTES // max(1, f * nc * COMPLEX_BYTES)))
+    return -(-g // oc)
+
+
 def cpu_madd_bytes(layer: LayerShape, primitive: str) -> float:
     """Bytes fft_conv3d's multiply-add streams, following its loops: per sample chunk the
     kernel spectra are read once (kept) or made RECOMPUTE_BYTES of output channels at a
@@ -146,10 +157,7 @@ def cpu_madd_bytes(layer: LayerShape, primitive: str) -> float:
     and outputs pass twice (freq_product's transposing copies)."""
     f, g, s = layer.channels_in, layer.channels_out, layer.batch_in
     nc = spectrum_points(fft_shape(layer.size_in))
-    channel_chunks = 1
-    if primitive == "fft-recompute":
-        oc = max(1, min(g, RECOMPUTE_BYTES // max(1, f * nc * COMPLEX_BYTES)))
-        channel_chunks = -(-g // oc)
+    channel_chunks = output_channel_chunks(layer, primitive)
     spectra = sample_chunks(layer) * f * g * (1 if primitive == "fft-keep" else 2)
     return float((spectra + 2 * s * (f * channel_chunks + g)) * nc * COMPLEX_BYTES)
 
@@ -158,13 +166,8 @@ def cpu_products(layer: LayerShape, primitive: str) -> float:
     """Small matrix products fft_conv3d's multiply-add dispatches: one per frequency, per
     sample chunk and per output-channel chunk. With few channels per chunk their fixed cost
     outweighs the flops (n926's 9^3 layer at 85^3: 15 M products of (3, 80) @ (80, 7))."""
-    f, g = layer.channels_in, layer.channels_out
     nc = spectrum_points(fft_shape(layer.size_in))
-    channel_chunks = 1
-    if primitive == "fft-recompute":
-        oc = max(1, min(g, RECOMPUTE_BYTES // max(1, f * nc * COMPLEX_BYTES)))
-        channel_chunks = -(-g // oc)
-    return float(sample_chunks(layer) * channel_chunks * nc)
+    return float(sample_chunks(layer) * output_channel_chunks(layer, primitive) * nc)
 
 
 def cpu_conv_work(layer: LayerShape, primitive: str, spectra_budget: int | None = None) -> Work:

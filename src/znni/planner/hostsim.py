@@ -195,20 +195,16 @@ def direct_bytes(sh: LayerShape, threads: int, slab_bytes: int = SLAB_BYTES) -> 
     column buffer (Cin*k^3, L) (none for 1^3 kernels) and a GEMM result (Cout, L).
 
     Closed form of primitives/cpu/direct_conv.direct_bytes (which lists every block; too slow
-    inside the search): the largest block is the first, (zb, yb) by the same rule as its
-    `_blocks`. tests/planner/test_planner_tiling.py checks the two agree."""
+    inside the search): the largest block is the first, shaped by its `block_shape`.
+    tests/planner/test_planner_tiling.py checks the two agree."""
+    from znni.primitives.cpu.direct_conv import block_columns, block_shape  # pyFFTW lazily
+
     s, cin, cout = sh.batch_in, sh.channels_in, sh.channels_out
     _, ny, nx = sh.size_in
     oz, oy, ox = sh.size_out
     depth = cin * prod(sh.kernel)
-    rows = max(1, max(1, slab_bytes // (max(1, depth) * FLOAT_BYTES)) // nx)
-    if rows >= ny:
-        zb, yb = max(1, min(oz, rows // ny)), oy
-        while zb > 1 and s * -(-oz // zb) < 2 * threads:
-            zb = (zb + 1) // 2
-    else:
-        zb, yb = 1, min(oy, rows)
-    cap = (zb - 1) * ny * nx + (yb - 1) * nx + ox  # L of the largest block
+    zb, yb = block_shape(s, sh.size_out, sh.size_in, depth, slab_bytes, threads)
+    cap = block_columns(zb, yb, ny, nx, ox)  # L of the largest block
     blocks = s * -(-oz // zb) * -(-oy // yb)
     per_worker = (cout + (depth if prod(sh.kernel) > 1 else 0)) * cap * FLOAT_BYTES
     return sh.out_bytes + min(threads, blocks) * per_worker

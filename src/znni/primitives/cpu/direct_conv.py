@@ -42,6 +42,29 @@ def block_columns(zb: int, yb: int, ny: int, nx: int, ox: int) -> int:
     return (zb - 1) * ny * nx + (yb - 1) * nx + ox
 
 
+def block_shape(
+    s: int,
+    out: tuple[int, int, int],
+    n: tuple[int, int, int],
+    depth: int,
+    slab_bytes: int,
+    workers: int,
+) -> tuple[int, int]:
+    """(zb, yb): blocks whose column buffer (depth, L) is about `slab_bytes`, >= 2 per worker
+    if possible. Whole planes (zb >= 1, every row) when a plane fits, else yb rows of one
+    plane. The planner's memory model (planner/hostsim.py) sizes buffers with this rule."""
+    oz, oy, _ = out
+    _, ny, nx = n
+    cols = max(1, slab_bytes // (max(1, depth) * FLOAT_BYTES))
+    rows = max(1, cols // nx)  # input rows (of nx positions) per block
+    if rows < ny:
+        return 1, min(oy, rows)
+    zb = max(1, min(oz, rows // ny))
+    while zb > 1 and s * -(-oz // zb) < 2 * workers:
+        zb = (zb + 1) // 2
+    return zb, oy
+
+
 def _blocks(
     s: int,
     out: tuple[int, int, int],
@@ -50,20 +73,9 @@ def _blocks(
     slab_bytes: int,
     workers: int,
 ) -> list[Block]:
-    """Blocks whose column buffer (depth, L) is about `slab_bytes`, >= 2 per worker if possible.
-
-    Whole planes (zb >= 1, every row) when a plane fits, else yb rows of one plane.
-    """
+    """Every (sample, z0, z1, y0, y1) block of the output, shaped by `block_shape`."""
     oz, oy, _ = out
-    _, ny, nx = n
-    cols = max(1, slab_bytes // (max(1, depth) * FLOAT_BYTES))
-    rows = max(1, cols // nx)  # input rows (of nx positions) per block
-    if rows >= ny:
-        zb, yb = max(1, min(oz, rows // ny)), oy
-        while zb > 1 and s * -(-oz // zb) < 2 * workers:
-            zb = (zb + 1) // 2
-    else:
-        zb, yb = 1, min(oy, rows)
+    zb, yb = block_shape(s, out, n, depth, slab_bytes, workers)
     return [
         (si, z0, min(oz, z0 + zb), y0, min(oy, y0 + yb))
         for si in range(s)
