@@ -8,6 +8,7 @@ from naive import naive_pool
 from scipy import ndimage
 
 from znni.primitives.cpu import CpuBackend
+from znni.primitives.cpu.pooling import mpf, mpf_blocks
 from znni.primitives.fragments import fragments_reference
 
 
@@ -78,3 +79,23 @@ def test_threaded_mpf_slices_match_fragments_reference(backend, s, c):
     x = rng.standard_normal((s, c, 7, 8, 4)).astype(np.float32)
     out = backend.mpf(x, window)
     np.testing.assert_array_equal(out, fragments_reference(x, window))
+
+
+@pytest.mark.parametrize("block_bytes", [1, 200, 900, 5000])
+@pytest.mark.parametrize("window", [(2, 2, 2), (3, 1, 2), (1, 3, 3)])
+def test_blocked_mpf_matches_fragments_reference(backend, block_bytes, window):
+    # Small blocks force every split: a few z-planes of one channel, channel groups, and
+    # whole images; odd sizes so the last block of fragment rows is partial.
+    rng = np.random.default_rng(sum(window) * 31 + block_bytes)
+    size = tuple(p * m + p - 1 for p, m in zip(window, (5, 3, 4), strict=True))
+    x = rng.standard_normal((2, 5, *size)).astype(np.float32)
+    cc, rows = mpf_blocks(5, size[0], size[1], size[2], window[0], 4, block_bytes)
+    assert 1 <= cc <= 5 and 1 <= rows <= 5
+    expected = fragments_reference(x, window)
+    np.testing.assert_array_equal(mpf(x, window, None, block_bytes), expected)
+    np.testing.assert_array_equal(mpf(x, window, backend._pool, block_bytes), expected)
+
+
+def test_mpf_blocks_split_big_images_by_rows_and_group_small_ones():
+    assert mpf_blocks(80, 175, 175, 175, 2, 4) == (1, 4)  # 2*4 planes of 175^2 floats ~ 1 MB
+    assert mpf_blocks(80, 15, 15, 15, 2, 4) == (77, 7)  # 13.5 kB images: 77 per MiB

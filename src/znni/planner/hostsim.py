@@ -218,24 +218,9 @@ def direct_conv(sim: HostSim, sh: LayerShape, threads: int) -> None:
 
 
 def mpf(sim: HostSim, sh: LayerShape) -> None:
-    """pooling.mpf: separable sliding max (two accumulators alive), then the fragments."""
-    s, c = sh.batch_in, sh.channels_in
-    n = list(sh.size_in)
-    p = sh.kernel
-    prev = 0
-    for axis in range(3):
-        if p[axis] == 1:
-            continue
-        n[axis] = n[axis] - p[axis] + 1
-        acc = s * c * prod(n) * FLOAT_BYTES
-        sim.alloc(acc)
-        sim.release(prev)
-        prev = acc
-    if prev == 0:  # all windows 1: sliding_max copies
-        prev = sh.in_bytes
-        sim.alloc(prev)
+    """pooling.mpf: the fragments array; its sliding-max temporaries are cache-sized blocks
+    (pooling.BLOCK_BYTES, a few MiB over all threads), below this model's resolution."""
     sim.alloc(sh.out_bytes)
-    sim.release(prev)
 
 
 def simulate_pass(
