@@ -39,12 +39,16 @@ FULL_SHAPES = ((1, 8, 8, 3, 20), (1, 1, 40, 3, 64), (1, 40, 40, 3, 40), (8, 40, 
                (1, 1, 80, 5, 112), (8, 80, 80, 3, 41), (1, 40, 40, 5, 64), (64, 80, 3, 3, 16),
                (64, 80, 80, 3, 21), (1, 80, 80, 7, 36), (8, 80, 80, 7, 29), (1, 4, 4, 3, 64),
                (1, 16, 16, 3, 64))
+# FFT-only (direct is hopeless there and slow to time): fragment batches over several of
+# fft_conv3d's sample chunks, each recomputing every kernel spectrum, with few output
+# channels per chunk; the regime of n726's and n926's big 7^3 and 9^3 layers.
+FFT_SHAPES = ((40, 80, 80, 9, 33), (24, 40, 40, 5, 41))
 QUICK_SHAPES = ((1, 1, 8, 3, 20), (1, 8, 8, 3, 16), (8, 8, 8, 3, 10), (8, 8, 2, 3, 12))
 # (S, C, n) of MPF with 2^3 windows, small to large
 FULL_POOLS = ((1, 8, 63), (8, 16, 31), (8, 80, 51), (1, 80, 143))
 QUICK_POOLS = ((1, 4, 31), (8, 4, 15))
 SPECTRA_BYTES = 2**31  # the calibration backend's spectra cache (decides fft-keep tiling)
-CACHE_VERSION = 7  # bump when the calibration changes meaning; older caches are re-measured
+CACHE_VERSION = 9  # bump when the calibration changes meaning; older caches are re-measured
 
 
 def cache_path(cores: int) -> Path:
@@ -79,7 +83,8 @@ def calibrated_profile(
         return profile
     log.info("calibrating the CPU primitives on this machine (once; cached in %s)", path)
     rows = measurements(QUICK_SHAPES if quick else FULL_SHAPES,
-                        QUICK_POOLS if quick else FULL_POOLS, quick)
+                        QUICK_POOLS if quick else FULL_POOLS, quick,
+                        () if quick else FFT_SHAPES)
     rates = fit_rates([(w, t) for _, w, t, _ in rows], dict(DEFAULT_CPU_RATES))
     scaling = fit_scaling(rows, rates)
     out = replace(profile, cpu_rates=rates,
@@ -110,8 +115,9 @@ def _timed(fn, repeats: int) -> float:  # type: ignore[no-untyped-def]
 Row = tuple[str, Work, float, int]  # (scaling key, counted work, seconds, working-set bytes)
 
 
-def measurements(shapes: tuple, pools: tuple, quick: bool) -> list[Row]:
-    """One row per primitive at every conv shape, plus MPF at every pool shape."""
+def measurements(shapes: tuple, pools: tuple, quick: bool, fft_shapes: tuple = ()) -> list[Row]:
+    """One row per primitive at every conv shape, per FFT primitive at every `fft_shapes`
+    shape (timed once after the warm-up: seconds each), plus MPF at every pool shape."""
     from znni.primitives.backends import make_backend
 
     effort = "FFTW_ESTIMATE" if quick else "FFTW_MEASURE"
@@ -119,13 +125,15 @@ def measurements(shapes: tuple, pools: tuple, quick: bool) -> list[Row]:
     rng = np.random.default_rng(0)
     rows: list[Row] = []
     repeats = 1 if quick else 2
-    for s, f, g, k, n in shapes:
+    runs = [(shape, ("direct", "fft-keep", "fft-recompute"), repeats) for shape in shapes]
+    runs += [(shape, ("fft-keep", "fft-recompute"), 1) for shape in fft_shapes]
+    for (s, f, g, k, n), prims, reps in runs:
         x = rng.standard_normal((s, f, n, n, n), dtype=np.float32)
         w = rng.standard_normal((g, f, k, k, k), dtype=np.float32)
         b = np.zeros(g, np.float32)
         sh = _conv_shape(s, f, g, k, n)
-        for prim in ("direct", "fft-keep", "fft-recompute"):
-            t = _timed(lambda p=prim, x=x, w=w, b=b: backend.conv3d(x, w, b, None, p), repeats)
+        for prim in prims:
+            t = _timed(lambda p=prim, x=x, w=w, b=b: backend.conv3d(x, w, b, None, p), reps)
             rows.append((prim, cpu_conv_work(sh, prim, SPECTRA_BYTES), t, working_set_bytes(sh)))
         del x
     for s, c, n in pools:
@@ -150,6 +158,7 @@ def _columns(work: Work, rates: dict[str, float]) -> list[float]:
             work.direct_flops / rates["direct_flops_per_s"],
             work.gather_bytes / rates["gather_bytes_per_s"],
             work.memory_bytes / rates["memory_bytes_per_s"],
+            work.pack_bytes / rates["pack_bytes_per_s"],
             work.products * rates["product_overhead_s"],
             work.calls * rates["layer_overhead_s"]]
 
@@ -172,7 +181,7 @@ def fit_rates(rows: list[tuple[Work, float]], start: dict[str, float]) -> dict[s
         active.pop(int(np.argmin(sol)))
     keys = (("fft_flops_per_s",), ("kernel_fft_flops_per_s",),
             ("madd_flops_per_s", "madd_bytes_per_s"), ("direct_flops_per_s",),
-            ("gather_bytes_per_s",), ("memory_bytes_per_s",))
+            ("gather_bytes_per_s",), ("memory_bytes_per_s",), ("pack_bytes_per_s",))
     rates = dict(start)
     for j, names in enumerate(keys):
         for name in names:

@@ -26,6 +26,7 @@ DEFAULT_CPU_RATES: dict[str, float] = {
     "direct_flops_per_s": 40e9,  # direct conv as GEMMs
     "gather_bytes_per_s": 30e9,  # direct conv: filling and reading the column buffers
     "memory_bytes_per_s": 10e9,  # element-wise passes: crop, bias, activation, MPF
+    "pack_bytes_per_s": 5e9,  # multiply-add: input spectra gathered per output-channel chunk
     "product_overhead_s": 1e-6,  # one small per-frequency GEMM in the multiply-add
     "layer_overhead_s": 2e-4,  # fixed cost per layer call (Python, planning lookups)
 }
