@@ -71,7 +71,7 @@ def test_fit_recovers_rates_and_a_log_linear_scaling() -> None:
         for key, work in (
             ("direct", Work(direct_flops=1e9 * (i + 1), gather_bytes=1e8, memory_bytes=1e7)),
             ("fft-keep", Work(fft_flops=2e9 * (i + 1), madd_flops=1e9, madd_bytes=1e8,
-                              memory_bytes=1e7 * (4 - i))),
+                              memory_bytes=1e7 * (4 - i), pack_bytes=3e8 * (i % 2 + 1))),
         ):
             factor = 1.0 if key == "direct" else 0.5 + 0.1 * math.log(ws)
             t = cpu_seconds(work, _profile(cpu_rates=truth)) * factor
@@ -140,3 +140,6 @@ def test_fft_products_follow_the_sample_and_channel_chunks() -> None:
     untiled = costs.conv_work(big, "fft-recompute")
     assert untiled.products == 0  # the generic (GPU) count has no per-product cost
     assert costs.cpu_products(big, "fft-recompute") == expect
+    # every output-channel chunk gathers all input spectra of the batch again
+    assert costs.cpu_pack_bytes(small, "fft-keep") == 2 * 4 * nc * 8
+    assert costs.cpu_pack_bytes(big, "fft-recompute") == -(-80 // oc) * 8 * 80 * 88 * 88 * 45 * 8
