@@ -204,3 +204,25 @@ def claim_all(db: str, slot: int, queue: Any) -> None:
         got.append(record.id)
         store.finish(record.id, "succeeded")
     queue.put(got)
+
+
+def commit_then_die(db: str, committed: int) -> None:
+    """Spawn target for the crash test: commit `committed` jobs, then die by SIGKILL with a
+    further job inserted but not committed (as a power cut or OOM kill would)."""
+    from znni.server.store import JobStore
+
+    store = JobStore(Path(db))
+    for i in range(committed):
+        store.create(
+            network="tiny",
+            network_digest="d",
+            input_path="/r/in",
+            output_path=f"/r/{i}",
+            parameters={},
+        )
+    with store._write() as con:
+        con.execute(
+            "INSERT INTO jobs (status, network, network_digest, input_path, output_path,"
+            " parameters, created_at) VALUES ('queued', 'tiny', 'd', '/r/in', '/r/x', '{}', 0)"
+        )
+        os.kill(os.getpid(), signal.SIGKILL)

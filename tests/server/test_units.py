@@ -5,10 +5,11 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
-from server_util import claim_all
+from server_util import claim_all, commit_then_die
 
 from znni.server.paths import confine, relative_to_root
 from znni.server.security import token_matches
@@ -171,3 +172,47 @@ def test_jobs_of_slots_beyond_the_worker_count_are_requeued(tmp_path: Path) -> N
     assert store.get(a).status == "running"  # type: ignore[union-attr] - slot 0 resumes it
     job_b = store.get(b)
     assert job_b is not None and job_b.status == "queued" and job_b.worker_slot is None
+
+
+def test_store_threads_share_one_write_lock_per_file_and_every_commit_lands(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "db").mkdir()
+    os.symlink(tmp_path / "db", tmp_path / "link")
+    stores = [JobStore(tmp_path / "db" / "jobs.sqlite"), JobStore(tmp_path / "link/jobs.sqlite")]
+    assert stores[0]._write_lock is stores[1]._write_lock  # one file, one lock
+    assert JobStore(tmp_path / "other.sqlite")._write_lock is not stores[0]._write_lock
+    ids: list[int] = []
+    modes: list[int] = []
+
+    def submit(t: int) -> None:
+        store = stores[t % 2]
+        modes.append(store._connection().execute("PRAGMA synchronous").fetchone()[0])
+        for i in range(25):
+            ids.append(new_job(store, f"/r/{t}-{i}"))
+
+    threads = [threading.Thread(target=submit, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert modes == [2] * 4  # synchronous=FULL: a commit is on disk before it returns
+    assert len(set(ids)) == 100
+    with sqlite3.connect(tmp_path / "db" / "jobs.sqlite") as con:
+        assert sorted(r[0] for r in con.execute("SELECT id FROM jobs")) == sorted(ids)
+
+
+def test_store_killed_mid_transaction_keeps_every_commit_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "jobs.sqlite"
+    JobStore(db)
+    proc = multiprocessing.get_context("spawn").Process(target=commit_then_die, args=(str(db), 7))
+    proc.start()
+    proc.join(timeout=60)
+    assert proc.exitcode == -9
+    store = JobStore(db)  # a new connection: it sees only what was committed
+    assert store.counts_by_status() == {"queued": 7}
+    assert [j.output_path for j in store.list()[0]] == [f"/r/{i}" for i in range(7)]
+    with sqlite3.connect(db) as con:
+        assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
