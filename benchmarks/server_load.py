@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import socket
 import sqlite3
 import statistics
@@ -241,7 +242,7 @@ def main() -> None:
         for phase, workers in (("idle", 0), ("busy", 1)):
             proc, url = start_server(base, phase, workers)
             try:
-                rows[phase], stored_ok = run_phase(url, base, phase, args)
+                rows[phase], stored_ok = run_phase(url, proc.pid, base, phase, args)
                 ids.append(stored_ok)
             finally:
                 proc.terminate()
@@ -249,7 +250,15 @@ def main() -> None:
         report(rows, all(ids))
 
 
-def run_phase(url: str, base: Path, phase: str, args: argparse.Namespace) -> tuple[dict, bool]:
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_phase(
+    url: str, pid: int, base: Path, phase: str, args: argparse.Namespace
+) -> tuple[dict, bool]:
     """The load on one server; returns its latency rows and whether every job was stored."""
     client = httpx.Client(base_url=url, timeout=60)
     expected = {"submit": 201, "poll": 200}
@@ -266,9 +275,18 @@ def run_phase(url: str, base: Path, phase: str, args: argparse.Namespace) -> tup
     if phase == "busy":
         while client.get(f"/v1/jobs/{target}").json()["progress"]["done"] < 1:
             time.sleep(0.05)
+    client_cpu_s, server_cpu_s, wall_s = time.process_time(), cpu_s(pid), time.perf_counter()
     results = run_load(url, phase, args.submissions, args.polls, args.pollers, target)
+    wall_s = time.perf_counter() - wall_s
+    client_cpu_s, server_cpu_s = time.process_time() - client_cpu_s, cpu_s(pid) - server_cpu_s
     after = client.get(f"/v1/jobs/{target}").json()
     rows = summarise(phase, results, expected)
+    n = args.submissions + args.polls
+    print(
+        f"      load took {1000 * wall_s:.0f} ms; CPU: load generator {1000 * client_cpu_s:.0f} ms "
+        f"({1000 * client_cpu_s / n:.2f} ms/request), server {1000 * server_cpu_s:.0f} ms "
+        "(API process; 10 ms ticks)"
+    )
     if phase == "busy":
         print(
             f"      computing job: {after['status']} ({after['progress']['done']}/"
