@@ -67,7 +67,7 @@ def child(args: argparse.Namespace) -> None:
         persist_choices=False,
     )
     times, layer_s = [], [0.0] * len(ops)
-    for _ in range(args.patches):
+    for _ in range(args.patches or 2):
         x = rng.random((plan.batch, 1, *plan.input_size), dtype=np.float32)
         t0 = time.perf_counter()
         y = dense_forward(ops, x, backend, plan.primitives)
@@ -126,8 +126,8 @@ def memory(machine: MachineProfile, limit: int) -> None:
 
 
 def timing(machine: MachineProfile, limit: int,
-           nets: tuple[str, ...] = ("n337", "n537", "n726", "n926")) -> None:
-    print("net  | input | predicted s | measured s (min of 2 after warm-up) | ratio")
+           nets: tuple[str, ...] = ("n337", "n537", "n726", "n926"), patches: int = 3) -> None:
+    print(f"net  | input | predicted s | measured s (min of {patches - 1} after warm-up) | ratio")
     for name in nets:
         try:
             plan = make_plan(network(name), machine=machine, device="cpu",
@@ -135,7 +135,7 @@ def timing(machine: MachineProfile, limit: int,
         except ValueError as e:  # e.g. n537's smallest patch needs more than the limit
             print(f"{name} | skipped: {e}")
             continue
-        got = measure(plan, 3, layers=True)
+        got = measure(plan, max(2, patches), layers=True)
         t = min(got["seconds"][1:])
         print(
             f"{name} | {plan.input_size[0]:5d} | {plan.predicted_patch_s:11.2f} | "
@@ -226,7 +226,8 @@ def main() -> None:
     ap.add_argument("what", choices=("memory", "time", "regret", "limit", "child"))
     ap.add_argument("--limit", default="3GiB")
     ap.add_argument("--plan")
-    ap.add_argument("--patches", type=int, default=2)
+    ap.add_argument("--patches", type=int, help="child: passes (default 2); time: passes per "
+                    "plan, the first a warm-up (default 3)")
     ap.add_argument("--no-layers", action="store_true", help="child: skip the op-by-op pass")
     ap.add_argument("--nets", help="time / regret: networks, comma-separated "
                     "(default: all four / n337,n726)")
@@ -236,8 +237,12 @@ def main() -> None:
         return
     machine = MachineProfile.detect()
     limit = parse_bytes(args.limit)
-    if args.what in ("time", "regret") and args.nets:
-        {"time": timing, "regret": regret}[args.what](machine, limit, tuple(args.nets.split(",")))
+    nets = tuple(args.nets.split(",")) if args.nets else None
+    if args.what == "time":  # --patches: passes per plan, the first a warm-up (default 3)
+        timing(machine, limit, nets or ("n337", "n537", "n726", "n926"), args.patches or 3)
+        return
+    if args.what == "regret" and nets:
+        regret(machine, limit, nets)
         return
     {"memory": memory, "time": timing, "limit": tight}[args.what](machine, limit)
 
