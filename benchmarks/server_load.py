@@ -9,6 +9,11 @@ started with --workers 0, so nothing computes while the requests run. Phase
 "busy": a server with one worker process, the same requests while a job
 computes (the submitted jobs queue behind it). Every submitted job must be
 stored (checked over HTTP and directly in SQLite). Goal: busy p99 < 200 ms on 2 cores.
+
+The timed requests use a minimal keep-alive HTTP/1.1 client (on uvloop when installed):
+the load generator shares the 2 cores with the server, so its CPU per request is taken
+from the server. Latency is end to end at the client, a new client's connect included.
+It prints the CPU that the load generator and the API process spent during the load.
 """
 
 from __future__ import annotations
