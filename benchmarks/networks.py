@@ -219,7 +219,13 @@ def bench_planned(name: str, args, torch, machine) -> list[str]:  # type: ignore
     print(f"  {name}: plan {plan.input_size} -> {plan.output_size} batch {plan.batch} [{prims}] "
           f"predicted {plan.predicted_patch_s:.1f} s/patch, {plan.peak_bytes / 2**30:.2f} GiB; "
           f"MemAvailable {available_bytes() / 2**30:.1f} GiB", file=sys.stderr, flush=True)
-    got = run_child(plan, args.reps)
+    reps = args.reps
+    if plan.predicted_patch_s * (1 + reps) > args.znni_budget_s:
+        reps = 0
+        print(f"  {name}: predicted {plan.predicted_patch_s:.0f} s/patch, {1 + args.reps} passes "
+              f"exceed --znni-budget-s {args.znni_budget_s:.0f}: the first pass alone is timed "
+              "(it includes FFTW planning and kernel spectra)", file=sys.stderr, flush=True)
+    got = run_child(plan, reps)
     out_vox = plan.batch * prod(plan.output_size)
     t_z = min(got["seconds"]) if got["seconds"] else got["first_s"]
     peak = got["peak_rss_bytes"]
@@ -262,6 +268,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--output", type=int, default=None, help="--small: dense output edge")
     ap.add_argument("--reps", type=int, default=None,
                     help="timed passes after the first (default 1; --small: 3)")
+    ap.add_argument("--znni-budget-s", type=float, default=480.0,
+                    help="default mode: time only the first pass when the planner's predicted "
+                    "seconds for all passes exceed this")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--effort", default="FFTW_MEASURE", help="--small: FFTW planner effort")
     ap.add_argument("--spectra-gib", type=float, default=8.0, help="--small: kept spectra bound")
