@@ -113,11 +113,15 @@ def test_bad_arguments_raise_value_error(backend, x_shape, w_shape, primitive):
         backend.conv3d(x, w, np.zeros(w_shape[0], np.float32), None, primitive)
 
 
+@pytest.mark.parametrize("work_bytes", [2**29, 40_000, 1])
 @pytest.mark.parametrize("tiles", [2, 3, 4])
 @pytest.mark.parametrize("primitive", ["fft-keep", "fft-recompute"])
-def test_overlap_save_tiles_match_scipy(primitive, tiles):
+def test_overlap_save_tiles_match_scipy(primitive, tiles, work_bytes):
+    # work_bytes: all tiles in one transform chunk, a few per chunk, one per chunk (the tiles
+    # stream through one buffer and are scattered into the output chunk by chunk)
     rng = np.random.default_rng(tiles)
-    b = CpuBackend(threads=2, fft_effort="FFTW_ESTIMATE", persist_choices=False, fft_tiles=tiles)
+    b = CpuBackend(threads=2, fft_effort="FFTW_ESTIMATE", persist_choices=False, fft_tiles=tiles,
+                   fft_work_bytes=work_bytes)
     try:
         for size, kernel in [
             ((13, 10, 17), (3, 2, 4)),

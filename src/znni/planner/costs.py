@@ -14,7 +14,7 @@ from math import log2, prod
 
 from znni.planner.machine import GpuProfile, MachineProfile
 from znni.planner.network import LayerShape
-from znni.planner.tiles import fft_tiles, padded_input_bytes, tiled_layer
+from znni.planner.tiles import fft_tiles, tiled_layer
 
 Triple = tuple[int, int, int]
 FFT_C = 2.5  # ZNNi: an FFT of N points costs about C*N*log2(N) flops, C ~ 2.5
@@ -203,8 +203,9 @@ def cpu_conv_work(layer: LayerShape, primitive: str, spectra_budget: int | None 
         work = work + Work(kernel_fft_flops=extra * work.kernel_fft_flops, calls=0)
     if tiled is layer:
         return work
-    # split: pad copy + tile gather (read + write); join: transposed copy + crop copy
-    copies = 2 * (padded_input_bytes(layer, m) + tiled.in_bytes + tiled.out_bytes + layer.out_bytes)
+    # CpuBackend gathers the input tiles (read + write) and scatters their results (read +
+    # write) into the output
+    copies = 2 * (tiled.in_bytes + tiled.out_bytes)
     return work + Work(memory_bytes=float(copies), calls=0)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable
+from dataclasses import replace
 from math import prod
 
 from znni.planner.costs import (
@@ -24,7 +25,7 @@ from znni.planner.costs import (
     spectrum_points,
 )
 from znni.planner.network import LayerShape
-from znni.planner.tiles import fft_tiles, padded_input_bytes, tiled_layer
+from znni.planner.tiles import fft_tiles, tiled_layer
 
 SLAB_BYTES = 2**23  # direct_conv3d slab_bytes
 
@@ -131,23 +132,25 @@ def _freq_product(
 
 def fft_conv(sim: HostSim, sh: LayerShape, keep: bool, threads: int) -> None:
     """CpuBackend._run_fft: overlap-save tiles when the backend's tiling model picks them
-    (split_tiles' padded copy and tile batch, fft_conv3d over the tiles, join_tiles' two
-    copies), else fft_conv3d on the whole input. Input is already live; output stays live."""
+    (the output, one reused buffer of a transform chunk of input tiles, and fft_conv3d per
+    chunk, whose result is scattered into the output and freed), else fft_conv3d on the
+    whole input. Input is already live; output stays live."""
     m = fft_tiles(sh, "fft-keep" if keep else "fft-recompute", sim.sp_bound)
     tiled = tiled_layer(sh, m)
     if tiled is sh:
         _fft_conv3d(sim, sh, keep, threads)
         return
-    pad = padded_input_bytes(sh, m)
-    sim.alloc(pad)  # xp: the input zero-padded to whole tiles
-    sim.alloc(tiled.in_bytes)  # (S*T, Cin, t_in) tiles
-    sim.release(pad)
-    _fft_conv3d(sim, tiled, keep, threads)  # (S*T, Cout, t_out)
-    sim.alloc(tiled.out_bytes)  # join: the transposed reshape copies
-    if tiled.out_bytes != sh.out_bytes:  # the crop to the real output copies again
-        sim.alloc(sh.out_bytes)
-        sim.release(tiled.out_bytes)
-    sim.release(tiled.out_bytes + tiled.in_bytes)
+    nf = spectrum_points(fft_shape(tiled.size_in))
+    cin, cout = sh.channels_in, sh.channels_out
+    group = min(tiled.batch_in, max(1, WORK_BYTES // ((cin + cout) * nf * COMPLEX_BYTES)))
+    buf = group * cin * prod(tiled.size_in) * FLOAT_BYTES
+    sim.alloc(sh.out_bytes)
+    sim.alloc(buf)
+    for b in _chunk_sizes(tiled.batch_in, group):
+        chunk = replace(tiled, batch_in=b, batch_out=b)
+        _fft_conv3d(sim, chunk, keep, threads)  # its (b, Cout, t_out) result
+        sim.release(chunk.out_bytes)
+    sim.release(buf)
 
 
 def _fft_conv3d(sim: HostSim, sh: LayerShape, keep: bool, threads: int) -> None:

@@ -48,7 +48,8 @@ def tiled_layer(layer: LayerShape, m: int) -> LayerShape:
 
 
 def padded_input_bytes(layer: LayerShape, m: int) -> int:
-    """split_tiles' zero-padded copy of the input (0 when whole tiles cover it exactly)."""
+    """Bytes of the input zero-padded to whole tiles (0 when whole tiles cover it exactly):
+    how far the last tiles run past the input, which CpuBackend fills with zeros."""
     counts, t_out, t_in = tile_geometry(layer, m)
     need = tuple(c * t + (ti - t) for c, t, ti in zip(counts, t_out, t_in, strict=True))
     if counts == (1, 1, 1) or need == layer.size_in:

@@ -30,7 +30,13 @@ from znni.primitives.cpu.fftw_plans import PlanCache
 from znni.primitives.cpu.pooling import maxpool, mpf
 from znni.primitives.cpu.spectra_cache import SpectraCache, spectra_key
 from znni.primitives.cpu.threads import warn_if_blas_forced
-from znni.primitives.cpu.tiling import choose_tiles, join_tiles, split_tiles, tile_geometry
+from znni.primitives.cpu.tiling import (
+    choose_tiles,
+    gather_tiles,
+    scatter_tiles,
+    tile_geometry,
+    tile_origins,
+)
 
 CONV_PRIMITIVES = ("direct", "fft-keep", "fft-recompute")
 
@@ -61,12 +67,16 @@ class CpuBackend:
         workspace_bytes: int = 2**30,
         persist_choices: bool = True,
         fft_tiles: int | None = None,
+        fft_work_bytes: int = 2**29,
     ) -> None:
         if threads is not None and threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
         if fft_tiles is not None and fft_tiles < 1:
             raise ValueError(f"fft_tiles must be >= 1, got {fft_tiles}")
+        if fft_work_bytes < 1:
+            raise ValueError(f"fft_work_bytes must be >= 1, got {fft_work_bytes}")
         self.fft_tiles = fft_tiles  # None: chosen per layer by the tiling model
+        self.fft_work_bytes = fft_work_bytes  # spectra per chunk of transforms (fft_conv3d)
         self.threads = threads or usable_cores()
         # Default FFTW_MEASURE; ZNNI_FFT_EFFORT lets CI pick a cheap planner for every backend.
         self.fft_effort = fft_effort or os.environ.get("ZNNI_FFT_EFFORT", "FFTW_MEASURE")
@@ -127,11 +137,26 @@ class CpuBackend:
         budget = self.spectra.max_bytes if keep else None
         m = self.fft_tiles or choose_tiles(s, cin, cout, out, kernel, budget)
         counts, t_out, t_in = tile_geometry(out, kernel, m)
-        tiled = counts != (1, 1, 1)
-        xt = split_tiles(x, counts, t_out, t_in) if tiled else x  # (S*T, Cin, t_in)
-        spectra = self.kept_spectra(weight, t_in) if keep else None
-        y = fft_conv3d(self.plans, self._pool, xt, weight, bias, activation, spectra)
-        return join_tiles(y, s, counts, out) if tiled else y
+        spectra = self.kept_spectra(weight, t_in) if keep else None  # t_in = n when untiled
+        if counts == (1, 1, 1):
+            return fft_conv3d(self.plans, self._pool, x, weight, bias, activation, spectra,
+                              work_bytes=self.fft_work_bytes)
+        # One transform chunk of tiles per call (fft_conv3d's own chunk rule), gathered into
+        # one reused buffer and scattered into the output as soon as it is done.
+        nf = prod(spectrum_shape(padded_shape(t_in)))
+        group = max(1, self.fft_work_bytes // ((cin + cout) * nf * COMPLEX_BYTES))
+        origins = tile_origins(s, counts, t_out)
+        group = min(group, len(origins))
+        buf = np.empty((group, cin, *t_in), dtype=np.float32)  # (G, Cin, t_in)
+        y = np.empty((s, cout, *out), dtype=np.float32)
+        for g0 in range(0, len(origins), group):
+            batch = origins[g0 : g0 + group]
+            gather_tiles(x, batch, t_in, buf)
+            yt = fft_conv3d(self.plans, self._pool, buf[: len(batch)], weight, bias, activation,
+                            spectra, work_bytes=self.fft_work_bytes)  # (b, Cout, t_out)
+            scatter_tiles(yt, batch, y)
+            del yt
+        return y
 
     def kept_spectra(self, weight: np.ndarray, size: tuple[int, ...]) -> np.ndarray:
         """Kernel spectra for patches of `size`, from the cache (kept there when they fit)."""

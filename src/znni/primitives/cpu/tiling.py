@@ -5,7 +5,10 @@ spectrum is read once per patch) and kept spectra grow with the patch
 (23 GB for 80x80 at 96^3). Cutting the patch into m^3 overlapping tiles of
 t + k - 1 voxels turns the product into a real matrix product over the
 tiles (spectra read once for m^3 tiles) and shrinks the spectra m^3-fold,
-for a little redundant transform work on the k - 1 overlap.
+for a little redundant transform work on the k - 1 overlap. Tiles stream:
+CpuBackend gathers one transform chunk of them at a time and scatters the
+results straight into the output, so the layer needs its input, its output
+and one chunk of tiles, not whole tiled copies of both.
 """
 
 from __future__ import annotations
@@ -66,25 +69,41 @@ def choose_tiles(
     return best
 
 
-def split_tiles(x: np.ndarray, counts: Triple, t_out: Triple, t_in: Triple) -> np.ndarray:
-    """(S, C, n) -> (S*Tz*Ty*Tx, C, t_in), zero-padding the far end to whole tiles."""
-    s, c = x.shape[:2]
-    need = tuple(cnt * t + (ti - t) for cnt, t, ti in zip(counts, t_out, t_in, strict=True))
-    if need != x.shape[2:]:
-        xp = np.zeros((s, c, *need), dtype=x.dtype)
-        region = tuple(slice(0, min(a, b)) for a, b in zip(need, x.shape[2:], strict=True))
-        xp[(slice(None), slice(None), *region)] = x[(slice(None), slice(None), *region)]
-        x = xp
-    tiles = np.empty((s, *counts, c, *t_in), dtype=x.dtype)  # (S, Tz, Ty, Tx, C, tz, ty, tx)
-    for i, j, k in np.ndindex(*counts):
-        z0, y0, x0 = i * t_out[0], j * t_out[1], k * t_out[2]
-        tiles[:, i, j, k] = x[:, :, z0 : z0 + t_in[0], y0 : y0 + t_in[1], x0 : x0 + t_in[2]]
-    return tiles.reshape(s * prod(counts), c, *t_in)
+Origin = tuple[int, int, int, int]  # (sample, z0, y0, x0) of a tile's output
 
 
-def join_tiles(y: np.ndarray, s: int, counts: Triple, out: Triple) -> np.ndarray:
-    """(S*Tz*Ty*Tx, C, t_out) -> (S, C, out), dropping the padded far end."""
-    c, tz, ty, tx = y.shape[1:]
-    t = y.reshape(s, *counts, c, tz, ty, tx).transpose(0, 4, 1, 5, 2, 6, 3, 7)
-    full = t.reshape(s, c, counts[0] * tz, counts[1] * ty, counts[2] * tx)  # (S, C, Z, Y, X)
-    return np.ascontiguousarray(full[:, :, : out[0], : out[1], : out[2]])
+def tile_origins(s: int, counts: Triple, t_out: Triple) -> list[Origin]:
+    """Every tile of an (S, C, out) output, sample-major then z, y, x."""
+    return [
+        (si, i * t_out[0], j * t_out[1], k * t_out[2])
+        for si in range(s)
+        for i, j, k in np.ndindex(*counts)
+    ]
+
+
+def gather_tiles(x: np.ndarray, origins: list[Origin], t_in: Triple, buf: np.ndarray) -> None:
+    """buf[b] = the (C, t_in) input tile at origins[b], zero where it runs past the input's far
+    end (the last tiles of an output that whole tiles do not cover exactly)."""
+    n = x.shape[2:]
+    for b, (si, z0, y0, x0) in enumerate(origins):
+        ext = tuple(max(0, min(t, a - o)) for t, a, o in zip(t_in, n, (z0, y0, x0), strict=True))
+        if ext != t_in:
+            buf[b] = 0
+        if 0 in ext:  # a tile wholly past the input (ceil division of the output by m)
+            continue
+        buf[b, :, : ext[0], : ext[1], : ext[2]] = x[
+            si, :, z0 : z0 + ext[0], y0 : y0 + ext[1], x0 : x0 + ext[2]
+        ]
+
+
+def scatter_tiles(y: np.ndarray, origins: list[Origin], out: np.ndarray) -> None:
+    """out[si, :, tile] = y[b] for the tile at origins[b], cropped at the output's far end."""
+    n = out.shape[2:]
+    t = y.shape[2:]
+    for b, (si, z0, y0, x0) in enumerate(origins):
+        ext = tuple(max(0, min(tt, a - o)) for tt, a, o in zip(t, n, (z0, y0, x0), strict=True))
+        if 0 in ext:
+            continue
+        out[si, :, z0 : z0 + ext[0], y0 : y0 + ext[1], x0 : x0 + ext[2]] = y[
+            b, :, : ext[0], : ext[1], : ext[2]
+        ]
