@@ -241,8 +241,8 @@ def main() -> None:
     if args.what == "time":  # --patches: passes per plan, the first a warm-up (default 3)
         timing(machine, limit, nets or ("n337", "n537", "n726", "n926"), args.patches or 3)
         return
-    if args.what == "regret" and nets:
-        regret(machine, limit, nets)
+    if args.what == "regret":
+        regret(machine, limit, nets or ("n337", "n726"))
         return
     {"memory": memory, "time": timing, "limit": tight}[args.what](machine, limit)
 
