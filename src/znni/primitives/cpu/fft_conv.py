@@ -115,6 +115,7 @@ def kernel_spectra_into(
         d = ws.arrays["d"].reshape(o1 - o0, cin, nf)  # (oc, Cin, F)
         np.conjugate(d.transpose(2, 0, 1), out=out[:, o0:o1, :])
         cache.checkin(key, ws)
+        del ws, d  # a workspace over the cache bound is freed now, not at the next chunk
 
 
 def kernel_spectra(
@@ -236,8 +237,11 @@ def fft_conv3d(
                 k = kws.arrays["d"].reshape(o1 - o0, cin, nf)  # (oc, Cin, F)
                 freq_product(pool, k, xs, ys[:, o0:o1], chunk, raw=True)
                 cache.checkin(kkey, kws)
+                del kws, k
         cache.checkin(fkey, fws)
+        del fws, xs  # workspaces the cache does not keep (over its bound) are freed here,
         r = pruned_irfftn(iws)  # (sc*Cout, oz, oy, Nx)
         output_step(pool, r, bias, out[s0:s1], activation)
         cache.checkin(ikey, iws)
+        del iws, ys, r  # not when the next chunk's workspaces are already allocated
     return out
