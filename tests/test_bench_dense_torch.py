@@ -50,7 +50,7 @@ def test_dense_layers_end_at_the_naive_dense_output_size(seed: int) -> None:
 
 def test_slab_planes_bounds_and_scaling() -> None:
     lay = dt.DenseLayer(3, "conv", 80, 80, (5, 5, 5), (2, 2, 2), (100, 90, 90), (92, 82, 82))
-    assert dt.slab_planes(lay, 0.5, 5.0, 2**40) == 10  # budget / one-plane seconds
+    assert dt.slab_planes(lay, 0.5, 5.0, 2**40) == 10  # budget over the one-plane cost
     assert dt.slab_planes(lay, 1e-6, 1e3, 2**40) == 92  # never more than the layer has
     assert dt.slab_planes(lay, 10.0, 1.0, 2**40) == 1  # at least one
     cap = 3 * 2**27
@@ -58,8 +58,8 @@ def test_slab_planes_bounds_and_scaling() -> None:
     assert planes > 1 and lay.slab_in_bytes(planes) + lay.slab_out_bytes(planes) <= cap
     # input slab: planes + dilation*(k-1) z-planes of the full (y, x) input extent
     assert lay.slab_in_bytes(4) == 4 * 80 * (4 + 8) * 90 * 90
-    timing = dt.SlabTiming(lay, 0.3, 4, 1.0)
-    assert timing.scaled_s == pytest.approx(1.0 * 92 / 4)
+    scaled = dt.SlabTiming(lay, 0.3, 4, 1.0).scaled_s  # a 4-plane slab of cost 1.0, 92 planes
+    assert scaled == pytest.approx(1.0 * 92 / 4)
 
 
 @pytest.mark.parametrize("seed", [2, 4, 8])  # two pools, anisotropic, z kernels > 1 after

@@ -3,14 +3,16 @@ backend's own tiling model, and the replayed peak matches tracemalloc of a real 
 
 from __future__ import annotations
 
+from math import prod
+
 import pytest
 from planner_nets import traced_peak_bytes
 
 from znni.planner.costs import conv_work, cpu_conv_work
 from znni.planner.hostsim import simulate_pass
 from znni.planner.memory import layer_memory
-from znni.planner.network import network_shapes_only
-from znni.planner.tiles import fft_tiles, padded_input_bytes, tiled_layer
+from znni.planner.network import LayerShape, network_shapes_only
+from znni.planner.tiles import fft_tiles, tile_geometry, tiled_layer
 
 pytest.importorskip("pyfftw")
 
@@ -19,6 +21,18 @@ LAYERS = [
     {"kind": "relu"},
     {"kind": "conv", "out_channels": 6, "kernel": [3, 3, 3]},
 ]
+
+
+def padded_input_bytes(layer: LayerShape, m: int) -> int:
+    """Bytes of the input zero-padded to whole tiles (0 when whole tiles cover it exactly):
+    nonzero means the last tiles run past the input and CpuBackend fills them with zeros."""
+    counts, t_out, t_in = tile_geometry(layer, m)
+    need = tuple(c * t + (ti - t) for c, t, ti in zip(counts, t_out, t_in, strict=True))
+    if counts == (1, 1, 1) or need == layer.size_in:
+        return 0
+    return layer.batch_in * layer.channels_in * prod(need) * 4
+
+
 SIZE = (27, 26, 25)  # odd, anisotropic: tiles do not cover the input exactly (padded split)
 
 

@@ -45,13 +45,3 @@ def tiled_layer(layer: LayerShape, m: int) -> LayerShape:
     t = prod(counts)
     return replace(layer, batch_in=layer.batch_in * t, size_in=t_in, batch_out=layer.batch_in * t,
                    size_out=t_out)
-
-
-def padded_input_bytes(layer: LayerShape, m: int) -> int:
-    """Bytes of the input zero-padded to whole tiles (0 when whole tiles cover it exactly):
-    how far the last tiles run past the input, which CpuBackend fills with zeros."""
-    counts, t_out, t_in = tile_geometry(layer, m)
-    need = tuple(c * t + (ti - t) for c, t, ti in zip(counts, t_out, t_in, strict=True))
-    if counts == (1, 1, 1) or need == layer.size_in:
-        return 0
-    return layer.batch_in * layer.channels_in * prod(need) * 4

@@ -23,6 +23,7 @@ from znni.primitives.cpu.fft_conv import (
     COMPLEX_BYTES,
     fft_conv3d,
     kernel_spectra,
+    samples_per_chunk,
     spectrum_shape,
 )
 from znni.primitives.cpu.fft_sizes import padded_shape
@@ -143,10 +144,9 @@ class CpuBackend:
                               work_bytes=self.fft_work_bytes)
         # One transform chunk of tiles per call (fft_conv3d's own chunk rule), gathered into
         # one reused buffer and scattered into the output as soon as it is done.
-        nf = prod(spectrum_shape(padded_shape(t_in)))
-        group = max(1, self.fft_work_bytes // ((cin + cout) * nf * COMPLEX_BYTES))
         origins = tile_origins(s, counts, t_out)
-        group = min(group, len(origins))
+        group = min(len(origins),
+                    samples_per_chunk(cin, cout, padded_shape(t_in), self.fft_work_bytes))
         buf = np.empty((group, cin, *t_in), dtype=np.float32)  # (G, Cin, t_in)
         y = np.empty((s, cout, *out), dtype=np.float32)
         for g0 in range(0, len(origins), group):

@@ -191,6 +191,12 @@ def output_step(
     list(pool.map(task, range(0, rows, step)))
 
 
+def samples_per_chunk(cin: int, cout: int, padded: Triple, work_bytes: int) -> int:
+    """Samples whose input and output spectra fit `work_bytes` (at least 1)."""
+    per_sample_bytes = (cin + cout) * prod(spectrum_shape(padded)) * COMPLEX_BYTES
+    return max(1, work_bytes // per_sample_bytes)
+
+
 def fft_conv3d(
     cache: PlanCache,
     pool: ThreadPoolExecutor,
@@ -215,8 +221,7 @@ def fft_conv3d(
     padded = padded_shape(size)
     nf = prod(spectrum_shape(padded))
     out = np.empty((s, cout, *out_size), dtype=np.float32)
-    per_sample_bytes = (cin + cout) * nf * COMPLEX_BYTES
-    sc = max(1, min(s, work_bytes // per_sample_bytes))
+    sc = min(s, samples_per_chunk(cin, cout, padded, work_bytes))
     for s0 in range(0, s, sc):
         s1 = min(s, s0 + sc)
         images = x[s0:s1].reshape((s1 - s0) * cin, *size)  # (sc*Cin, nz, ny, nx)
