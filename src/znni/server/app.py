@@ -23,6 +23,7 @@ from znni.server.schemas import Health
 from znni.server.security import BodyLimitMiddleware
 from znni.server.settings import Settings
 from znni.server.store import JobStore
+from znni.server.views import JobJsonCache
 from znni.server.worker import WorkerPool
 
 log = logging.getLogger("znni.server")
@@ -40,6 +41,7 @@ def create_app(settings: Settings, *, start_workers: bool = True) -> FastAPI:
         catalogue=NetworkCatalogue(settings.models),
         pool=WorkerPool(settings),
         requests=RequestCounter(),
+        job_json=JobJsonCache(settings.data_root),
     )
 
     @asynccontextmanager

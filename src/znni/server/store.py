@@ -192,9 +192,13 @@ class JobStore:
         return JobRecord.from_row(row)
 
     def get(self, job_id: int) -> JobRecord | None:
-        with self._read() as con:
-            row = con.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        row = self.get_row(job_id)
         return JobRecord.from_row(row) if row is not None else None
+
+    def get_row(self, job_id: int) -> sqlite3.Row | None:
+        """The raw row (undecoded): the status poll compares it with the last one it served."""
+        with self._read() as con:
+            return con.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
 
     def list(
         self, status: str | None = None, limit: int = 100, offset: int = 0
