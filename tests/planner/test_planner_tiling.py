@@ -3,6 +3,7 @@ backend's own tiling model, and the replayed peak matches tracemalloc of a real 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from math import prod
 
 import pytest
@@ -91,3 +92,16 @@ def test_direct_bytes_closed_form_matches_backend(
     out = tuple(a - b + 1 for a, b in zip(n, k, strict=True))
     sh = LayerShape(0, "conv", s, cin, n, s, cout, out, k)  # type: ignore[arg-type]
     assert direct_bytes(sh, threads) == backend_bytes(s, cin, cout, n, k, threads)
+
+
+def test_tiled_recompute_makes_each_spectrum_once_per_call() -> None:
+    # n537's second conv: 8 fragments of 127^3, 80 -> 80 channels, 5^3 kernels; its tiles
+    # fill many transform chunks, but CpuBackend makes the recomputed spectra once per call
+    sh = LayerShape(3, "conv", 8, 80, (127, 127, 127), 8, 80, (123, 123, 123), (5, 5, 5))
+    t = tiled_layer(sh, fft_tiles(sh, "fft-recompute", None))
+    work = cpu_conv_work(sh, "fft-recompute")
+    one_chunk = conv_work(t, "fft-recompute")
+    assert work.kernel_fft_flops == one_chunk.kernel_fft_flops
+    eight = cpu_conv_work(replace(sh, batch_in=64, batch_out=64), "fft-recompute")
+    assert eight.kernel_fft_flops == work.kernel_fft_flops
+    assert eight.fft_flops == pytest.approx(8 * work.fft_flops)

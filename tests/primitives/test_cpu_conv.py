@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from math import prod
+
 import numpy as np
 import pytest
 from naive import close, naive_activation, naive_conv
 
 from znni.primitives.base import Activation
 from znni.primitives.cpu import CONV_PRIMITIVES, CpuBackend
+from znni.primitives.cpu.fft_conv import COMPLEX_BYTES, spectrum_shape
+from znni.primitives.cpu.fft_sizes import padded_shape
+from znni.primitives.cpu.tiling import recompute_parts
 from znni.primitives.reference import conv3d_reference
 
 ACTS = ["relu", "sigmoid", "tanh", "elu", "leaky_relu", "linear"]
@@ -133,6 +138,32 @@ def test_overlap_save_tiles_match_scipy(primitive, tiles, work_bytes):
             assert close(b.conv3d(x, w, bias, act, primitive), _naive(x, w, bias, act))
     finally:
         b.close()
+
+
+@pytest.mark.parametrize("part_channels", [5, 3, 2, 1])
+@pytest.mark.parametrize("work_bytes", [2**29, 1])
+def test_tiled_recompute_in_parts_of_output_channels_matches_naive(part_channels, work_bytes):
+    # Recomputed spectra are made once per part of the output channels (5 = all in one part,
+    # 3 = a full part and a short one) and every tile streams through each part.
+    rng = np.random.default_rng(part_channels)
+    size, kernel = (12, 9, 14), (3, 2, 4)
+    x, w, bias = _layer(rng, 2, 3, 5, size, kernel)
+    padded = padded_shape(tuple(-(-(n - k + 1) // 2) + k - 1 for n, k in zip(size, kernel)))
+    nf = prod(spectrum_shape(padded))
+    part_bytes = part_channels * 3 * nf * COMPLEX_BYTES
+    assert recompute_parts(3, 5, nf, part_bytes) == part_channels
+    b = CpuBackend(threads=2, fft_effort="FFTW_ESTIMATE", persist_choices=False, fft_tiles=2,
+                   fft_work_bytes=work_bytes, recompute_spectra_bytes=part_bytes)
+    try:
+        act = Activation("leaky_relu", 0.2)
+        assert close(b.conv3d(x, w, bias, act, "fft-recompute"), _naive(x, w, bias, act))
+    finally:
+        b.close()
+
+
+def test_recompute_spectra_bytes_must_be_positive():
+    with pytest.raises(ValueError, match="recompute_spectra_bytes"):
+        CpuBackend(recompute_spectra_bytes=0)
 
 
 @pytest.mark.parametrize("act", ACTS)

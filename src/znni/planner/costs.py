@@ -14,7 +14,7 @@ from math import log2, prod
 
 from znni.planner.machine import GpuProfile, MachineProfile
 from znni.planner.network import LayerShape
-from znni.planner.tiles import fft_tiles, tiled_layer
+from znni.planner.tiles import fft_tiles, recompute_width, tiled_layer
 
 Triple = tuple[int, int, int]
 FFT_C = 2.5  # ZNNi: an FFT of N points costs about C*N*log2(N) flops, C ~ 2.5
@@ -183,7 +183,7 @@ def cpu_products(layer: LayerShape, primitive: str) -> float:
 
 def cpu_conv_work(layer: LayerShape, primitive: str, spectra_budget: int | None = None) -> Work:
     """Work of a conv on CpuBackend: FFT primitives run over the overlap-save tiles the
-    backend picks (tiles.py), plus the split and join copies. `spectra_budget`: the
+    backend picks (tiles.py), plus the gather and scatter copies. `spectra_budget`: the
     backend's spectra cache bound for fft-keep (None: the layer's own untiled spectra)."""
     if primitive not in ("fft-keep", "fft-recompute"):
         return conv_work(layer, primitive)
@@ -192,10 +192,9 @@ def cpu_conv_work(layer: LayerShape, primitive: str, spectra_budget: int | None 
         spectra_budget = layer.channels_in * layer.channels_out * nc * COMPLEX_BYTES
     m = fft_tiles(layer, primitive, spectra_budget)
     tiled = tiled_layer(layer, m)
-    work = conv_work(tiled, primitive)
-    work = replace(work, madd_bytes=cpu_madd_bytes(tiled, primitive),
-                   pack_bytes=cpu_pack_bytes(tiled, primitive),
-                   products=cpu_products(tiled, primitive))
+    if tiled is not layer and primitive == "fft-recompute":
+        return tiled_recompute_work(tiled)
+    work = _fft_chunk_work(tiled, primitive)
     if primitive == "fft-recompute":
         # fft_conv3d transforms samples in chunks of WORK_BYTES of spectra and recomputes
         # every kernel spectrum once per chunk, not once per call
@@ -203,10 +202,37 @@ def cpu_conv_work(layer: LayerShape, primitive: str, spectra_budget: int | None 
         work = work + Work(kernel_fft_flops=extra * work.kernel_fft_flops, calls=0)
     if tiled is layer:
         return work
-    # CpuBackend gathers the input tiles (read + write) and scatters their results (read +
-    # write) into the output
-    copies = 2 * (tiled.in_bytes + tiled.out_bytes)
-    return work + Work(memory_bytes=float(copies), calls=0)
+    return work + _tile_copies(tiled, 1)
+
+
+def _fft_chunk_work(layer: LayerShape, primitive: str) -> Work:
+    """conv_work with fft_conv3d's own multiply-add traffic, gathers and product count."""
+    return replace(conv_work(layer, primitive), madd_bytes=cpu_madd_bytes(layer, primitive),
+                   pack_bytes=cpu_pack_bytes(layer, primitive),
+                   products=cpu_products(layer, primitive))
+
+
+def _tile_copies(tiled: LayerShape, parts: int) -> Work:
+    """CpuBackend gathers the input tiles once per part of the output channels (read +
+    write) and scatters their results (read + write) into the output."""
+    return Work(memory_bytes=float(2 * (parts * tiled.in_bytes + tiled.out_bytes)), calls=0)
+
+
+def tiled_recompute_work(tiled: LayerShape) -> Work:
+    """Tiled fft-recompute (CpuBackend._run_tiles): per part of RECOMPUTE_SPECTRA_BYTES of
+    output channels, the part's spectra are made once (pruned kernel transforms, then
+    conjugated into (F, part, Cin): two more passes) and every tile runs through them as
+    through kept spectra, so the inputs are transformed and gathered once per part."""
+    f, g = tiled.channels_in, tiled.channels_out
+    padded = fft_shape(tiled.size_in)
+    nc = spectrum_points(padded)
+    width = recompute_width(tiled)
+    work = Work(kernel_fft_flops=f * g * pruned_kernel_flops(tiled.kernel, padded),
+                memory_bytes=float(2 * f * g * nc * COMPLEX_BYTES), calls=0)
+    for o0 in range(0, g, width):
+        part = replace(tiled, channels_out=min(width, g - o0))
+        work = work + _fft_chunk_work(part, "fft-keep")
+    return work + _tile_copies(tiled, -(-g // width))
 
 
 def working_set_bytes(layer: LayerShape) -> int:

@@ -25,7 +25,7 @@ from znni.planner.costs import (
     spectrum_points,
 )
 from znni.planner.network import LayerShape
-from znni.planner.tiles import fft_tiles, tiled_layer
+from znni.planner.tiles import fft_tiles, recompute_width, tiled_layer
 
 SLAB_BYTES = 2**23  # direct_conv3d slab_bytes
 
@@ -142,19 +142,27 @@ def fft_conv(sim: HostSim, sh: LayerShape, keep: bool, threads: int) -> None:
         return
     nf = spectrum_points(fft_shape(tiled.size_in))
     cin, cout = sh.channels_in, sh.channels_out
-    group = min(tiled.batch_in, max(1, WORK_BYTES // ((cin + cout) * nf * COMPLEX_BYTES)))
+    width = cout if keep else recompute_width(tiled)
+    group = min(tiled.batch_in, max(1, WORK_BYTES // ((cin + width) * nf * COMPLEX_BYTES)))
     buf = group * cin * prod(tiled.size_in) * FLOAT_BYTES
     sim.alloc(sh.out_bytes)
     sim.alloc(buf)
-    for b in _chunk_sizes(tiled.batch_in, group):
-        chunk = replace(tiled, batch_in=b, batch_out=b)
-        _fft_conv3d(sim, chunk, keep, threads)  # its (b, Cout, t_out) result
-        sim.release(chunk.out_bytes)
+    for part in _chunk_sizes(cout, width):
+        # without kept spectra, each part of the output channels has its spectra made once
+        kbytes = 0 if keep else _kernel_spectra(sim, tiled, part, fft_shape(tiled.size_in))
+        for b in _chunk_sizes(tiled.batch_in, group):
+            chunk = replace(tiled, batch_in=b, batch_out=b, channels_out=part)
+            _fft_conv3d(sim, chunk, keep, threads, given=not keep)  # its (b, part, t_out) result
+            sim.release(chunk.out_bytes)
+        sim.release(kbytes)
     sim.release(buf)
 
 
-def _fft_conv3d(sim: HostSim, sh: LayerShape, keep: bool, threads: int) -> None:
-    """fft_conv3d (with CpuBackend.kept_spectra first when `keep`). Input is already live."""
+def _fft_conv3d(
+    sim: HostSim, sh: LayerShape, keep: bool, threads: int, given: bool = False
+) -> None:
+    """fft_conv3d (with CpuBackend.kept_spectra first when `keep`; `given`: spectra the caller
+    made and holds, used like kept ones). Input is already live."""
     padded = fft_shape(sh.size_in)
     nf = spectrum_points(padded)
     s, cin, cout = sh.batch_in, sh.channels_in, sh.channels_out
@@ -172,7 +180,7 @@ def _fft_conv3d(sim: HostSim, sh: LayerShape, keep: bool, threads: int) -> None:
         ikey = ("irfftn", b * cout, padded, sh.size_out)
         ibytes = b * cout * (nf * COMPLEX_BYTES + oz * oy * padded[2] * FLOAT_BYTES)
         sim.checkout(ikey, ibytes)
-        if keep:
+        if keep or given:
             _freq_product(sim, b, cin, cout, nf, threads)
         else:
             oc = max(1, min(cout, RECOMPUTE_BYTES // max(1, cin * nf * COMPLEX_BYTES)))

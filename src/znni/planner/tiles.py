@@ -45,3 +45,13 @@ def tiled_layer(layer: LayerShape, m: int) -> LayerShape:
     t = prod(counts)
     return replace(layer, batch_in=layer.batch_in * t, size_in=t_in, batch_out=layer.batch_in * t,
                    size_out=t_out)
+
+
+def recompute_width(tiled: LayerShape) -> int:
+    """Output channels per part of recomputed spectra CpuBackend makes for a tiled layer
+    (its default recompute_spectra_bytes)."""
+    from znni.planner.costs import fft_shape, spectrum_points
+    from znni.primitives.cpu.tiling import RECOMPUTE_SPECTRA_BYTES, recompute_parts
+
+    nc = spectrum_points(fft_shape(tiled.size_in))
+    return recompute_parts(tiled.channels_in, tiled.channels_out, nc, RECOMPUTE_SPECTRA_BYTES)

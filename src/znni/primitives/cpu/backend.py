@@ -21,6 +21,7 @@ from znni.primitives.cpu.choice import PrimitiveChooser, estimate_s, layer_key, 
 from znni.primitives.cpu.direct_conv import direct_conv3d
 from znni.primitives.cpu.fft_conv import (
     COMPLEX_BYTES,
+    RECOMPUTE_BYTES,
     fft_conv3d,
     kernel_spectra,
     samples_per_chunk,
@@ -32,8 +33,10 @@ from znni.primitives.cpu.pooling import maxpool, mpf
 from znni.primitives.cpu.spectra_cache import SpectraCache, spectra_key
 from znni.primitives.cpu.threads import warn_if_blas_forced
 from znni.primitives.cpu.tiling import (
+    RECOMPUTE_SPECTRA_BYTES,
     choose_tiles,
     gather_tiles,
+    recompute_parts,
     scatter_tiles,
     tile_geometry,
     tile_origins,
@@ -69,6 +72,7 @@ class CpuBackend:
         persist_choices: bool = True,
         fft_tiles: int | None = None,
         fft_work_bytes: int = 2**29,
+        recompute_spectra_bytes: int = RECOMPUTE_SPECTRA_BYTES,
     ) -> None:
         if threads is not None and threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
@@ -76,8 +80,12 @@ class CpuBackend:
             raise ValueError(f"fft_tiles must be >= 1, got {fft_tiles}")
         if fft_work_bytes < 1:
             raise ValueError(f"fft_work_bytes must be >= 1, got {fft_work_bytes}")
+        if recompute_spectra_bytes < 1:
+            raise ValueError(
+                f"recompute_spectra_bytes must be >= 1, got {recompute_spectra_bytes}")
         self.fft_tiles = fft_tiles  # None: chosen per layer by the tiling model
         self.fft_work_bytes = fft_work_bytes  # spectra per chunk of transforms (fft_conv3d)
+        self.recompute_spectra_bytes = recompute_spectra_bytes  # one part of tiled recompute
         self.threads = threads or usable_cores()
         # Default FFTW_MEASURE; ZNNI_FFT_EFFORT lets CI pick a cheap planner for every backend.
         self.fft_effort = fft_effort or os.environ.get("ZNNI_FFT_EFFORT", "FFTW_MEASURE")
@@ -142,20 +150,46 @@ class CpuBackend:
         if counts == (1, 1, 1):
             return fft_conv3d(self.plans, self._pool, x, weight, bias, activation, spectra,
                               work_bytes=self.fft_work_bytes)
-        # One transform chunk of tiles per call (fft_conv3d's own chunk rule), gathered into
-        # one reused buffer and scattered into the output as soon as it is done.
+        return self._run_tiles(x, weight, bias, activation, spectra, out, (counts, t_out, t_in))
+
+    def _run_tiles(
+        self,
+        x: np.ndarray,
+        weight: np.ndarray,
+        bias: np.ndarray,
+        activation: Activation | None,
+        spectra: np.ndarray | None,
+        out: Triple,
+        geometry: tuple[Triple, Triple, Triple],
+    ) -> np.ndarray:
+        """Overlap-save tiles streamed through fft_conv3d, one transform chunk of tiles per
+        call, gathered into one reused buffer and scattered into the output as soon as done.
+        Without kept `spectra`, each part of the output channels gets its spectra made once
+        at the tile size (not once per chunk of tiles) and every tile streams through it."""
+        s, cin = x.shape[:2]
+        cout = weight.shape[0]
+        counts, t_out, t_in = geometry
+        padded = padded_shape(t_in)
+        nf = prod(spectrum_shape(padded))
+        width = cout if spectra is not None else recompute_parts(
+            cin, cout, nf, self.recompute_spectra_bytes)
         origins = tile_origins(s, counts, t_out)
-        group = min(len(origins),
-                    samples_per_chunk(cin, cout, padded_shape(t_in), self.fft_work_bytes))
-        buf = np.empty((group, cin, *t_in), dtype=np.float32)  # (G, Cin, t_in)
         y = np.empty((s, cout, *out), dtype=np.float32)
-        for g0 in range(0, len(origins), group):
-            batch = origins[g0 : g0 + group]
-            gather_tiles(x, batch, t_in, buf)
-            yt = fft_conv3d(self.plans, self._pool, buf[: len(batch)], weight, bias, activation,
-                            spectra, work_bytes=self.fft_work_bytes)  # (b, Cout, t_out)
-            scatter_tiles(yt, batch, y)
-            del yt
+        group = min(len(origins), samples_per_chunk(cin, width, padded, self.fft_work_bytes))
+        buf = np.empty((group, cin, *t_in), dtype=np.float32)  # (G, Cin, t_in)
+        for o0 in range(0, cout, width):
+            o1 = min(cout, o0 + width)
+            part = spectra if spectra is not None else kernel_spectra(
+                self.plans, weight[o0:o1], padded, RECOMPUTE_BYTES)  # (F, o1 - o0, Cin)
+            for g0 in range(0, len(origins), group):
+                batch = origins[g0 : g0 + group]
+                gather_tiles(x, batch, t_in, buf)
+                yt = fft_conv3d(self.plans, self._pool, buf[: len(batch)], weight[o0:o1],
+                                bias[o0:o1], activation, part,
+                                work_bytes=self.fft_work_bytes)  # (b, o1 - o0, t_out)
+                scatter_tiles(yt, batch, y[:, o0:o1])
+                del yt
+            del part
         return y
 
     def kept_spectra(self, weight: np.ndarray, size: tuple[int, ...]) -> np.ndarray:
@@ -165,7 +199,7 @@ class CpuBackend:
         return self.spectra.get_or_make(
             spectra_key(weight, padded),
             nbytes,
-            lambda: kernel_spectra(self.plans, weight, padded, 2**27),
+            lambda: kernel_spectra(self.plans, weight, padded, RECOMPUTE_BYTES),
         )
 
     def spectra_bytes(self, w_shape: tuple[int, ...], size: tuple[int, ...]) -> int:

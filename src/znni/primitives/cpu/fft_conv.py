@@ -27,6 +27,7 @@ from znni.primitives.cpu.threads import blas_single_thread
 
 COMPLEX_BYTES = 8
 FLOAT_BYTES = 4
+RECOMPUTE_BYTES = 2**27  # kernel spectra made this many bytes of output channels at a time
 
 
 def spectrum_shape(padded: Triple) -> Triple:
@@ -207,7 +208,7 @@ def fft_conv3d(
     spectra: np.ndarray | None,
     *,
     work_bytes: int = 2**29,
-    recompute_bytes: int = 2**27,
+    recompute_bytes: int = RECOMPUTE_BYTES,
 ) -> np.ndarray:
     """FFT conv of (S, Cin, n) with kept `spectra` (F, Cout, Cin), or pruned recompute if None.
 
