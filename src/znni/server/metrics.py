@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections import Counter
 
 from znni.server.schemas import JOB_STATUSES
@@ -42,5 +43,22 @@ def render(store: JobStore, requests: RequestCounter, workers_alive: int) -> str
             f'znni_http_responses_total{{code="{c}"}} {n}'
             for c, n in sorted(requests.by_code.items())
         ),
+        *_gc_lines(),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _gc_lines() -> list[str]:
+    """The API process's cyclic GC: a full collection pauses every request (see app.py)."""
+    stats = gc.get_stats()
+    return [
+        "# HELP python_gc_collections_total Cyclic GC runs in the API process by generation.",
+        "# TYPE python_gc_collections_total counter",
+        *(
+            f'python_gc_collections_total{{generation="{g}"}} {s["collections"]}'
+            for g, s in enumerate(stats)
+        ),
+        "# HELP znni_gc_frozen_objects Objects exempted from the cyclic GC at startup.",
+        "# TYPE znni_gc_frozen_objects gauge",
+        f"znni_gc_frozen_objects {gc.get_freeze_count()}",
+    ]
