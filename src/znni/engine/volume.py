@@ -57,9 +57,16 @@ def open_zarr_array(path: str, what: str) -> Any:
 
 
 def _metadata_bytes(p: Path) -> tuple[bytes | None, ...]:
-    """The bytes of each of an array's metadata files (None where there is none)."""
-    out: list[bytes | None] = []
-    for name in METADATA_FILES:
+    """The bytes of each of an array's metadata files (None where there is none).
+
+    A format 3 array's `zarr.json` holds all of it; zarr reads that one first.
+    """
+    try:
+        return ((p / METADATA_FILES[0]).read_bytes(), None, None)
+    except OSError:
+        pass
+    out: list[bytes | None] = [None]
+    for name in METADATA_FILES[1:]:
         try:
             out.append((p / name).read_bytes())
         except OSError:  # missing, or not a directory: zarr.open_array says what is wrong
