@@ -140,6 +140,32 @@ def test_overlap_save_tiles_match_scipy(primitive, tiles, work_bytes):
         b.close()
 
 
+@pytest.mark.parametrize("slab_bytes", [2**23, 20_000, 1])
+@pytest.mark.parametrize(
+    ("s", "cin", "kernel", "size", "gemms"),
+    [
+        (2, 22, (3, 3, 2), (9, 11, 13), 3),  # split: 22*3*2 = 132 rows per GEMM
+        (1, 130, (1, 4, 1), (3, 10, 7), 4),  # split: 130 rows, flat in z and x
+        (3, 9, (2, 5, 3), (6, 13, 8), 1),  # not split: 9*2*3 = 54 < 128, one GEMM of 270
+        (1, 140, (1, 1, 1), (5, 4, 3), 1),  # 1x1x1: the input view itself, no gather
+    ],
+)
+def test_direct_conv_split_gathers_match_naive(s, cin, kernel, size, gemms, slab_bytes):
+    # Deep layers gather (c, dz, dx) columns once over L + (ky-1)*X positions and run one
+    # GEMM per dy on row-shifted views; blocks of whole planes, of rows and of one row each.
+    from concurrent.futures import ThreadPoolExecutor
+
+    from znni.primitives.cpu.direct_conv import column_layout, direct_conv3d
+
+    assert column_layout(cin, kernel)[1] == gemms  # the case takes the path it names
+    rng = np.random.default_rng(cin)
+    x, w, bias = _layer(rng, s, cin, 5, size, kernel)
+    act = Activation("elu", 1.0)
+    with ThreadPoolExecutor(2) as pool:
+        got = direct_conv3d(pool, x, w, bias, act, slab_bytes=slab_bytes)
+    assert close(got, _naive(x, w, bias, act))
+
+
 @pytest.mark.parametrize("part_channels", [5, 3, 2, 1])
 @pytest.mark.parametrize("work_bytes", [2**29, 1])
 def test_tiled_recompute_in_parts_of_output_channels_matches_naive(part_channels, work_bytes):

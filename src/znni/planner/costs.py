@@ -22,6 +22,7 @@ COMPLEX_BYTES = 8  # complex64
 FLOAT_BYTES = 4
 WORK_BYTES = 2**29  # fft_conv3d work_bytes: samples per chunk of transforms
 RECOMPUTE_BYTES = 2**27  # fft_conv3d recompute_bytes and kernel_spectra chunk
+SLAB_BYTES = 2**23  # direct_conv3d slab_bytes: column buffer per block
 
 CPU_CONV_PRIMITIVES = ("direct", "fft-keep", "fft-recompute")
 GPU_CONV_PRIMITIVES = ("gpu-direct", "gpu-fft")
@@ -102,16 +103,11 @@ def conv_work(layer: LayerShape, primitive: str) -> Work:
     s, f, g = layer.batch_in, layer.channels_in, layer.channels_out
     n_in, n_out = prod(layer.size_in), prod(layer.size_out)
     elementwise_bytes = float(s * g * n_out * FLOAT_BYTES * 3)  # bias + activation + store
-    if primitive in ("direct", "gpu-direct"):
-        # ZNNi direct conv: S*f'*f*n'^3*k^3 multiply-adds
-        # primitives/cpu/direct_conv.py gathers f*k^3 input values per output position into
-        # a column buffer (written once, read once); a 1x1x1 kernel uses the input as is
-        columns = 0 if prod(layer.kernel) == 1 else s * f * prod(layer.kernel) * n_out
-        return Work(
-            direct_flops=2.0 * s * g * f * n_out * prod(layer.kernel),
-            gather_bytes=2.0 * columns * FLOAT_BYTES,
-            memory_bytes=elementwise_bytes + s * f * n_in * FLOAT_BYTES,
-        )
+    if primitive == "gpu-direct":  # ZNNi direct conv: S*f'*f*n'^3*k^3 multiply-adds
+        return Work(direct_flops=2.0 * s * g * f * n_out * prod(layer.kernel),
+                    memory_bytes=elementwise_bytes + s * f * n_in * FLOAT_BYTES)
+    if primitive == "direct":
+        return _cpu_direct_work(layer, elementwise_bytes)
     padded = fft_shape(layer.size_in)
     nc = spectrum_points(padded)
     # ZNNi FFT conv: S*3C*n^3*log n*(f+f') image transforms + 4S*f'*f*n^3 multiply-adds
@@ -129,6 +125,28 @@ def conv_work(layer: LayerShape, primitive: str) -> Work:
         madd_flops=madd_flops,
         madd_bytes=madd_bytes,
         memory_bytes=elementwise_bytes + pad_bytes,
+    )
+
+
+def _cpu_direct_work(layer: LayerShape, elementwise_bytes: float) -> Work:
+    """primitives/cpu/direct_conv.py: S*f'*f*n'^3*k^3 multiply-adds (ZNNi direct conv) as
+    GEMMs over column buffers, each written once and read once; a 1x1x1 kernel uses the
+    input as is. Deep layers gather f*kz*kx rows over each block's L + (ky-1)*X positions
+    (L about SLAB_BYTES of columns) and run ky GEMMs, each after the first added into the
+    result (read, read, write)."""
+    from znni.primitives.cpu.direct_conv import column_layout  # pyFFTW's package lazily
+
+    s, f, g = layer.batch_in, layer.channels_in, layer.channels_out
+    n_in, n_out = prod(layer.size_in), prod(layer.size_out)
+    rows, gemms = column_layout(f, layer.kernel)
+    block_l = max(1, SLAB_BYTES // (rows * FLOAT_BYTES))  # positions per block
+    spill = 1.0 + (gemms - 1) * layer.size_in[2] / block_l
+    columns = 0.0 if prod(layer.kernel) == 1 else s * rows * n_out * spill
+    accumulate_bytes = 3.0 * (gemms - 1) * s * g * n_out * FLOAT_BYTES
+    return Work(
+        direct_flops=2.0 * s * g * f * n_out * prod(layer.kernel),
+        gather_bytes=2.0 * columns * FLOAT_BYTES,
+        memory_bytes=elementwise_bytes + s * f * n_in * FLOAT_BYTES + accumulate_bytes,
     )
 
 

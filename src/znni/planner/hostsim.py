@@ -20,14 +20,13 @@ from znni.planner.costs import (
     COMPLEX_BYTES,
     FLOAT_BYTES,
     RECOMPUTE_BYTES,
+    SLAB_BYTES,
     WORK_BYTES,
     fft_shape,
     spectrum_points,
 )
 from znni.planner.network import LayerShape
 from znni.planner.tiles import fft_tiles, recompute_width, tiled_layer
-
-SLAB_BYTES = 2**23  # direct_conv3d slab_bytes
 
 
 class HostSim:
@@ -203,21 +202,27 @@ def _chunk_sizes(total: int, chunk: int) -> list[int]:
 
 def direct_bytes(sh: LayerShape, threads: int, slab_bytes: int = SLAB_BYTES) -> int:
     """Peak bytes of direct_conv3d besides its input: the output plus, per busy worker, a
-    column buffer (Cin*k^3, L) (none for 1^3 kernels) and a GEMM result (Cout, L).
+    column buffer (rows, L + (gemms-1)*X) (none for 1^3 kernels), a GEMM result (Cout, L)
+    and, with several GEMMs, a second one to accumulate from.
 
     Closed form of primitives/cpu/direct_conv.direct_bytes (which lists every block; too slow
     inside the search): the largest block is the first, shaped by its `block_shape`.
     tests/planner/test_planner_tiling.py checks the two agree."""
-    from znni.primitives.cpu.direct_conv import block_columns, block_shape  # pyFFTW lazily
+    from znni.primitives.cpu.direct_conv import (  # pyFFTW lazily
+        block_columns,
+        block_shape,
+        column_layout,
+    )
 
     s, cin, cout = sh.batch_in, sh.channels_in, sh.channels_out
     _, ny, nx = sh.size_in
     oz, oy, ox = sh.size_out
-    depth = cin * prod(sh.kernel)
-    zb, yb = block_shape(s, sh.size_out, sh.size_in, depth, slab_bytes, threads)
+    rows, gemms = column_layout(cin, sh.kernel)
+    zb, yb = block_shape(s, sh.size_out, sh.size_in, rows, slab_bytes, threads)
     cap = block_columns(zb, yb, ny, nx, ox)  # L of the largest block
     blocks = s * -(-oz // zb) * -(-oy // yb)
-    per_worker = (cout + (depth if prod(sh.kernel) > 1 else 0)) * cap * FLOAT_BYTES
+    cols_bytes = rows * (cap + (gemms - 1) * nx) if prod(sh.kernel) > 1 else 0
+    per_worker = (cols_bytes + (2 if gemms > 1 else 1) * cout * cap) * FLOAT_BYTES
     return sh.out_bytes + min(threads, blocks) * per_worker
 
 
