@@ -132,14 +132,14 @@ def _cpu_direct_work(layer: LayerShape, elementwise_bytes: float) -> Work:
     """primitives/cpu/direct_conv.py: S*f'*f*n'^3*k^3 multiply-adds (ZNNi direct conv) as
     GEMMs over column buffers, each written once and read once; a 1x1x1 kernel uses the
     input as is. Deep layers gather f*kz*kx rows over each block's L + (ky-1)*X positions
-    (L about SLAB_BYTES of columns) and run ky GEMMs, each after the first added into the
-    result (read, read, write)."""
+    (L as for SLAB_BYTES of full-depth columns) and run ky GEMMs, each after the first
+    added into the result (read, read, write)."""
     from znni.primitives.cpu.direct_conv import column_layout  # pyFFTW's package lazily
 
     s, f, g = layer.batch_in, layer.channels_in, layer.channels_out
     n_in, n_out = prod(layer.size_in), prod(layer.size_out)
     rows, gemms = column_layout(f, layer.kernel)
-    block_l = max(1, SLAB_BYTES // (rows * FLOAT_BYTES))  # positions per block
+    block_l = max(1, SLAB_BYTES // (rows * gemms * FLOAT_BYTES))  # positions per block
     spill = 1.0 + (gemms - 1) * layer.size_in[2] / block_l
     columns = 0.0 if prod(layer.kernel) == 1 else s * rows * n_out * spill
     accumulate_bytes = 3.0 * (gemms - 1) * s * g * n_out * FLOAT_BYTES
