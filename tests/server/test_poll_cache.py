@@ -1,14 +1,19 @@
-"""The status poll's cached JSON follows every change of the job's row, and the API sees a
-rewritten input volume at once (the engine caches opened arrays by their metadata)."""
+"""The status poll: its cached JSON follows every change of the job's row, its short ASGI
+path answers exactly as the FastAPI route, and a rewritten input volume is seen at once
+(the engine caches opened arrays by their metadata)."""
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import numpy as np
+import pytest
 import zarr
-from server_util import wait_job
+from server_util import Server, wait_job
 
 from znni.server.store import JobStore
 from znni.server.views import JobJsonCache
@@ -112,3 +117,67 @@ def test_rewritten_input_is_validated_again(server, site) -> None:
         again = client.post("/v1/jobs", json={**body, "output": "out/rw-3.zarr", "roi": roi})
         assert again.status_code == 201, again.text
         client.post(f"/v1/jobs/{again.json()['id']}/cancel")
+
+
+@pytest.fixture(scope="module")
+def token_server(site: dict) -> Iterator[Server]:
+    srv = Server(site["root"], site["models"], site["base"] / "poll-token.sqlite", token="s3cret")
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def submit_and_finish(client: httpx.Client, output: str) -> int:
+    r = client.post("/v1/jobs", json={"network": "tiny", "input": "small.zarr", "output": output})
+    assert r.status_code == 201, r.text
+    wait_job(client, r.json()["id"], ("succeeded",))
+    return int(r.json()["id"])
+
+
+def test_short_path_answers_exactly_as_the_route(server) -> None:
+    """`/v1/jobs/{id}?x=1` and a zero-padded id go through FastAPI's route; the plain
+    poll takes the short path. Same status, bytes and content type."""
+    with server.client() as client:
+        job_id = submit_and_finish(client, "out/poll-short.zarr")
+        short = client.get(f"/v1/jobs/{job_id}")
+        for routed in (f"/v1/jobs/{job_id}?x=1", f"/v1/jobs/000{job_id}"):
+            via_route = client.get(routed)
+            assert via_route.status_code == short.status_code == 200
+            assert via_route.content == short.content
+            assert via_route.headers["content-type"] == short.headers["content-type"]
+        assert client.get("/v1/jobs/0").status_code == 422
+        assert client.get("/v1/jobs/999999999999999999").status_code == 404
+        before = count_2xx(client.get("/metrics").text)
+        for _ in range(5):
+            assert client.get(f"/v1/jobs/{job_id}").status_code == 200
+        assert count_2xx(client.get("/metrics").text) == before + 6  # 5 polls, 1 /metrics
+        big = client.request("GET", f"/v1/jobs/{job_id}", content=b"x" * (65 * 1024))
+        assert big.status_code == 413  # the body limit still comes first
+
+
+def count_2xx(metrics: str) -> int:
+    found = re.search(r'^znni_http_responses_total\{code="2xx"\} (\d+)$', metrics, re.MULTILINE)
+    assert found is not None
+    return int(found.group(1))
+
+
+@pytest.mark.parametrize(
+    ("headers", "word"),
+    [
+        ({}, "missing"),
+        ({"Authorization": "Bearer wrong"}, "wrong"),
+        ({"Authorization": "Basic czNjcmV0"}, "missing"),
+        ({"Authorization": "Bearer s3cret0"}, "wrong"),
+        ({"Authorization": "Bearer"}, "missing"),
+    ],
+)
+def test_short_path_needs_the_token(token_server, headers, word) -> None:
+    with token_server.client() as client:
+        job_id = submit_and_finish(client, f"out/poll-token-{word}-{len(headers)}.zarr")
+        good = client.get(f"/v1/jobs/{job_id}")
+    assert good.status_code == 200 and good.json()["id"] == job_id
+    r = httpx.get(f"{token_server.url}/v1/jobs/{job_id}", headers=headers)
+    assert r.status_code == 401, r.text
+    assert word in r.json()["detail"] and r.headers["www-authenticate"] == "Bearer"

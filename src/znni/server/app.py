@@ -19,6 +19,7 @@ from znni.server import metrics
 from znni.server.api import ServerState, router
 from znni.server.catalogue import NetworkCatalogue
 from znni.server.events import log_event
+from znni.server.fastpoll import StatusPollFastPath
 from znni.server.metrics import RequestCounter
 from znni.server.schemas import Health
 from znni.server.security import BodyLimitMiddleware
@@ -80,6 +81,7 @@ def create_app(settings: Settings, *, start_workers: bool = True) -> FastAPI:
     app.include_router(router)
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     _add_health_routes(app)
+    app.add_middleware(StatusPollFastPath, state=state)  # innermost: counted, body-limited
     app.add_middleware(_CountResponses, counter=state.requests)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     return app
