@@ -85,10 +85,15 @@ def format_plan(plan: Plan, network: Network, machine: MachineProfile) -> str:
             f"{alt.batch:>2} {theta:>5} {alt.predicted_voxels_per_second:>12,.0f} "
             f"{_gib(alt.peak_bytes):>11} {_gib(alt.gpu_peak_bytes):>11}"
         )
-    lines += ["", f"chosen: {plan.algorithm}, patch {_size(plan.input_size)} -> "
-              f"{_size(plan.output_size)}, {plan.predicted_patch_s:.3f} s per patch", ""]
-    lines.append(f"  {'op':>3} {'kind':<10} {'device':<6} {'primitive':<14} {'seconds':>9} "
-                 f"{'peak':>11}")
+    lines += [
+        "",
+        f"chosen: {plan.algorithm}, patch {_size(plan.input_size)} -> "
+        f"{_size(plan.output_size)}, {plan.predicted_patch_s:.3f} s per patch",
+        "",
+    ]
+    lines.append(
+        f"  {'op':>3} {'kind':<10} {'device':<6} {'primitive':<14} {'seconds':>9} {'peak':>11}"
+    )
     for layer in plan.layers:
         lines.append(
             f"  {layer.index:>3} {layer.kind:<10} {layer.device:<6} {layer.primitive or '-':<14} "
