@@ -9,6 +9,9 @@ the (bounded) thread pool. The job routes make that ONE explicit hop from an
 validation), and as the pool's tokens are handed out first come first served, each
 of 50 simultaneous submissions' second hop queued behind all the others' first, so
 every submission was answered only when the last one was validated.
+A successful status poll is normally answered before it reaches this router, by
+the short path in `fastpoll.py` (same bytes, from the same cache); the route below
+answers the rest (errors, query strings) and is the one OpenAPI documents.
 """
 
 from __future__ import annotations
