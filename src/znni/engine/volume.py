@@ -25,6 +25,12 @@ _OPENED: OrderedDict[tuple[str, tuple[bytes | None, ...]], Any] = OrderedDict()
 _OPENED_LOCK = threading.Lock()
 
 
+def import_zarr() -> None:
+    """Import zarr now: it is imported lazily, so a long-lived process (the server) can
+    pay that cost at startup instead of inside its first request."""
+    import zarr  # noqa: F401
+
+
 def open_zarr_array(path: str, what: str) -> Any:
     """Open an existing Zarr array read-only, or raise ValueError saying why not.
 

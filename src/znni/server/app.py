@@ -95,9 +95,10 @@ def _settle_heap() -> None:
     measured here) and fell inside a burst of requests. Frozen, they are never walked
     again. Importing the engine and zarr now also spares the first submission that cost.
     """
-    import zarr  # noqa: F401 - the engine opens every input with it
-
     import znni.engine.segment  # noqa: F401 - the validation path
+    from znni.engine.volume import import_zarr
+
+    import_zarr()  # the engine opens every input with it
 
     gc.collect()
     gc.freeze()
