@@ -45,7 +45,10 @@ def test_direct_counts_its_column_gather() -> None:
     sh = LayerShape(0, "conv", 2, 5, (9, 9, 9), 2, 3, (7, 7, 7), (3, 3, 3))
     plain = _profile()
     t = modelled(sh, "direct", plain)
-    gather_bytes = 2 * 4 * (2 * 5 * 27 * 7**3)  # write and read f*k^3 floats per output
+    # blocks of 4 and 3 output planes per sample (>= 2 blocks per worker of 2); a block of
+    # zb planes spans (zb - 1) input planes of 9x9, 6 rows of 9 and one row of 7 positions
+    computed = 2 * ((3 * 81 + 6 * 9 + 7) + (2 * 81 + 6 * 9 + 7))
+    gather_bytes = 2 * 4 * (5 * 27 * computed)  # write and read f*k^3 floats per position
     slow = _profile(cpu_rates={**DEFAULT_CPU_RATES, "gather_bytes_per_s": 1e9})
     expect = t + gather_bytes / 1e9 - gather_bytes / DEFAULT_CPU_RATES["gather_bytes_per_s"]
     assert modelled(sh, "direct", slow) == pytest.approx(expect)

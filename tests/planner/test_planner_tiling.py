@@ -105,3 +105,24 @@ def test_tiled_recompute_makes_each_spectrum_once_per_call() -> None:
     eight = cpu_conv_work(replace(sh, batch_in=64, batch_out=64), "fft-recompute")
     assert eight.kernel_fft_flops == work.kernel_fft_flops
     assert eight.fft_flops == pytest.approx(8 * work.fft_flops)
+
+
+@pytest.mark.parametrize(
+    ("s", "out", "n", "depth", "slab"),
+    [(512, (5, 5, 5), (9, 9, 9), 10000, 2**23), (1, (62, 62, 62), (64, 64, 64), 1080, 2**23),
+     (3, (7, 9, 11), (9, 13, 14), 50, 20000), (2, (30, 31, 29), (33, 33, 33), 300, 1)],
+)
+def test_direct_computed_columns_closed_form_matches_blocks(s, out, n, depth, slab) -> None:
+    # what the direct-conv cost counts: every position its GEMMs compute, block by block
+    from znni.primitives.cpu.direct_conv import (
+        _blocks,
+        block_columns,
+        block_shape,
+        computed_columns,
+    )
+
+    blocks = _blocks(s, out, n, depth, slab, 2)
+    listed = sum(block_columns(b[2] - b[1], b[4] - b[3], n[1], n[2], out[2]) for b in blocks)
+    assert computed_columns(s, out, n, *block_shape(s, out, n, depth, slab, 2)) == (
+        listed, len(blocks))
+    assert listed >= s * prod(out)  # dropped positions between valid outputs count too

@@ -23,6 +23,7 @@ FLOAT_BYTES = 4
 WORK_BYTES = 2**29  # fft_conv3d work_bytes: samples per chunk of transforms
 RECOMPUTE_BYTES = 2**27  # fft_conv3d recompute_bytes and kernel_spectra chunk
 SLAB_BYTES = 2**23  # direct_conv3d slab_bytes: column buffer per block
+DIRECT_WORKERS = 2  # block shapes halve z-blocks for >= 2 per worker; the count barely matters
 
 CPU_CONV_PRIMITIVES = ("direct", "fft-keep", "fft-recompute")
 GPU_CONV_PRIMITIVES = ("gpu-direct", "gpu-fft")
@@ -131,20 +132,27 @@ def conv_work(layer: LayerShape, primitive: str) -> Work:
 def _cpu_direct_work(layer: LayerShape, elementwise_bytes: float) -> Work:
     """primitives/cpu/direct_conv.py: S*f'*f*n'^3*k^3 multiply-adds (ZNNi direct conv) as
     GEMMs over column buffers, each written once and read once; a 1x1x1 kernel uses the
-    input as is. Deep layers gather f*kz*kx rows over each block's L + (ky-1)*X positions
-    (L as for SLAB_BYTES of full-depth columns) and run ky GEMMs, each after the first
-    added into the result (read, read, write)."""
-    from znni.primitives.cpu.direct_conv import column_layout  # pyFFTW's package lazily
+    input as is. The GEMMs run over flat runs of positions, so they also compute the
+    dropped x >= ox, y >= oy between valid outputs (computed_columns). Deep layers gather
+    f*kz*kx rows over each block's L + (ky-1)*X positions and run ky GEMMs, each after the
+    first added into the result (read, read, write)."""
+    from znni.primitives.cpu.direct_conv import (  # pyFFTW's package lazily
+        block_shape,
+        column_layout,
+        computed_columns,
+    )
 
     s, f, g = layer.batch_in, layer.channels_in, layer.channels_out
-    n_in, n_out = prod(layer.size_in), prod(layer.size_out)
+    n_in = prod(layer.size_in)
     rows, gemms = column_layout(f, layer.kernel)
-    block_l = max(1, SLAB_BYTES // (rows * gemms * FLOAT_BYTES))  # positions per block
-    spill = 1.0 + (gemms - 1) * layer.size_in[2] / block_l
-    columns = 0.0 if prod(layer.kernel) == 1 else s * rows * n_out * spill
-    accumulate_bytes = 3.0 * (gemms - 1) * s * g * n_out * FLOAT_BYTES
+    zb, yb = block_shape(s, layer.size_out, layer.size_in, rows * gemms, SLAB_BYTES,
+                         DIRECT_WORKERS)
+    computed, blocks = computed_columns(s, layer.size_out, layer.size_in, zb, yb)
+    gathered = rows * (computed + blocks * (gemms - 1) * layer.size_in[2])
+    columns = 0.0 if prod(layer.kernel) == 1 else float(gathered)
+    accumulate_bytes = 3.0 * (gemms - 1) * g * computed * FLOAT_BYTES
     return Work(
-        direct_flops=2.0 * s * g * f * n_out * prod(layer.kernel),
+        direct_flops=2.0 * g * f * computed * prod(layer.kernel),
         gather_bytes=2.0 * columns * FLOAT_BYTES,
         memory_bytes=elementwise_bytes + s * f * n_in * FLOAT_BYTES + accumulate_bytes,
     )
