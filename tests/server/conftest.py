@@ -51,3 +51,14 @@ def server(site: dict) -> Iterator[Server]:
         yield srv
     finally:
         srv.stop()
+
+
+@pytest.fixture(scope="module")
+def token_server(site: dict) -> Iterator[Server]:
+    """A live server that requires the bearer token "s3cret"."""
+    srv = Server(site["root"], site["models"], site["base"] / "token.sqlite", token="s3cret")
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()

@@ -61,12 +61,29 @@ def write_models(models: Path) -> dict[str, np.ndarray]:
 
 
 def write_volume(
-    path: Path, shape: tuple[int, ...], seed: int, chunks: tuple[int, ...]
+    path: Path,
+    shape: tuple[int, ...],
+    seed: int,
+    chunks: tuple[int, ...],
+    overwrite: bool = False,
 ) -> np.ndarray:
+    """A float32 array of random values at `path` (`overwrite`: replacing one there)."""
     x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-    array = zarr.create_array(str(path), shape=shape, chunks=chunks, dtype="float32")
+    array = zarr.create_array(str(path), shape=shape, chunks=chunks, dtype="float32",
+                              overwrite=overwrite)
     array[...] = x
     return x
+
+
+def new_job(store: Any, output: str, input_path: str = "/r/in", border: str = "reflect") -> int:
+    """A queued job of network "tiny" in a JobStore, straight through the store."""
+    return store.create(
+        network="tiny",
+        network_digest="d",
+        input_path=input_path,
+        output_path=output,
+        parameters={"border": border},
+    ).id
 
 
 def free_port() -> int:

@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 import zarr
-from server_util import Server, wait_job
+from server_util import wait_job
 
 OK = {"network": "tiny", "input": "small.zarr", "output": "new.zarr"}
 
@@ -179,16 +179,6 @@ def test_overwrite_true_replaces_an_existing_output(server, prepared) -> None:
         wait_job(client, r.json()["id"], ("succeeded",))
     out = zarr.open_array(str(prepared["root"] / "existing.zarr"), mode="r")[...]
     assert not np.any(out == 0.5)
-
-
-@pytest.fixture(scope="module")
-def token_server(site: dict) -> Iterator[Server]:
-    srv = Server(site["root"], site["models"], site["base"] / "token.sqlite", token="s3cret")
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.mark.parametrize(

@@ -6,40 +6,29 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import numpy as np
 import pytest
-import zarr
-from server_util import Server, wait_job
+from server_util import new_job, wait_job, write_volume
 
 from znni.server.store import JobStore
 from znni.server.views import JobJsonCache
 
 
-def write_volume(path: Path, shape: tuple[int, ...]) -> None:
+def rewrite_volume(path: Path, shape: tuple[int, ...]) -> None:
     """(Re)write a float32 array at `path`, replacing whatever array was there."""
-    values = np.random.default_rng(4).standard_normal(shape).astype(np.float32)
-    arr = zarr.create_array(str(path), shape=shape, chunks=shape, dtype="float32", overwrite=True)
-    arr[...] = values
+    write_volume(path, shape, seed=4, chunks=shape, overwrite=True)
 
 
-def new_job(store: JobStore, output: str) -> int:
-    return store.create(
-        network="tiny",
-        network_digest="d",
-        input_path="/r/in.zarr",
-        output_path=output,
-        parameters={"border": "zero"},
-    ).id
+def queued_job(store: JobStore, output: str) -> int:
+    return new_job(store, output, input_path="/r/in.zarr", border="zero")
 
 
 def test_cached_body_follows_the_row(tmp_path: Path) -> None:
     store = JobStore(tmp_path / "jobs.sqlite")
     cache = JobJsonCache(Path("/r"))
-    a = new_job(store, "/r/out/a.zarr")
+    a = queued_job(store, "/r/out/a.zarr")
     first = cache.body(store.get_row(a))
     assert cache.body(store.get_row(a)) is first  # unchanged row: the same bytes again
     body = json.loads(first)
@@ -72,7 +61,7 @@ def test_cached_body_follows_the_row(tmp_path: Path) -> None:
 def test_cache_keeps_at_most_its_entries_and_stays_right(tmp_path: Path) -> None:
     store = JobStore(tmp_path / "jobs.sqlite")
     cache = JobJsonCache(Path("/r"), entries=2)
-    ids = [new_job(store, f"/r/out/{i}.zarr") for i in range(3)]
+    ids = [queued_job(store, f"/r/out/{i}.zarr") for i in range(3)]
     for _ in range(2):
         for i, job_id in enumerate(ids):
             body = json.loads(cache.body(store.get_row(job_id)))
@@ -104,29 +93,19 @@ def test_rewritten_input_is_validated_again(server, site) -> None:
     path = site["root"] / "rewritten.zarr"
     body = {"network": "tiny", "input": "rewritten.zarr"}
     with server.client() as client:
-        write_volume(path, (2, 9, 9, 9))
+        rewrite_volume(path, (2, 9, 9, 9))
         ok = client.post("/v1/jobs", json={**body, "output": "out/rw-1.zarr"})
         assert ok.status_code == 201, ok.text
         client.post(f"/v1/jobs/{ok.json()['id']}/cancel")
-        write_volume(path, (3, 9, 9, 9))  # now 3 channels
+        rewrite_volume(path, (3, 9, 9, 9))  # now 3 channels
         refused = client.post("/v1/jobs", json={**body, "output": "out/rw-2.zarr"})
         assert refused.status_code == 422
         assert "3 channels" in refused.json()["detail"]
-        write_volume(path, (2, 9, 9, 10))
+        rewrite_volume(path, (2, 9, 9, 10))
         roi = [[0, 9], [0, 9], [0, 10]]  # inside only the new shape
         again = client.post("/v1/jobs", json={**body, "output": "out/rw-3.zarr", "roi": roi})
         assert again.status_code == 201, again.text
         client.post(f"/v1/jobs/{again.json()['id']}/cancel")
-
-
-@pytest.fixture(scope="module")
-def token_server(site: dict) -> Iterator[Server]:
-    srv = Server(site["root"], site["models"], site["base"] / "poll-token.sqlite", token="s3cret")
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
 
 
 def submit_and_finish(client: httpx.Client, output: str) -> int:

@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from server_util import claim_all, commit_then_die
+from server_util import claim_all, commit_then_die, new_job
 
 from znni.server.paths import confine, relative_to_root
 from znni.server.security import token_matches
@@ -72,16 +72,6 @@ def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     assert Settings().token is None
     with pytest.raises(ValueError, match="data root"):
         Settings(data_root=tmp_path / "missing", models=tmp_path).resolved()
-
-
-def new_job(store: JobStore, output: str) -> int:
-    return store.create(
-        network="tiny",
-        network_digest="d",
-        input_path="/r/in",
-        output_path=output,
-        parameters={"border": "reflect"},
-    ).id
 
 
 def test_store_lifecycle(tmp_path: Path) -> None:
