@@ -211,18 +211,17 @@ def direct_bytes(sh: LayerShape, threads: int, slab_bytes: int = SLAB_BYTES) -> 
     from znni.primitives.cpu.direct_conv import (  # pyFFTW lazily
         block_columns,
         block_shape,
-        column_layout,
+        worker_bytes,
     )
 
     s, cin, cout = sh.batch_in, sh.channels_in, sh.channels_out
     _, ny, nx = sh.size_in
     oz, oy, ox = sh.size_out
-    rows, gemms = column_layout(cin, sh.kernel)
-    zb, yb = block_shape(s, sh.size_out, sh.size_in, rows * gemms, slab_bytes, threads)
+    depth = cin * prod(sh.kernel)  # blocks are sized by the full depth, split or not
+    zb, yb = block_shape(s, sh.size_out, sh.size_in, depth, slab_bytes, threads)
     cap = block_columns(zb, yb, ny, nx, ox)  # L of the largest block
     blocks = s * -(-oz // zb) * -(-oy // yb)
-    cols_bytes = rows * (cap + (gemms - 1) * nx) if prod(sh.kernel) > 1 else 0
-    per_worker = (cols_bytes + (2 if gemms > 1 else 1) * cout * cap) * FLOAT_BYTES
+    per_worker = worker_bytes(cin, cout, sh.kernel, cap, nx)
     return sh.out_bytes + min(threads, blocks) * per_worker
 
 

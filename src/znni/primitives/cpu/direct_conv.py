@@ -211,9 +211,15 @@ def direct_bytes(
 ) -> int:
     """Peak bytes of `direct_conv3d` besides its input: output + per-worker buffers."""
     out = tuple(a - k + 1 for a, k in zip(n, kernel, strict=True))
-    rows, gemms = column_layout(cin, kernel)
-    blocks = _blocks(s, out, n, rows * gemms, slab_bytes, workers)  # type: ignore[arg-type]
+    blocks = _blocks(s, out, n, cin * prod(kernel), slab_bytes, workers)  # type: ignore[arg-type]
     cap = max(block_columns(b[2] - b[1], b[4] - b[3], n[1], n[2], out[2]) for b in blocks)
-    cols_bytes = rows * (cap + (gemms - 1) * n[2]) if prod(kernel) > 1 else 0
-    per_worker = (cols_bytes + (2 if gemms > 1 else 1) * cout * cap) * FLOAT_BYTES
+    per_worker = worker_bytes(cin, cout, kernel, cap, n[2])
     return s * cout * prod(out) * FLOAT_BYTES + min(workers, len(blocks)) * per_worker
+
+
+def worker_bytes(cin: int, cout: int, kernel: tuple[int, int, int], cap: int, nx: int) -> int:
+    """One worker's buffers for blocks of at most `cap` positions: the column buffer (none
+    for 1x1x1 kernels), the GEMM result and, with several GEMMs, the one added from."""
+    rows, gemms = column_layout(cin, kernel)
+    cols = rows * (cap + (gemms - 1) * nx) if prod(kernel) > 1 else 0
+    return (cols + (2 if gemms > 1 else 1) * cout * cap) * FLOAT_BYTES
