@@ -22,6 +22,7 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
 bench: $(VENV)/.installed-test

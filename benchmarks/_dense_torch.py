@@ -1,7 +1,7 @@
 """The PyTorch dense-equivalent of a ZNNi network, whole or timed per layer on z-slabs.
 
 Dense-equivalent: every maxpool a stride-1 max filter, every later conv and pool
-dilated by the product of the earlier pool windows (DESIGN.md's dense semantics),
+dilated by the product of the earlier pool windows (the dense semantics of docs/design.md),
 so one pass over a patch yields the same dense output znni's MPF computes.
 
 On a planner-sized patch (~200^3) the whole dense-equivalent network does not fit

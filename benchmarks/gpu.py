@@ -6,7 +6,7 @@ cuDNN-style direct baseline for the four ZNNi networks, all measured in one run.
 - GPU + host RAM: the same patch under a memory cap of 1/4 of GPU-only's peak, so
   layers stream in sub-batches between host RAM and the device.
 - CPU-GPU: `run_patches_cpu_gpu` over several patches, layers before the second
-  pool on the CPU, the rest on the GPU (theta printed).
+  pool on the CPU, the rest on the GPU (split_op printed).
 - cuDNN baseline: every conv "gpu-direct" (cuDNN where CuPy has it).
 
 Without CuPy or a CUDA device it prints so and exits 0; `--standin` then runs a
@@ -39,7 +39,7 @@ def _cpu_backend():
     return make_backend("cpu") if "cpu" in BACKEND_FACTORIES else make_backend("reference")
 
 
-def _theta(ops) -> int:
+def _split_op(ops) -> int:
     """Split just after the first pool: the big early tensors stay in host RAM (ZNNi)."""
     from znni.primitives.base import Pool
 
@@ -73,9 +73,9 @@ def bench_net(name: str, edge: int, reps: int, patches: int, device, tmp: Path) 
     direct = ["gpu-direct" if hasattr(op, "weight") else None for op in ops]
     baseline = vps(lambda: dense_forward(ops, x, gpu, direct))
     cpu_only = vps(lambda: dense_forward(ops, x, cpu))
-    theta = _theta(ops)
+    split_op = _split_op(ops)
     t0 = time.perf_counter()
-    for _ in run_patches_cpu_gpu(ops, (x for _ in range(patches)), cpu, gpu, theta):
+    for _ in run_patches_cpu_gpu(ops, (x for _ in range(patches)), cpu, gpu, split_op):
         pass
     cpu_gpu = patches * out_vox / (time.perf_counter() - t0)
     return [
@@ -85,7 +85,7 @@ def bench_net(name: str, edge: int, reps: int, patches: int, device, tmp: Path) 
         f"{gpu_only:,.0f}",
         f"{cpu_only:,.0f}",
         f"{gpu_ram:,.0f}",
-        f"{cpu_gpu:,.0f} (theta={theta})",
+        f"{cpu_gpu:,.0f} (split_op={split_op})",
         f"{peak / 2**20:,.0f}",
     ]
 
@@ -94,7 +94,7 @@ def _narrow(name: str, tmp: Path, width: int):
     """The network's layout with `width` feature maps instead of 80 (a fast smoke)."""
     import json
 
-    from znni.planner import load_network
+    from znni.model import load_network
 
     spec = json.loads((Path(__file__).resolve().parent / "networks" / f"{name}.json").read_text())
     rng = np.random.default_rng(0)
@@ -132,7 +132,7 @@ def standin_smoke(tmp: Path) -> None:
         t_ref = time.perf_counter() - t0
         gpu = GpuBackend(dev, memory_cap_bytes=2**31)
         t0 = time.perf_counter()
-        (got,) = list(run_patches_cpu_gpu(net.ops, [x], _cpu_backend(), gpu, _theta(net.ops)))
+        (got,) = list(run_patches_cpu_gpu(net.ops, [x], _cpu_backend(), gpu, _split_op(net.ops)))
         t_pipe = time.perf_counter() - t0
         err = float(np.max(np.abs(got - ref)))
         print(

@@ -1,6 +1,6 @@
 """Conv layer benchmark: znni CPU primitives vs PyTorch CPU conv3d (oneDNN) and our reference.
 
-Shapes: the seven (Cin, Cout, k, n) of ANCHORS.md plus every distinct conv layer
+Shapes: the seven (Cin, Cout, k, n) of the ZNNi paper plus every distinct conv layer
 of the four ZNNi networks at n = 64, batch 1. Times are medians measured in
 this run (the chosen primitive and torch alternately, for their ratio); kept
 kernel spectra are computed before timing (they are reused across patches),

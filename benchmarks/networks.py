@@ -47,7 +47,7 @@ METHOD = (
 
 def load_random(name: str, tmp: Path):  # type: ignore[no-untyped-def]
     """The spec with He-initialised random weights written next to a copy of it."""
-    from znni.planner import load_network
+    from znni.model import load_network
 
     spec = json.loads((HERE / f"{name}.json").read_text())
     rng = np.random.default_rng(0)
@@ -210,7 +210,7 @@ def check_small(name: str, plan, args, torch) -> str:  # type: ignore[no-untyped
 
 def bench_planned(name: str, args, torch, machine) -> list[str]:  # type: ignore[no-untyped-def]
     """The planner's best CPU plan within the limit, znni in a child vs torch slabs."""
-    from znni.planner.plan import make_plan
+    from znni.planner.search import make_plan
 
     with tempfile.TemporaryDirectory() as tmp:
         net, spec, params = load_random(name, Path(tmp))
@@ -322,9 +322,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# dense networks, small patches, batch 1, torch {tv}, {args.effort}; "
               f"median of {args.reps}; voxels/s of dense output")
     else:
-        from znni.planner.machine import MachineProfile
+        from znni.planner.detect import detect_machine
 
-        machine = MachineProfile.detect()
+        machine = detect_machine()
         print(f"# dense networks on the planner's best CPU plan within {args.limit} "
               f"({machine.name}, calibrated {machine.calibrated}, OPENBLAS_CORETYPE="
               f"{os.environ.get('OPENBLAS_CORETYPE', 'unset')}), torch {tv}; znni_s = best of "

@@ -23,7 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from znni.engine.units import parse_bytes
+from znni.model.network import network_shapes_only
 from znni.planner.costs import layer_seconds
+from znni.planner.detect import detect_machine
 from znni.planner.machine import MachineProfile
 from znni.planner.memory import (
     layer_memory,
@@ -31,9 +33,8 @@ from znni.planner.memory import (
     weights_bytes,
     workspace_cache_bytes,
 )
-from znni.planner.network import network_shapes_only
-from znni.planner.plan import Plan, make_plan
-from znni.planner.search import build, evaluate
+from znni.planner.plan import Plan
+from znni.planner.search import build, evaluate, make_plan
 from znni.planner.stages import Stage, fused
 
 NETS = Path(__file__).resolve().parent / "networks"
@@ -235,7 +236,7 @@ def main() -> None:
     if args.what == "child":
         child(args)
         return
-    machine = MachineProfile.detect()
+    machine = detect_machine()
     limit = parse_bytes(args.limit)
     nets = tuple(args.nets.split(",")) if args.nets else None
     if args.what == "time":  # --patches: passes per plan, the first a warm-up (default 3)

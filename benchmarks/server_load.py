@@ -79,7 +79,7 @@ def start_server(base: Path, name: str, workers: int) -> tuple[subprocess.Popen,
         [
             sys.executable,
             "-m",
-            "znni.server.cli",
+            "znni.cli",
             "serve",
             "--port",
             str(port),

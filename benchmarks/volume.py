@@ -78,9 +78,9 @@ def main() -> None:
     from znni.engine.blockwork import BlockSpec, BlockWorker, default_backend_name
     from znni.engine.geometry import Halo, split_blocks
     from znni.engine.job import SegmentJob
-    from znni.engine.segment import prepare, segment
+    from znni.engine.segment import prepare_run, segment
     from znni.engine.volume import open_or_create_output
-    from znni.planner.network import load_network
+    from znni.model.network import load_network
     from znni.primitives.backends import make_backend
 
     backend = make_backend(args.backend or default_backend_name())
@@ -95,7 +95,7 @@ def main() -> None:
             chunks=args.block,
             block=args.block,
         )
-        prep = prepare(job)
+        prep = prepare_run(job)
         blocks = split_blocks(
             prep.region, prep.block_shape, prep.chunks, Halo.for_fov(net.fov), net.pool_product
         )

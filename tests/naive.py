@@ -1,4 +1,4 @@
-"""Independent brute-force references for the dense semantics (DESIGN.md, "How we test").
+"""Independent brute-force references for the dense semantics (docs/design.md, "How we test").
 
 Nothing here imports znni: the strided network is applied to every
 field-of-view window separately with plain loops and scipy.
@@ -115,7 +115,7 @@ def naive_border_pad(volume: np.ndarray, lo: tuple, hi: tuple, mode: str) -> np.
 
 
 def close(out: np.ndarray, ref: np.ndarray) -> bool:
-    """DESIGN.md tolerance: max|out - ref| <= 1e-4 * max(1, max|ref|)."""
+    """docs/design.md tolerance: max|out - ref| <= 1e-4 * max(1, max|ref|)."""
     if out.shape != ref.shape:
         raise AssertionError(f"shape {out.shape} != {ref.shape}")
     return float(np.max(np.abs(out - ref))) <= 1e-4 * max(1.0, float(np.max(np.abs(ref))))

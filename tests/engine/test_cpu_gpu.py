@@ -50,26 +50,26 @@ def _patches(volume, patch_in, starts):
         yield volume[None, :, z : z + patch_in[0], y : y + patch_in[1], x : x + patch_in[2]]
 
 
-@pytest.mark.parametrize("theta", [0, 3, 5, 8])
-def test_pipeline_equals_cpu_only_over_a_multi_block_volume(net, gpu, theta):
+@pytest.mark.parametrize("split_op", [0, 3, 5, 8])
+def test_pipeline_equals_cpu_only_over_a_multi_block_volume(net, gpu, split_op):
     layers, params, ops = net
-    rng = np.random.default_rng(theta)
+    rng = np.random.default_rng(split_op)
     volume, patch_in, out, starts = _blocks(layers, rng)
     cpu = ReferenceBackend()
     dense = np.zeros((3, *(s - f + 1 for s, f in zip(volume.shape[1:], naive_fov(layers)))))
-    outs = list(run_patches_cpu_gpu(ops, _patches(volume, patch_in, starts), cpu, gpu, theta))
+    outs = list(run_patches_cpu_gpu(ops, _patches(volume, patch_in, starts), cpu, gpu, split_op))
     assert len(outs) == len(starts)
     for (z, y, x), o, p in zip(starts, outs, _patches(volume, patch_in, starts)):
         assert close(o, dense_forward(ops, p, cpu))  # CPU-only, patch by patch
         dense[:, z : z + out[0], y : y + out[1], x : x + out[2]] = o[0]
-    if theta == 3:  # the whole assembled volume against the brute-force network once
+    if split_op == 3:  # the whole assembled volume against the brute-force network once
         assert close(dense, naive_dense(layers, params, volume))
     assert gpu.device.in_use_bytes == 0
 
 
-def _run_blocks(ops, patches, cpu, gpu, theta, ledger):
+def _run_blocks(ops, patches, cpu, gpu, split_op, ledger):
     """A minimal block sweep: a block is marked done only once its output exists."""
-    for i, y in enumerate(run_patches_cpu_gpu(ops, patches, cpu, gpu, theta)):
+    for i, y in enumerate(run_patches_cpu_gpu(ops, patches, cpu, gpu, split_op)):
         assert np.isfinite(y).all()
         ledger.append(i)
 
@@ -147,9 +147,9 @@ def test_closing_the_iterator_early_stops_the_cpu_stage(net, gpu):
     assert _no_pipeline_threads()
 
 
-def test_bad_theta_is_refused(net, gpu):
+def test_bad_split_op_is_refused(net, gpu):
     _, _, ops = net
-    with pytest.raises(ValueError, match="theta=99"):
+    with pytest.raises(ValueError, match="split_op=99"):
         list(run_patches_cpu_gpu(ops, iter([]), ReferenceBackend(), gpu, 99))
 
 

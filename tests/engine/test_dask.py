@@ -15,7 +15,7 @@ from naive import close
 from znni.engine.blockwork import TRACE_ENV
 from znni.engine.job import SegmentJob
 from znni.engine.segment import segment
-from znni.planner.network import load_network
+from znni.model.network import load_network
 from znni.primitives.backends import make_backend
 
 

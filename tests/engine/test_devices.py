@@ -11,10 +11,10 @@ import zarr
 from engine_ref import dense_volume, small_network, write_network, write_volume
 from naive import close
 
+from znni.cli import main
 from znni.engine.job import SegmentJob
-from znni.engine.segment import plan_for, segment
-from znni.planner.network import load_network
-from znni.server.cli import main
+from znni.engine.segment import check_and_plan, segment
+from znni.model.network import load_network
 
 
 @pytest.fixture()
@@ -50,11 +50,12 @@ def test_gpu_devices_on_standin_equal_cpu_and_reference(setup, monkeypatch, devi
 def test_cpu_gpu_plan_splits_between_devices(setup, monkeypatch) -> None:
     monkeypatch.setenv("ZNNI_GPU_STANDIN", "1")
     net = load_network(setup["spec"])
-    plan = plan_for(SegmentJob(net, setup["inp"], str(setup["tmp"] / "o.zarr"), device="cpu-gpu"))
+    plan = check_and_plan(SegmentJob(net, setup["inp"], str(setup["tmp"] / "o.zarr"), device="cpu-gpu"))
     assert plan.algorithm == "cpu-gpu"
     devices = [layer.device for layer in plan.layers]
     assert devices[0] == "cpu" and devices[-1] == "gpu"
-    assert plan.theta is not None and devices[plan.theta] == "cpu"
+    assert plan.split_op is not None and devices[plan.split_op - 1] == "cpu"
+    assert devices[plan.split_op] == "gpu"
 
 
 @pytest.mark.parametrize("device", ["gpu", "cpu-gpu"])
@@ -90,7 +91,7 @@ def test_plan_batch_stacks_patches_and_equals_reference(setup, batch) -> None:
     net = load_network(setup["spec"])
     job = SegmentJob(net, setup["inp"], str(setup["tmp"] / f"b{batch}.zarr"),
                      chunks=(16, 16, 16), block=(16, 16, 16))
-    plan = plan_for(job)
+    plan = check_and_plan(job)
     small = net.input_size_for((4, 3, 4))
     plan = dataclasses.replace(plan, batch=batch, input_size=small,
                                output_size=net.output_size(small))
@@ -141,7 +142,7 @@ def test_failure_in_either_stage_marks_no_partial_block_and_resume_completes(
 
 def test_plan_never_batches_more_patches_than_the_region_holds(setup) -> None:
     net = load_network(setup["spec"])
-    plan = plan_for(SegmentJob(net, setup["inp"], str(setup["tmp"] / "one.zarr")))
+    plan = check_and_plan(SegmentJob(net, setup["inp"], str(setup["tmp"] / "one.zarr")))
     region = (21, 26, 23)
     patches = 1
     for r, o in zip(region, plan.output_size):

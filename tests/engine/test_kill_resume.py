@@ -39,7 +39,7 @@ def _network(tmp: Path) -> Path:
 
 def _cmd(spec: Path, inp: str, out: Path) -> list[str]:
     blk = ",".join(map(str, BLOCK))
-    return [sys.executable, "-m", "znni.server.cli", "segment", str(spec), inp, str(out),
+    return [sys.executable, "-m", "znni.cli", "segment", str(spec), inp, str(out),
             "--chunks", blk, "--block", blk, "--quiet"]
 
 

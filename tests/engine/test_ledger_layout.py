@@ -21,7 +21,7 @@ from znni.engine.layout import (
 )
 from znni.engine.ledger import Ledger, fingerprint, read_ledger
 from znni.engine.segment import segment
-from znni.planner.network import load_network
+from znni.model.network import load_network
 
 PARTS = {"network": "abc", "roi": "0:1,0:1,0:1", "border": "reflect"}
 
@@ -114,7 +114,7 @@ def test_default_backend_4d_input(tmp_path: Path) -> None:
 def test_segment_follows_a_plan(tmp_path: Path) -> None:
     import znni.planner
     from znni.planner.machine import MachineProfile
-    from znni.planner.plan import make_plan
+    from znni.planner.search import make_plan
     from znni.primitives.backends import make_backend
 
     rng = np.random.default_rng(6)

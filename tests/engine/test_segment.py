@@ -13,8 +13,8 @@ from naive import close
 
 from znni.engine.job import SegmentCancelled, SegmentJob
 from znni.engine.ledger import read_ledger
-from znni.engine.segment import segment, validate_job
-from znni.planner.network import load_network
+from znni.engine.segment import check_and_plan, segment
+from znni.model.network import load_network
 from znni.primitives.backends import make_backend
 
 SCALE, SHIFT = 1 / 255, -0.25
@@ -115,7 +115,7 @@ def test_different_job_refused_unless_overwrite(tmp_path: Path) -> None:
     segment(job, backend=make_backend("reference"))
     other = SegmentJob(**{**job.__dict__, "border": "zero"})
     with pytest.raises(ValueError, match=r"different job \(border differs\).*--overwrite"):
-        validate_job(other)
+        check_and_plan(other)
     report = segment(SegmentJob(**{**other.__dict__, "overwrite": True}),
                      backend=make_backend("reference"))
     assert report.blocks_computed == report.blocks_total

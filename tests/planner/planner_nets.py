@@ -1,4 +1,4 @@
-"""Shape-only builds of the ZNNi benchmark networks (ANCHORS.md table) for planner tests."""
+"""Shape-only builds of the ZNNi benchmark networks (the ZNNi paper's table) for planner tests."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from znni.planner.network import Network, network_shapes_only
+from znni.model.network import Network, network_shapes_only
 
 # name -> (layer pattern, conv kernels); 1 input channel, 80 maps, 3 outputs, ReLU, pools 2^3
 ZNNI_TABLE = {

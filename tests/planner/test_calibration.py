@@ -9,11 +9,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from znni.model.network import LayerShape
 from znni.planner import calibrate
 from znni.planner.costs import Work, cpu_seconds, working_set_bytes
 from znni.planner.costs import layer_seconds as modelled  # a cost model: nothing is timed
 from znni.planner.machine import DEFAULT_CPU_RATES, MachineProfile
-from znni.planner.network import LayerShape
 
 
 def _profile(**kw) -> MachineProfile:  # type: ignore[no-untyped-def]

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from planner_nets import traced_peak_bytes
 
+from znni.model.network import network_shapes_only
 from znni.planner.hostsim import simulate_pass
 from znni.planner.memory import layer_memory
-from znni.planner.network import network_shapes_only
 
 pytest.importorskip("pyfftw")
 

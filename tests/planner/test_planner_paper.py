@@ -7,8 +7,7 @@ import pytest
 from planner_nets import ZNNI_TABLE, znni_network
 
 from znni.planner.machine import MachineProfile
-from znni.planner.plan import make_plan
-from znni.planner.search import evaluate
+from znni.planner.search import evaluate, make_plan
 
 PAPER = MachineProfile.load("znni-paper")
 

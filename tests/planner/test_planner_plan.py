@@ -7,9 +7,10 @@ import json
 import pytest
 from planner_nets import ZNNI_FOV, ZNNI_TABLE, znni_network
 
+from znni.model.network import Network
 from znni.planner.machine import MachineProfile
-from znni.planner.network import Network
-from znni.planner.plan import Plan, make_plan
+from znni.planner.plan import Plan
+from znni.planner.search import make_plan
 
 CI = MachineProfile.load("ci-2core")
 
@@ -43,6 +44,18 @@ def test_plan_json_round_trip() -> None:
     text = json.dumps(plan.to_dict())
     back = Plan.from_dict(json.loads(text))
     assert back == plan
+
+
+def test_a_stored_plan_with_theta_reads_as_split_op() -> None:
+    """Job rows written before `split_op` hold `theta`, the last op before the split."""
+    plan = make_plan(znni_network("n337"), machine=MachineProfile.load("znni-paper"))
+    assert plan.algorithm == "cpu-gpu" and plan.split_op is not None
+    old = plan.to_dict()
+    old["theta"] = old.pop("split_op") - 1
+    for alt in old["alternatives"]:
+        split = alt.pop("split_op")
+        alt["theta"] = None if split is None else split - 1
+    assert Plan.from_dict(json.loads(json.dumps(old))) == plan
 
 
 @pytest.mark.parametrize("name, limit_gib", [("n337", 2.5), ("n537", 6)])

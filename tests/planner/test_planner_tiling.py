@@ -9,10 +9,10 @@ from math import prod
 import pytest
 from planner_nets import traced_peak_bytes
 
+from znni.model.network import LayerShape, network_shapes_only
 from znni.planner.costs import conv_work, cpu_conv_work
 from znni.planner.hostsim import simulate_pass
 from znni.planner.memory import layer_memory
-from znni.planner.network import LayerShape, network_shapes_only
 from znni.planner.tiles import fft_tiles, tile_geometry, tiled_layer
 
 pytest.importorskip("pyfftw")
@@ -85,8 +85,8 @@ def test_tiled_work_counts_the_tiles_and_copies() -> None:
 def test_direct_bytes_closed_form_matches_backend(
     s: int, cin: int, cout: int, n: tuple[int, int, int], k: tuple[int, int, int], threads: int
 ) -> None:
+    from znni.model.network import LayerShape
     from znni.planner.hostsim import direct_bytes
-    from znni.planner.network import LayerShape
     from znni.primitives.cpu.direct_conv import direct_bytes as backend_bytes
 
     out = tuple(a - b + 1 for a, b in zip(n, k, strict=True))

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from znni.primitives.cpu import CpuBackend
-from znni.primitives.cpu.fft_sizes import good_size, is_good_size, padded_shape
 from znni.primitives.cpu.spectra_cache import SpectraCache, spectra_key
+from znni.primitives.fft_sizes import good_size, is_good_size, padded_shape
 from znni.primitives.reference import conv3d_reference
 
 

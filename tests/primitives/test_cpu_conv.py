@@ -11,8 +11,8 @@ from naive import close, naive_activation, naive_conv
 from znni.primitives.base import Activation
 from znni.primitives.cpu import CONV_PRIMITIVES, CpuBackend
 from znni.primitives.cpu.fft_conv import COMPLEX_BYTES, spectrum_shape
-from znni.primitives.cpu.fft_sizes import padded_shape
 from znni.primitives.cpu.tiling import recompute_parts
+from znni.primitives.fft_sizes import padded_shape
 from znni.primitives.reference import conv3d_reference
 
 ACTS = ["relu", "sigmoid", "tanh", "elu", "leaky_relu", "linear"]

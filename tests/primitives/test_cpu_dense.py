@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from naive import close, naive_dense_at, random_network
 
-from znni.planner import load_network
+from znni.model import load_network
 from znni.primitives import dense_forward
 from znni.primitives.backends import make_backend
 from znni.primitives.cpu import CONV_PRIMITIVES, CpuBackend

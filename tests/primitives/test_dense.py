@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from naive import close, naive_dense, naive_dense_at, naive_fov, random_network
 
-from znni.planner import load_network
+from znni.model import load_network
 from znni.primitives import ReferenceBackend, dense_forward
 
 

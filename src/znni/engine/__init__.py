@@ -1,5 +1,4 @@
-"""Running a network over a volume: patch pipeline, block sweep, ledger, local or Dask."""
+"""Running a plan over a volume: patch pipeline, block sweep, ledger, local or Dask.
 
-from znni.engine.job import ProgressEvent, SegmentCancelled, SegmentJob, SegmentReport
-
-__all__ = ["ProgressEvent", "SegmentCancelled", "SegmentJob", "SegmentReport"]
+The entry point is `segment.segment(job)`, with a `job.SegmentJob`.
+"""

@@ -17,10 +17,10 @@ import numpy as np
 
 from znni.engine.borders import read_with_border
 from znni.engine.cpu_gpu import run_patches_cpu_gpu
-from znni.engine.execution import Execution, build_backends, default_theta, execution_for
+from znni.engine.execution import Execution, build_backends, default_split_op, execution_for
 from znni.engine.geometry import Block, Box, Triple, patch_tiling
 from znni.engine.volume import encode_output, open_input, write_box
-from znni.planner.network import Network
+from znni.model.network import Network
 from znni.primitives.base import Backend
 from znni.primitives.dense import dense_forward
 
@@ -105,10 +105,10 @@ class BlockWorker:
         """Dense outputs of the patch batches, in order, on the execution's device(s)."""
         net, prims, mode = self.network, self.spec.primitives, self.execution.mode
         if mode == "cpu-gpu" and self.gpu_backend is not None:
-            theta = self.execution.theta
-            theta = default_theta(net) if theta is None else theta
+            split_op = self.execution.split_op
+            split_op = default_split_op(net) if split_op is None else split_op
             yield from run_patches_cpu_gpu(
-                net.ops, patches, self.backend, self.gpu_backend, theta, prims
+                net.ops, patches, self.backend, self.gpu_backend, split_op, prims
             )
             return
         backend = self.gpu_backend if mode == "gpu" and self.gpu_backend else self.backend

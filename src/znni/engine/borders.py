@@ -1,4 +1,4 @@
-"""Reading a box of a volume that may reach outside it, with the border mode of DESIGN.md.
+"""Reading a box of a volume that may reach outside it, with the border mode of docs/design.md.
 
 `reflect` is numpy's `reflect` of the WHOLE volume (no edge repeat, period
 2(n-1), repeated for halos wider than the volume) done by index mapping, so

@@ -1,5 +1,5 @@
-"""The CPU-GPU pipeline (ZNNi): the CPU runs layers [0, theta) of patch i+1 while the GPU
-runs layers [theta, end) of patch i.
+"""The CPU-GPU pipeline (ZNNi): the CPU runs layers [0, split_op) of patch i+1 while the GPU
+runs layers [split_op, end) of patch i.
 
 A producer thread runs the CPU part and hands its fragment batch, with the
 pool windows it met, through a queue of one (a double buffer: one patch
@@ -34,7 +34,7 @@ class PipelineError(RuntimeError):
 @dataclass
 class _Handoff:
     batch: int
-    fragments: np.ndarray  # (S, C, Z, Y, X) after layers [0, theta)
+    fragments: np.ndarray  # (S, C, Z, Y, X) after layers [0, split_op)
     windows: list[Triple]
 
 
@@ -50,7 +50,7 @@ def _producer(
     ops: Sequence[Op],
     patches: Iterable[np.ndarray],
     cpu: Backend,
-    theta: int,
+    split_op: int,
     primitives: Sequence[str | None] | None,
     handoff: queue.Queue,
     stop: threading.Event,
@@ -70,7 +70,7 @@ def _producer(
                 return
             if x.ndim != 5:
                 raise ValueError(f"expected a (B, C, Z, Y, X) patch batch, got shape {x.shape}")
-            t, windows = forward_range(ops, x, cpu, primitives, 0, theta)
+            t, windows = forward_range(ops, x, cpu, primitives, 0, split_op)
             if not put(_Handoff(x.shape[0], t, windows)):
                 return
         put(_DONE)
@@ -78,9 +78,9 @@ def _producer(
         put(_Failure(e))
 
 
-def _check_theta(ops: Sequence[Op], theta: int) -> None:
-    if not 0 <= theta <= len(ops):
-        raise ValueError(f"split layer theta={theta} is outside the network's 0..{len(ops)} ops")
+def _check_split_op(ops: Sequence[Op], split_op: int) -> None:
+    if not 0 <= split_op <= len(ops):
+        raise ValueError(f"split_op={split_op} is outside the network's 0..{len(ops)} ops")
 
 
 def run_patches_cpu_gpu(
@@ -88,22 +88,22 @@ def run_patches_cpu_gpu(
     patches: Iterable[np.ndarray],
     cpu_backend: Backend,
     gpu_backend: Backend,
-    theta: int,
+    split_op: int,
     primitives: Sequence[str | None] | None = None,
 ) -> Iterator[np.ndarray]:
     """Dense outputs of `patches` ((B, C, Z, Y, X) batches of valid MPF sizes), in order.
 
-    Ops [0, theta) run on `cpu_backend`, ops [theta, end) on `gpu_backend`,
+    Ops [0, split_op) run on `cpu_backend`, ops [split_op, end) on `gpu_backend`,
     overlapped across consecutive patches. Each output equals
     `dense_forward(ops, x, backend, primitives)`. Closing the iterator early
     stops the CPU stage; an error in either stage is raised here.
     """
-    _check_theta(ops, theta)
+    _check_split_op(ops, split_op)
     handoff: queue.Queue = queue.Queue(maxsize=1)
     stop = threading.Event()
     worker = threading.Thread(
         target=_producer,
-        args=(ops, patches, cpu_backend, theta, primitives, handoff, stop),
+        args=(ops, patches, cpu_backend, split_op, primitives, handoff, stop),
         name="znni-cpu-stage",
         daemon=True,
     )
@@ -118,7 +118,7 @@ def run_patches_cpu_gpu(
                     raise item.error
                 raise PipelineError(f"CPU stage failed: {item.error}") from item.error
             assert isinstance(item, _Handoff)  # the producer sends nothing else
-            t, windows = forward_range(ops, item.fragments, gpu_backend, primitives, theta, None)
+            t, windows = forward_range(ops, item.fragments, gpu_backend, primitives, split_op, None)
             del item.fragments
             yield recombine(t, item.batch, item.windows + windows)
     finally:

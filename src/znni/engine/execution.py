@@ -13,11 +13,15 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from znni.engine.geometry import Triple
-from znni.planner.network import Network
+from znni.model.network import Network
 from znni.primitives.base import Backend
+
+if TYPE_CHECKING:  # the planner is imported when a plan is made, not with the engine
+    from znni.planner.machine import MachineProfile
+    from znni.planner.plan import Plan
 
 STANDIN_ENV = "ZNNI_GPU_STANDIN"  # "1": GPU work runs on the numpy stand-in device
 BACKEND_ENV = "ZNNI_BACKEND"  # overrides the CPU backend's name (e.g. "reference")
@@ -26,22 +30,22 @@ PLAN_BUDGET_QUANTUM_BYTES = 64 * 2**20  # budgets are planned in whole 64 MiB st
 PLAN_CACHE_ENTRIES = 64  # plans are small frozen values; bounded by count
 MACHINE_TTL_S = 30.0  # a server re-detects this machine at most this often
 
-_PLANS: OrderedDict[tuple, Any] = OrderedDict()
+_PLANS: OrderedDict[tuple, Plan] = OrderedDict()
 _PLAN_LOCK = threading.Lock()
 _MACHINE_LOCK = threading.Lock()
-_MACHINE: dict[tuple, tuple[float, Any]] = {}  # environment key -> (detected at, profile)
+_MACHINE: dict[tuple, tuple[float, MachineProfile]] = {}  # env key -> (detected at, profile)
 
 
 @dataclass(frozen=True)
 class Execution:
-    """How patches run: `mode` cpu | gpu | cpu-gpu, backends by name, the split theta."""
+    """How patches run: `mode` cpu | gpu | cpu-gpu, backends by name, the split op."""
 
     mode: str
     cpu_backend: str
     cpu_options: dict[str, Any] = field(default_factory=dict)
     gpu_backend: str | None = None
     gpu_options: dict[str, Any] = field(default_factory=dict)
-    theta: int | None = None  # cpu-gpu: ops [0, theta) on the CPU, the rest on the GPU
+    split_op: int | None = None  # cpu-gpu: ops [0, split_op) on the CPU, the rest on the GPU
 
 
 def standin_requested() -> bool:
@@ -65,14 +69,15 @@ def check_device(device: str) -> None:
         require_cuda()
 
 
-def planning_machine() -> Any:
+def planning_machine() -> MachineProfile:
     """This machine as the planner sees it: cached calibration, never measured here.
 
     Detection (CUDA devices via an import of CuPy, the calibration file, free memory) is
     reused for MACHINE_TTL_S per environment, so a server validating a burst of
     submissions does not repeat it for each.
     """
-    from znni.planner.machine import GpuProfile, MachineProfile
+    from znni.planner.detect import detect_machine
+    from znni.planner.machine import GpuProfile
 
     env = tuple(os.environ.get(k) for k in (STANDIN_ENV, "XDG_CACHE_HOME", "OPENBLAS_CORETYPE"))
     now = time.monotonic()
@@ -80,7 +85,7 @@ def planning_machine() -> Any:
         hit = _MACHINE.get(env)
         if hit is not None and now - hit[0] < MACHINE_TTL_S:
             return hit[1]
-        machine = MachineProfile.detect(calibrate=None)
+        machine = detect_machine(calibrate=None)
         if standin_requested() and machine.gpu is None:
             standin = GpuProfile(name="numpy stand-in", memory_bytes=STANDIN_MEMORY_BYTES)
             machine = replace(machine, gpus=(standin,))
@@ -88,14 +93,14 @@ def planning_machine() -> Any:
         return machine
 
 
-def plan_job(network: Network, device: str, budget_bytes: int, region: Triple) -> Any:
+def plan_job(network: Network, device: str, budget_bytes: int, region: Triple) -> Plan:
     """The planner's best plan for computing `region` within `budget_bytes` of host memory.
 
     Budgets are rounded down to PLAN_BUDGET_QUANTUM_BYTES so that a plan is a pure
     function of (network, device, budget, region, machine) and can be reused: a
     server validating many submissions of one network plans once.
     """
-    from znni.planner.plan import make_plan
+    from znni.planner.search import make_plan
 
     check_device(device)
     if budget_bytes > PLAN_BUDGET_QUANTUM_BYTES:
@@ -118,7 +123,7 @@ def plan_job(network: Network, device: str, budget_bytes: int, region: Triple) -
     return plan
 
 
-def execution_for(plan: Any | None, device: str) -> Execution:
+def execution_for(plan: Plan | None, device: str) -> Execution:
     """The backends a plan (or, without one, the device flag alone) asks for."""
     cpu_name = os.environ.get(BACKEND_ENV) or "cpu"
     cpu_options: dict[str, Any] = {}
@@ -138,9 +143,8 @@ def execution_for(plan: Any | None, device: str) -> Execution:
         gpu_options["memory_cap_bytes"] = STANDIN_MEMORY_BYTES
     if algorithm in ("gpu", "gpu-ram"):
         return Execution("gpu", cpu_name, cpu_options, gpu_name, gpu_options)
-    # Plan.theta is the last op on the CPU; the pipeline takes the first op on the GPU.
-    theta = plan.theta + 1 if plan is not None and plan.theta is not None else None
-    return Execution("cpu-gpu", cpu_name, cpu_options, gpu_name, gpu_options, theta)
+    split_op = plan.split_op if plan is not None else None
+    return Execution("cpu-gpu", cpu_name, cpu_options, gpu_name, gpu_options, split_op)
 
 
 def build_backends(execution: Execution) -> tuple[Backend, Backend | None]:
@@ -153,7 +157,7 @@ def build_backends(execution: Execution) -> tuple[Backend, Backend | None]:
     return cpu, make_backend(execution.gpu_backend, **execution.gpu_options)
 
 
-def default_theta(network: Network) -> int:
+def default_split_op(network: Network) -> int:
     """Without a plan: the CPU runs everything up to and including the first pooling layer."""
     from znni.primitives.base import Pool
 

@@ -78,7 +78,7 @@ class Halo:
 
     @staticmethod
     def for_fov(fov: Triple) -> Halo:
-        """Output voxel i reads the window starting at i - (fov-1)//2 (DESIGN.md)."""
+        """Output voxel i reads the window starting at i - (fov-1)//2 (docs/design.md)."""
         lo = _triple((f - 1) // 2 for f in fov)
         return Halo(lo, _triple(f - 1 - a for f, a in zip(fov, lo, strict=True)))
 

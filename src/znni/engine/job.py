@@ -7,9 +7,10 @@ and call `znni.engine.segment.segment(job, ...)`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from znni.planner.network import Network
+if TYPE_CHECKING:  # a pure description: the CLI reads its vocabularies without numpy
+    from znni.model.network import Network
 
 Triple = tuple[int, int, int]
 # ((z0, z1), (y0, y1), (x0, x1)); an open end (None) runs to the volume edge

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from znni.engine.geometry import Triple
-from znni.planner.network import FLOAT_BYTES, Network
+from znni.model.network import FLOAT_BYTES, Network
 
 PATCH_PEAK_FACTOR = 3  # backend temporaries on top of one layer's input + output
 DEFAULT_BUDGET_FRACTION = 0.5  # of available RAM when no --memory-limit is given

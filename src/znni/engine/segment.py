@@ -1,7 +1,8 @@
 """`segment(job)`: run a network densely over a Zarr volume, block by block, resumably.
 
-`validate_job` does every check `segment` does before writing anything, so a
-bad job fails with one ValueError and leaves the disk untouched.
+`check_and_plan` does every check `segment` does before writing anything (and
+plans the run, as `segment` would), so a bad job fails with one ValueError and
+leaves the disk untouched.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from znni.engine.blockwork import BlockSpec, BlockWorker
 from znni.engine.execution import check_device, execution_for, plan_job
@@ -37,13 +38,16 @@ from znni.engine.volume import (
 )
 from znni.primitives.base import Backend
 
+if TYPE_CHECKING:
+    from znni.planner.plan import Plan
+
 PLAN_FRACTION = 0.75  # of the memory budget for the patch pass; the rest holds blocks
 SCHEDULER_RE = re.compile(r"local:(\d+)|tcp://[^\s:/]+:\d+")
 
 
 @dataclass(frozen=True)
-class Prepared:
-    """A checked job with its geometry decided; nothing written yet."""
+class PreparedRun:
+    """A checked job with its plan and geometry decided; nothing written yet."""
 
     job: SegmentJob
     volume: InputVolume
@@ -56,20 +60,17 @@ class Prepared:
     patch: Triple
     block_shape: Triple
     primitives: tuple[str | None, ...] | None
-    plan: Any | None  # the planner's Plan this run follows
+    plan: Plan  # the planner's plan this run follows
 
 
-def validate_job(job: SegmentJob, plan: Any | None = None) -> None:
-    """Raise ValueError for anything that would make `segment(job)` fail; writes nothing."""
-    prepare(job, plan)
+def check_and_plan(job: SegmentJob, plan: Plan | None = None) -> Plan:
+    """The plan `segment(job, plan=plan)` follows (given none: the planner's best for the
+    job's region); raises ValueError for anything that would make it fail. Writes nothing."""
+    return prepare_run(job, plan).plan
 
 
-def plan_for(job: SegmentJob) -> Any:
-    """The plan `segment(job)` follows when given none: the planner's best for its region."""
-    return prepare(job).plan
-
-
-def prepare(job: SegmentJob, plan: Any | None = None) -> Prepared:
+def prepare_run(job: SegmentJob, plan: Plan | None = None) -> PreparedRun:
+    """Open and check the input, the output and its ledger, plan, choose blocks."""
     _check_options(job)
     net = job.network
     volume = open_input(job.input_path, net.in_channels)
@@ -102,7 +103,7 @@ def prepare(job: SegmentJob, plan: Any | None = None) -> Prepared:
         block_shape = choose_block_shape(
             net, chunks, patch, region.shape, budget, volume.dtype.itemsize
         )
-    return Prepared(
+    return PreparedRun(
         job, volume, region, out_shape, chunks, parts, resume,
         frozenset(done) if resume else frozenset(), patch, block_shape, primitives, plan,
     )
@@ -126,7 +127,7 @@ def _check_options(job: SegmentJob) -> None:
             raise ValueError(f"{what} {value!r} must be 3 positive integers z,y,x")
 
 
-def _patch_from_plan(job: SegmentJob, plan: Any) -> tuple[Triple, tuple[str | None, ...] | None]:
+def _patch_from_plan(job: SegmentJob, plan: Plan) -> tuple[Triple, tuple[str | None, ...] | None]:
     """The plan's patch output and per-op primitives, checked against the network."""
     net = job.network
     out = tuple(int(v) for v in plan.output_size)
@@ -147,10 +148,10 @@ def segment(
     progress: Callable[[ProgressEvent], None] | None = None,
     cancel: threading.Event | None = None,
     backend: Backend | None = None,
-    plan: Any | None = None,
+    plan: Plan | None = None,
 ) -> SegmentReport:
     """Compute every unfinished block of the job and write it; see the module docstring."""
-    prep = prepare(job, plan)
+    prep = prepare_run(job, plan)
     plan = prep.plan
     output = open_or_create_output(job.output_path, prep.out_shape, job.dtype, prep.chunks)
     ledger = Ledger(job.output_path)
@@ -197,5 +198,5 @@ def segment(
         elapsed_s=elapsed,
         voxels_per_second=meter.voxels_this_run / max(elapsed, 1e-9),
         stage_seconds=dict(timer.seconds),
-        plan=plan.to_dict() if plan is not None and hasattr(plan, "to_dict") else None,
+        plan=plan.to_dict(),
     )

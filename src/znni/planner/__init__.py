@@ -1,5 +1,4 @@
-"""The network model, machine profiles, cost and memory model, and the plan search."""
+"""Machine profiles, the cost and memory model, calibration, and the plan search.
 
-from znni.planner.network import LayerShape, LayerSpec, Network, load_network
-
-__all__ = ["LayerShape", "LayerSpec", "Network", "load_network"]
+The entry point is `search.make_plan(network, ...)`, which returns a `plan.Plan`.
+"""

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
+from znni.model.network import LayerShape
 from znni.planner.costs import Work, cpu_conv_work, other_work, working_set_bytes
 from znni.planner.machine import DEFAULT_CPU_RATES, MachineProfile
-from znni.planner.network import LayerShape
 
 log = logging.getLogger(__name__)
 

@@ -9,12 +9,12 @@ size, N = nz*ny*nx real points, Nc = nz*ny*(nx//2+1) complex points.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from functools import lru_cache
 from math import log2, prod
 
+from znni.model.network import LayerShape
 from znni.planner.machine import GpuProfile, MachineProfile
-from znni.planner.network import LayerShape
 from znni.planner.tiles import fft_tiles, recompute_width, tiled_layer
+from znni.primitives.fft_sizes import padded_shape, spectrum_points
 
 Triple = tuple[int, int, int]
 FFT_C = 2.5  # ZNNi: an FFT of N points costs about C*N*log2(N) flops, C ~ 2.5
@@ -27,37 +27,6 @@ DIRECT_WORKERS = 2  # block shapes halve z-blocks for >= 2 per worker; the count
 
 CPU_CONV_PRIMITIVES = ("direct", "fft-keep", "fft-recompute")
 GPU_CONV_PRIMITIVES = ("gpu-direct", "gpu-fft")
-
-
-def _smooth(n: int) -> bool:
-    for p in (2, 3, 5, 7):
-        while n % p == 0:
-            n //= p
-    return n == 1
-
-
-@lru_cache(maxsize=8192)
-def good_size(n: int, even: bool = False) -> int:
-    """Smallest 2^a*3^b*5^c*7^d (times at most one 11 or 13) >= n, even if asked
-    (ZNNi "padded FFT"; the same rule as primitives/cpu/fft_sizes.py)."""
-    m = max(1, n)
-    while True:
-        good = _smooth(m) or any(m % e == 0 and _smooth(m // e) for e in (11, 13))
-        if good and (not even or m % 2 == 0):
-            return m
-        m += 1
-
-
-def fft_shape(size_in: Triple) -> Triple:
-    """Padded transform size: the input size rounded up per axis, the rfft axis even
-    (wrap-around hits only the k-1 discarded border voxels, so n, not n+k-1, suffices)."""
-    z, y, x = size_in
-    return (good_size(z), good_size(y), good_size(x, even=x > 1))
-
-
-def spectrum_points(padded: Triple) -> int:
-    """Nc: complex points of a real-to-complex transform."""
-    return padded[0] * padded[1] * (padded[2] // 2 + 1)
 
 
 def transform_flops(padded: Triple) -> float:
@@ -109,7 +78,7 @@ def conv_work(layer: LayerShape, primitive: str) -> Work:
                     memory_bytes=elementwise_bytes + s * f * n_in * FLOAT_BYTES)
     if primitive == "direct":
         return _cpu_direct_work(layer, elementwise_bytes)
-    padded = fft_shape(layer.size_in)
+    padded = padded_shape(layer.size_in)
     nc = spectrum_points(padded)
     # ZNNi FFT conv: S*3C*n^3*log n*(f+f') image transforms + 4S*f'*f*n^3 multiply-adds
     image_fft_flops = s * (f + g) * transform_flops(padded)
@@ -160,7 +129,7 @@ def _cpu_direct_work(layer: LayerShape, elementwise_bytes: float) -> Work:
 
 def sample_chunks(layer: LayerShape) -> int:
     """How many sample chunks fft_conv3d splits the batch into (its `sc` arithmetic)."""
-    nc = spectrum_points(fft_shape(layer.size_in))
+    nc = spectrum_points(padded_shape(layer.size_in))
     per_sample_bytes = (layer.channels_in + layer.channels_out) * nc * COMPLEX_BYTES
     chunk = max(1, min(layer.batch_in, WORK_BYTES // per_sample_bytes))
     return -(-layer.batch_in // chunk)
@@ -172,7 +141,7 @@ def output_channel_chunks(layer: LayerShape, primitive: str) -> int:
     if primitive != "fft-recompute":
         return 1
     f, g = layer.channels_in, layer.channels_out
-    nc = spectrum_points(fft_shape(layer.size_in))
+    nc = spectrum_points(padded_shape(layer.size_in))
     oc = max(1, min(g, RECOMPUTE_BYTES // max(1, f * nc * COMPLEX_BYTES)))
     return -(-g // oc)
 
@@ -183,7 +152,7 @@ def cpu_madd_bytes(layer: LayerShape, primitive: str) -> float:
     time (written, transformed in place, read); outputs pass twice (freq_product's
     transposing copy). The inputs' passes are pack_bytes (cpu_pack_bytes)."""
     f, g, s = layer.channels_in, layer.channels_out, layer.batch_in
-    nc = spectrum_points(fft_shape(layer.size_in))
+    nc = spectrum_points(padded_shape(layer.size_in))
     spectra = sample_chunks(layer) * f * g * (1 if primitive == "fft-keep" else 2)
     return float((spectra + 2 * s * g) * nc * COMPLEX_BYTES)
 
@@ -194,7 +163,7 @@ def cpu_pack_bytes(layer: LayerShape, primitive: str) -> float:
     them again per product. This cost adds to the products' flops instead of overlapping
     them: recomputed spectra with few output channels per chunk (n926's 9^3 layer: 10
     chunks of 8) ran 2.8x slower than one chunk of 80, at the same flops."""
-    nc = spectrum_points(fft_shape(layer.size_in))
+    nc = spectrum_points(padded_shape(layer.size_in))
     chunks = output_channel_chunks(layer, primitive)
     return float(chunks * layer.batch_in * layer.channels_in * nc * COMPLEX_BYTES)
 
@@ -203,7 +172,7 @@ def cpu_products(layer: LayerShape, primitive: str) -> float:
     """Small matrix products fft_conv3d's multiply-add dispatches: one per frequency, per
     sample chunk and per output-channel chunk. With few channels per chunk their fixed cost
     outweighs the flops (n926's 9^3 layer at 85^3: 15 M products of (3, 80) @ (80, 7))."""
-    nc = spectrum_points(fft_shape(layer.size_in))
+    nc = spectrum_points(padded_shape(layer.size_in))
     return float(sample_chunks(layer) * output_channel_chunks(layer, primitive) * nc)
 
 
@@ -214,7 +183,7 @@ def cpu_conv_work(layer: LayerShape, primitive: str, spectra_budget: int | None 
     if primitive not in ("fft-keep", "fft-recompute"):
         return conv_work(layer, primitive)
     if spectra_budget is None:
-        nc = spectrum_points(fft_shape(layer.size_in))
+        nc = spectrum_points(padded_shape(layer.size_in))
         spectra_budget = layer.channels_in * layer.channels_out * nc * COMPLEX_BYTES
     m = fft_tiles(layer, primitive, spectra_budget)
     tiled = tiled_layer(layer, m)
@@ -250,7 +219,7 @@ def tiled_recompute_work(tiled: LayerShape) -> Work:
     conjugated into (F, part, Cin): two more passes) and every tile runs through them as
     through kept spectra, so the inputs are transformed and gathered once per part."""
     f, g = tiled.channels_in, tiled.channels_out
-    padded = fft_shape(tiled.size_in)
+    padded = padded_shape(tiled.size_in)
     nc = spectrum_points(padded)
     width = recompute_width(tiled)
     work = Work(kernel_fft_flops=f * g * pruned_kernel_flops(tiled.kernel, padded),
@@ -280,7 +249,7 @@ def other_work(layer: LayerShape) -> Work:
 
 def cpu_seconds(work: Work, machine: MachineProfile) -> float:
     """Predicted seconds on the host CPU. Multiply-add is compute- or memory-bound,
-    whichever is slower (ANCHORS: memory-bound at S = 1, a matmul at S > 1)."""
+    whichever is slower (measured on the CI kind: memory-bound at S = 1, a matmul at S > 1)."""
     r = machine.rate
     madd_s = max(work.madd_flops / r("madd_flops_per_s"), work.madd_bytes / r("madd_bytes_per_s"))
     return (

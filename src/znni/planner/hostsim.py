@@ -16,17 +16,16 @@ from collections.abc import Hashable
 from dataclasses import replace
 from math import prod
 
+from znni.model.network import LayerShape
 from znni.planner.costs import (
     COMPLEX_BYTES,
     FLOAT_BYTES,
     RECOMPUTE_BYTES,
     SLAB_BYTES,
     WORK_BYTES,
-    fft_shape,
-    spectrum_points,
 )
-from znni.planner.network import LayerShape
 from znni.planner.tiles import fft_tiles, recompute_width, tiled_layer
+from znni.primitives.fft_sizes import padded_shape, spectrum_points
 
 
 class HostSim:
@@ -139,7 +138,7 @@ def fft_conv(sim: HostSim, sh: LayerShape, keep: bool, threads: int) -> None:
     if tiled is sh:
         _fft_conv3d(sim, sh, keep, threads)
         return
-    nf = spectrum_points(fft_shape(tiled.size_in))
+    nf = spectrum_points(padded_shape(tiled.size_in))
     cin, cout = sh.channels_in, sh.channels_out
     width = cout if keep else recompute_width(tiled)
     group = min(tiled.batch_in, max(1, WORK_BYTES // ((cin + width) * nf * COMPLEX_BYTES)))
@@ -148,7 +147,7 @@ def fft_conv(sim: HostSim, sh: LayerShape, keep: bool, threads: int) -> None:
     sim.alloc(buf)
     for part in _chunk_sizes(cout, width):
         # without kept spectra, each part of the output channels has its spectra made once
-        kbytes = 0 if keep else _kernel_spectra(sim, tiled, part, fft_shape(tiled.size_in))
+        kbytes = 0 if keep else _kernel_spectra(sim, tiled, part, padded_shape(tiled.size_in))
         for b in _chunk_sizes(tiled.batch_in, group):
             chunk = replace(tiled, batch_in=b, batch_out=b, channels_out=part)
             _fft_conv3d(sim, chunk, keep, threads, given=not keep)  # its (b, part, t_out) result
@@ -162,7 +161,7 @@ def _fft_conv3d(
 ) -> None:
     """fft_conv3d (with CpuBackend.kept_spectra first when `keep`; `given`: spectra the caller
     made and holds, used like kept ones). Input is already live."""
-    padded = fft_shape(sh.size_in)
+    padded = padded_shape(sh.size_in)
     nf = spectrum_points(padded)
     s, cin, cout = sh.batch_in, sh.channels_in, sh.channels_out
     transient = 0
@@ -256,7 +255,7 @@ def simulate_pass(
     """
     if spectra_bytes is None:
         spectra_bytes = sum(
-            spectrum_points(fft_shape(sh.size_in)) * sh.channels_in * sh.channels_out
+            spectrum_points(padded_shape(sh.size_in)) * sh.channels_in * sh.channels_out
             * COMPLEX_BYTES
             for sh, p in zip(shapes, primitives, strict=True)
             if p == "fft-keep"

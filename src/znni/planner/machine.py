@@ -1,7 +1,7 @@
 """Machine profiles: what the planner knows about a computer (cores, memory, devices, rates).
 
-A profile is detected on this machine (cores, available RAM, CUDA devices via
-`znni.primitives.gpu.device_info`, and the calibrated primitive rates), or
+A profile is detected on this machine (`detect.detect_machine`: cores,
+available RAM, CUDA devices and the calibrated primitive rates), or
 loaded from JSON so plans can be made for machines you do not have
 (`znni plan --machine PROFILE.json`). Shipped profiles live in `profiles/`.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 # Rates of the CPU primitives (whole machine, all threads), used by costs.py.
-# Defaults are the ones measured on the 2-core AVX-512 CI kind (ANCHORS.md).
+# Defaults are the ones measured on the 2-core AVX-512 CI kind (docs/benchmarks.md).
 DEFAULT_CPU_RATES: dict[str, float] = {
     "fft_flops_per_s": 12e9,  # FFTW r2c/c2r at C*N*log2(N) flops per transform
     "kernel_fft_flops_per_s": 6e9,  # pruned kernel transforms (short, strided lines)
@@ -145,30 +145,6 @@ class MachineProfile:
             return cls.from_dict(json.loads(p.read_text()))
         except json.JSONDecodeError as e:
             raise ValueError(f"machine profile {p} is not valid JSON ({e})") from e
-
-    @classmethod
-    def detect(cls, *, calibrate: bool | None = True) -> MachineProfile:
-        """This machine: cores, available RAM, CUDA devices, and (cached) calibrated rates.
-
-        calibrate: True measures the rates when none are cached; None uses cached
-        rates if any, else the defaults (never measures); False always uses the defaults.
-        """
-        from znni.primitives.gpu import device_info
-
-        gpus = tuple(
-            GpuProfile(name=g["name"], memory_bytes=int(g["free_bytes"])) for g in device_info()
-        )
-        profile = cls(
-            name=f"detected-{os.uname().nodename}",
-            cores=os.cpu_count() or 1,
-            memory_bytes=available_memory_bytes(),
-            gpus=gpus,
-        )
-        if calibrate is not False:
-            from znni.planner.calibrate import calibrated_profile
-
-            profile = calibrated_profile(profile, measure=bool(calibrate))
-        return profile
 
 
 def _scaling_from_json(d: Any) -> dict[str, tuple[tuple[float, float], ...]]:

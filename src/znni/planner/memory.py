@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
-from znni.planner.costs import COMPLEX_BYTES, FLOAT_BYTES, fft_shape, spectrum_points
+from znni.model.network import LayerShape
+from znni.planner.costs import COMPLEX_BYTES, FLOAT_BYTES
 from znni.planner.hostsim import RECOMPUTE_BYTES, WORK_BYTES, simulate_pass
-from znni.planner.network import LayerShape
+from znni.primitives.fft_sizes import padded_shape, spectrum_points
 
 
 @dataclass(frozen=True)
@@ -25,8 +26,8 @@ class LayerMemory:
 
 
 def kernel_spectra_bytes(layer: LayerShape) -> int:
-    """All kernel spectra of a conv layer: f*f'*Nc complex (ANCHORS: 6.9 GB for 80x80 at 64^3)."""
-    nc = spectrum_points(fft_shape(layer.size_in))
+    """All kernel spectra of a conv layer: f*f'*Nc complex (ZNNi paper: 6.9 GB for 80x80 at 64^3)."""
+    nc = spectrum_points(padded_shape(layer.size_in))
     return layer.channels_in * layer.channels_out * nc * COMPLEX_BYTES
 
 
@@ -43,7 +44,7 @@ def conv_workspace_bytes(layer: LayerShape, primitive: str, threads: int = 1) ->
     s, f, g = layer.batch_in, layer.channels_in, layer.channels_out
     if primitive in ("direct", "gpu-direct"):
         return threads * (f * prod(layer.kernel) + g) * prod(layer.size_out[1:]) * FLOAT_BYTES
-    padded = fft_shape(layer.size_in)
+    padded = padded_shape(layer.size_in)
     nc = spectrum_points(padded)
     if primitive == "gpu-fft":
         spectra = s * (f + g) * nc * COMPLEX_BYTES

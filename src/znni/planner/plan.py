@@ -1,18 +1,20 @@
-"""The `Plan` value (contract 3) and `make_plan`, the planner's entry point.
+"""The `Plan` value: what the planner decided (`search.make_plan` makes one).
 
 A plan says which device algorithm runs (cpu, gpu, gpu-ram, cpu-gpu), the
-MPF patch size and batch, the split layer theta, each layer's primitive with
-its predicted seconds and bytes, and the predicted throughput. It is frozen
-and JSON-serialisable so the engine and server can record what they ran.
+MPF patch size and batch, the split op, each layer's primitive with its
+predicted seconds and bytes, and the predicted throughput. It is frozen and
+JSON-serialisable so the engine and the job store can record what they ran.
+
+`split_op` (cpu-gpu and gpu-ram only) is the index of the first op after the
+split: ops [0, split_op) run on the CPU (cpu-gpu) or are streamed through
+host RAM in chunks (gpu-ram); ops [split_op, end) run on the GPU on the whole
+batch of fragments. The engine's CPU-GPU pipeline takes the same index.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
-
-from znni.planner.machine import MachineProfile
-from znni.planner.network import Network
 
 ALGORITHMS = ("cpu", "gpu", "gpu-ram", "cpu-gpu")
 DEVICE_ALGORITHMS = {
@@ -45,7 +47,7 @@ class AlgorithmSummary:
     input_size: Triple | None = None
     output_size: Triple | None = None
     batch: int | None = None
-    theta: int | None = None
+    split_op: int | None = None  # see the module docstring
     predicted_voxels_per_second: float = 0.0
     peak_bytes: int = 0
     gpu_peak_bytes: int = 0
@@ -60,7 +62,7 @@ class Plan:
     input_size: Triple
     output_size: Triple
     batch: int
-    theta: int | None  # last op index run on the CPU (cpu-gpu) or streamed (gpu-ram)
+    split_op: int | None  # first op after the CPU / streamed part (module docstring)
     primitives: tuple[str | None, ...]  # one per op, for dense_forward(primitives=...)
     layers: tuple[LayerPlan, ...]
     peak_bytes: int  # host
@@ -80,7 +82,7 @@ class Plan:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Plan:
         try:
-            body = dict(d)
+            body = _split_from_theta(dict(d))
             body["input_size"] = _triple(body["input_size"])
             body["output_size"] = _triple(body["output_size"])
             body["primitives"] = tuple(body["primitives"])
@@ -88,7 +90,7 @@ class Plan:
             body["alternatives"] = tuple(
                 AlgorithmSummary(
                     **{
-                        **a,
+                        **_split_from_theta(a),
                         "input_size": _triple(a["input_size"]) if a.get("input_size") else None,
                         "output_size": _triple(a["output_size"]) if a.get("output_size") else None,
                     }
@@ -105,30 +107,11 @@ def _triple(v: Any) -> Triple:
     return (a, b, c)
 
 
-def make_plan(
-    network: Network,
-    *,
-    machine: MachineProfile | None = None,
-    device: str = "auto",
-    memory_limit_bytes: int | None = None,
-    max_output: Triple | None = None,
-) -> Plan:
-    """The configuration with the highest predicted output voxels/s that fits in memory.
-
-    machine: None detects this machine (calibrated rates cached per machine).
-    device: 'auto' | 'cpu' | 'gpu' | 'cpu-gpu'. memory_limit_bytes: host budget
-    (default: the profile's available memory). max_output: the region to compute;
-    no patch is planned larger than it (rounded up to the pool product).
-    Raises ValueError when nothing fits.
-    """
-    from znni.planner.search import search
-
-    if device not in DEVICE_ALGORITHMS:
-        raise ValueError(
-            f"device {device!r} is not one of {', '.join(DEVICE_ALGORITHMS)}"
-        )
-    if memory_limit_bytes is not None and memory_limit_bytes <= 0:
-        raise ValueError(f"memory limit must be positive, got {memory_limit_bytes}")
-    if machine is None:
-        machine = MachineProfile.detect()
-    return search(network, machine, DEVICE_ALGORITHMS[device], memory_limit_bytes, max_output)
+def _split_from_theta(summary: dict[str, Any]) -> dict[str, Any]:
+    """Plans stored before `split_op` (job rows of an older znni) said `theta`: the last op
+    before the split, one less than `split_op`."""
+    if "theta" not in summary:
+        return summary
+    out = {k: v for k, v in summary.items() if k != "theta"}
+    out["split_op"] = None if summary["theta"] is None else int(summary["theta"]) + 1
+    return out

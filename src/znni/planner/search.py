@@ -1,6 +1,7 @@
 """Exhaustive search for the plan with the most predicted output voxels per second.
 
-Following ZNNi: over MPF-valid input sizes x batch S x split layer theta, each
+`make_plan` is the planner's entry point. Following ZNNi: over MPF-valid
+input sizes x batch S x split op (ZNNi's theta), each
 layer takes the fastest primitive that fits the memory left, for each device
 algorithm: CPU-only, GPU-only, GPU + host RAM (early layers streamed in
 chunks), CPU-GPU (CPU runs ops[:p], the GPU ops[p:] on sub-batches of
@@ -12,7 +13,9 @@ from __future__ import annotations
 from dataclasses import replace
 from math import prod
 
+from znni.model.network import LayerShape, Network
 from znni.planner.costs import transfer_seconds as xfer_s
+from znni.planner.detect import detect_machine
 from znni.planner.machine import MachineProfile
 from znni.planner.memory import (
     layer_memory,
@@ -20,8 +23,7 @@ from znni.planner.memory import (
     weights_bytes,
     workspace_cache_bytes,
 )
-from znni.planner.network import LayerShape, Network
-from znni.planner.plan import AlgorithmSummary, LayerPlan, Plan
+from znni.planner.plan import DEVICE_ALGORITHMS, AlgorithmSummary, LayerPlan, Plan
 from znni.planner.stages import Stage, cpu_stage, gpu_stage, streamed_stage
 
 HOST_FRACTION = 0.85  # of available RAM, when no explicit limit is given
@@ -29,6 +31,32 @@ GPU_FRACTION = 0.9  # of device memory (allocator slack, CUDA context)
 BATCHES = (1, 2, 4)
 MAX_OUTPUT = 1024  # largest dense output per axis considered
 GIVE_UP_AFTER = 3  # consecutive sizes where nothing fits
+Triple = tuple[int, int, int]
+
+
+def make_plan(
+    network: Network,
+    *,
+    machine: MachineProfile | None = None,
+    device: str = "auto",
+    memory_limit_bytes: int | None = None,
+    max_output: Triple | None = None,
+) -> Plan:
+    """The configuration with the highest predicted output voxels/s that fits in memory.
+
+    machine: None detects this machine (calibrated rates cached per machine).
+    device: 'auto' | 'cpu' | 'gpu' | 'cpu-gpu'. memory_limit_bytes: host budget
+    (default: the profile's available memory). max_output: the region to compute;
+    no patch is planned larger than it (rounded up to the pool product).
+    Raises ValueError when nothing fits.
+    """
+    if device not in DEVICE_ALGORITHMS:
+        raise ValueError(f"device {device!r} is not one of {', '.join(DEVICE_ALGORITHMS)}")
+    if memory_limit_bytes is not None and memory_limit_bytes <= 0:
+        raise ValueError(f"memory limit must be positive, got {memory_limit_bytes}")
+    if machine is None:
+        machine = detect_machine()
+    return search(network, machine, DEVICE_ALGORITHMS[device], memory_limit_bytes, max_output)
 
 
 def search(
@@ -69,7 +97,7 @@ def summarise(plan: Plan) -> AlgorithmSummary:
         plan.input_size,
         plan.output_size,
         plan.batch,
-        plan.theta,
+        plan.split_op,
         plan.predicted_voxels_per_second,
         plan.peak_bytes,
         plan.gpu_peak_bytes,
@@ -235,7 +263,7 @@ def evaluate_split(
         return None
     out_voxels = shapes[-1].batch_out * _voxels(shapes[-1])
     gpu_peak = max(st.device_peak_bytes for st in (front, back) if st.device == "gpu")
-    return build(network, machine, alg, shapes, p - 1, [front, back], patch_s, peak, gpu_peak,
+    return build(network, machine, alg, shapes, p, [front, back], patch_s, peak, gpu_peak,
                  out_voxels, host_bytes, gpu_bytes)
 
 
@@ -249,7 +277,7 @@ def build(
     machine: MachineProfile,
     alg: str,
     shapes: list[LayerShape],
-    theta: int | None,
+    split_op: int | None,
     stages: list[Stage],
     patch_s: float,
     peak: int,
@@ -274,7 +302,7 @@ def build(
         input_size=size_in,
         output_size=network.output_size(size_in),
         batch=shapes[0].batch_in,
-        theta=theta,
+        split_op=split_op,
         primitives=tuple(None if sh.kind != "conv" else p for sh, p in zip(shapes, prims,
                                                                           strict=True)),
         layers=layers,

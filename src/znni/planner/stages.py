@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from math import ceil
 
+from znni.model.network import LayerShape
 from znni.planner.costs import GPU_CONV_PRIMITIVES, layer_seconds, transfer_seconds
 from znni.planner.machine import MachineProfile
 from znni.planner.memory import layer_memory, pass_peak_bytes, workspace_cache_bytes
-from znni.planner.network import LayerShape
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import replace
 from math import prod
 
-from znni.planner.network import LayerShape
+from znni.model.network import LayerShape
+from znni.primitives.fft_sizes import padded_shape, spectrum_points
 
 Triple = tuple[int, int, int]
 
@@ -50,8 +51,7 @@ def tiled_layer(layer: LayerShape, m: int) -> LayerShape:
 def recompute_width(tiled: LayerShape) -> int:
     """Output channels per part of recomputed spectra CpuBackend makes for a tiled layer
     (its default recompute_spectra_bytes)."""
-    from znni.planner.costs import fft_shape, spectrum_points
     from znni.primitives.cpu.tiling import RECOMPUTE_SPECTRA_BYTES, recompute_parts
 
-    nc = spectrum_points(fft_shape(tiled.size_in))
+    nc = spectrum_points(padded_shape(tiled.size_in))
     return recompute_parts(tiled.channels_in, tiled.channels_out, nc, RECOMPUTE_SPECTRA_BYTES)

@@ -27,7 +27,6 @@ from znni.primitives.cpu.fft_conv import (
     samples_per_chunk,
     spectrum_shape,
 )
-from znni.primitives.cpu.fft_sizes import padded_shape
 from znni.primitives.cpu.fftw_plans import PlanCache
 from znni.primitives.cpu.pooling import maxpool, mpf
 from znni.primitives.cpu.spectra_cache import SpectraCache, spectra_key
@@ -41,6 +40,7 @@ from znni.primitives.cpu.tiling import (
     tile_geometry,
     tile_origins,
 )
+from znni.primitives.fft_sizes import padded_shape
 
 CONV_PRIMITIVES = ("direct", "fft-keep", "fft-recompute")
 

@@ -22,7 +22,7 @@ from znni.primitives.cpu.tiling import choose_tiles, model_s
 
 log = logging.getLogger(__name__)
 
-# Rough rate of this machine kind (ANCHORS.md), used only to skip hopeless candidates.
+# Rough rate of this machine kind (docs/benchmarks.md), used only to skip hopeless candidates.
 GEMM_FLOPS_PER_S = 1.0e11
 PRUNE_RATIO = 4.0
 

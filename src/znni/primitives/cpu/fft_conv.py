@@ -21,9 +21,9 @@ import numpy as np
 
 from znni.primitives.activations import apply_activation
 from znni.primitives.base import Activation, Triple
-from znni.primitives.cpu.fft_sizes import padded_shape
 from znni.primitives.cpu.fftw_plans import PlanCache, Workspace
 from znni.primitives.cpu.threads import blas_single_thread
+from znni.primitives.fft_sizes import padded_shape
 
 COMPLEX_BYTES = 8
 FLOAT_BYTES = 4

@@ -21,7 +21,7 @@ from math import log2, prod
 import numpy as np
 
 from znni.primitives.base import Triple
-from znni.primitives.cpu.fft_sizes import padded_shape
+from znni.primitives.fft_sizes import padded_shape
 
 FFT_FLOPS_PER_S = 1.0e10
 GEMM_FLOPS_PER_S = 1.0e11

@@ -16,54 +16,41 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
 from math import prod
 from types import ModuleType
 from typing import Any
 
 from znni.primitives.base import Triple
+from znni.primitives.fft_sizes import (
+    CUFFT_EXTRA_FACTORS,
+    good_size,
+    padded_shape,
+    spectrum_points,
+)
 from znni.primitives.gpu.workspace import Workspace
 
 COMPLEX_BYTES = 8
 TRANSFORM_TEMPS = 4  # live batch-sized temporaries in a pass, cuFFT's own workspace included
 
 
-def _is_cufft_smooth(n: int) -> bool:
-    for p in (2, 3, 5, 7):
-        while n % p == 0:
-            n //= p
-    return n == 1
-
-
-@lru_cache(maxsize=4096)
 def cufft_size(n: int, even: bool = False) -> int:
     """Smallest 2^a 3^b 5^c 7^d >= n (even when `even`), where cuFFT is fastest."""
-    if n < 1:
-        raise ValueError(f"FFT size must be >= 1, got {n}")
-    m = n
-    while not (_is_cufft_smooth(m) and (not even or m % 2 == 0)):
-        m += 1
-    return m
+    return good_size(n, even, CUFFT_EXTRA_FACTORS)
 
 
 def fft_shape(size: Triple) -> Triple:
-    z, y, x = size
-    return (cufft_size(z), cufft_size(y), cufft_size(x, even=x > 1))
-
-
-def spectrum_size(fshape: Triple) -> int:
-    """Complex values of one half-spectrum (rfft on the last axis)."""
-    return fshape[0] * fshape[1] * (fshape[2] // 2 + 1)
+    """The padded transform shape on the device (the shared rule, cuFFT's factors)."""
+    return padded_shape(size, CUFFT_EXTRA_FACTORS)
 
 
 def batch_images(fshape: Triple, batch_bytes: int) -> int:
     """How many images one bounded transform batch holds."""
-    return max(1, batch_bytes // (spectrum_size(fshape) * COMPLEX_BYTES))
+    return max(1, batch_bytes // (spectrum_points(fshape) * COMPLEX_BYTES))
 
 
 def kernel_group(cin: int, cout: int, batch: int, fshape: Triple, batch_bytes: int) -> int:
     """Output channels whose kernel spectra are recomputed together ('fft-recompute')."""
-    per_channel = (cin + batch) * spectrum_size(fshape) * COMPLEX_BYTES
+    per_channel = (cin + batch) * spectrum_points(fshape) * COMPLEX_BYTES
     return max(1, min(cout, batch_bytes // per_channel))
 
 
@@ -72,7 +59,7 @@ def fft_workspace_bytes(
 ) -> int:
     """Upper bound of `fft_conv`'s temporaries (kept spectra are counted by their owner)."""
     fshape = fft_shape(size)
-    nf = spectrum_size(fshape)
+    nf = spectrum_points(fshape)
     g = cout if keep else kernel_group(cin, cout, batch, fshape, batch_bytes)
     images = max(batch * cin, batch * cout, 0 if keep else g * cin)  # the largest transform set
     b = min(batch_images(fshape, batch_bytes), images)
@@ -114,7 +101,7 @@ def kernel_spectra(
     Written into `out` (kept spectra, owned by the caller) or a new workspace array.
     """
     cout, cin = w.shape[:2]
-    nf = spectrum_size(fshape)
+    nf = spectrum_points(fshape)
     if out is None:
         spec = ws.take(xp.empty((nf, cout * cin), dtype=xp.complex64))  # (F, Cout*Cin)
     else:
@@ -147,7 +134,7 @@ def fft_conv(
     cout = w.shape[0]
     size = tuple(x.shape[2:])
     fshape = fft_shape(size)  # type: ignore[arg-type]
-    nf = spectrum_size(fshape)
+    nf = spectrum_points(fshape)
     step = batch_images(fshape, batch_bytes)
     xs = ws.take(xp.empty((nf, s * cin), dtype=xp.complex64))  # (F, S*Cin)
     images = x.reshape(s * cin, *size)

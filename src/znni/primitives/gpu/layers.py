@@ -15,6 +15,7 @@ import numpy as np
 
 from znni.primitives.activations import apply_activation
 from znni.primitives.base import Activation, Conv, Op, Pool
+from znni.primitives.fft_sizes import spectrum_points
 from znni.primitives.fragments import fragment_size, fragments_reference
 from znni.primitives.gpu.conv import conv_output_size, direct_conv, direct_workspace_bytes
 from znni.primitives.gpu.device import Device, nbytes_of
@@ -24,7 +25,6 @@ from znni.primitives.gpu.fft_conv import (
     fft_shape,
     fft_workspace_bytes,
     kernel_spectra,
-    spectrum_size,
 )
 from znni.primitives.gpu.workspace import Workspace
 
@@ -113,7 +113,7 @@ class DeviceOp:
         cin = self.op.in_channels
         total = (cout * cin * prod(self.op.kernel) + cout) * 4
         if self.primitive == "fft-keep":
-            total += spectrum_size(fft_shape(shape[2:])) * cout * cin * COMPLEX_BYTES  # type: ignore[arg-type]
+            total += spectrum_points(fft_shape(shape[2:])) * cout * cin * COMPLEX_BYTES  # type: ignore[arg-type]
         return total
 
 
@@ -153,7 +153,7 @@ def upload_params(
     device.host_wait(device.record(copy))
     if dop.primitive == "fft-keep":
         params.fshape = fft_shape(shape[2:])  # type: ignore[arg-type]
-        nf = spectrum_size(params.fshape)
+        nf = spectrum_points(params.fshape)
         params.spectra = device.alloc((nf, o1 - o0, w_host.shape[1]), np.complex64, "spectra")
     return params
 

@@ -1,0 +1,238 @@
+"""The /v1 routes (docs/design.md, "HTTP API").
+
+Status reads (one indexed SQLite SELECT in WAL mode, ~0.1 ms, never blocked by
+writers) are `async def` and run on the event loop: under load, a thread hop per
+poll costs more in GIL hand-offs than the query itself. Everything that may wait
+(Zarr reads during validation, SQLite writes, loading networks, planning) runs in
+the (bounded) thread pool. The job routes make that ONE explicit hop from an
+`async def`: for a plain `def` route FastAPI hops twice (the route, then response
+validation), and as the pool's tokens are handed out first come first served, each
+of 50 simultaneous submissions' second hop queued behind all the others' first, so
+every submission was answered only when the last one was validated.
+A successful status poll is normally answered before it reaches this router, by
+the short path in `fastpoll.py` (same bytes, from the same cache); the route below
+answers the rest (errors, query strings) and is the one OpenAPI documents.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
+
+from znni.api.metrics import RequestCounter
+from znni.api.schemas import (
+    ErrorRead,
+    JobCreate,
+    JobList,
+    JobRead,
+    JobStatus,
+    NetworkList,
+    NetworkRead,
+    PlanRead,
+    PlanRequest,
+)
+from znni.api.security import token_matches
+from znni.api.views import JobJsonCache, job_read
+from znni.jobs.catalogue import NetworkCatalogue, UnknownNetworkError, describe
+from znni.jobs.events import log_event
+from znni.jobs.settings import Settings
+from znni.jobs.store import JobStore, OutputBusyError
+from znni.jobs.submission import check_submission
+from znni.jobs.worker import WorkerPool
+
+MAX_ID = 2**62  # SQLite integers are 64-bit; larger ids cannot exist
+
+
+@dataclass
+class ServerState:
+    settings: Settings
+    store: JobStore
+    catalogue: NetworkCatalogue
+    pool: WorkerPool
+    requests: RequestCounter
+    job_json: JobJsonCache
+
+
+async def get_state(request: Request) -> ServerState:
+    """Async on purpose: trivial dependencies run on the event loop, not in the thread pool."""
+    return request.app.state.znni
+
+
+_bearer = HTTPBearer(auto_error=False, description="needed when the server has a token")
+
+
+async def require_token(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> None:
+    """401 unless the configured token is given as `Authorization: Bearer TOKEN`."""
+    token = request.app.state.znni.settings.token
+    if token is None:
+        return
+    header = f"Bearer {credentials.credentials}" if credentials is not None else None
+    if not token_matches(token, header):
+        reason = "missing" if credentials is None else "wrong"
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED,
+            detail=f"{reason} bearer token: send 'Authorization: Bearer TOKEN'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
+StateDep = Annotated[ServerState, Depends(get_state)]
+JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="job id")]
+NetworkPath = Annotated[str, Path(max_length=128, description="network name")]
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorRead} for code in (400, 401, 404, 409, 413, 422)
+}
+
+router = APIRouter(prefix="/v1", dependencies=[Depends(require_token)], responses=ERRORS)
+
+
+@router.post("/jobs", status_code=status.HTTP_201_CREATED, response_model=JobRead)
+async def create_job(body: JobCreate, state: StateDep) -> JobRead:
+    """Validate everything (nothing is stored on a 4xx), then queue the job."""
+    return await run_in_threadpool(_create_job, body, state)
+
+
+def _create_job(body: JobCreate, state: ServerState) -> JobRead:
+    settings = state.settings
+    t0 = time.perf_counter()
+    try:
+        network, job = check_submission(
+            state.catalogue,
+            settings.data_root,
+            network=body.network,
+            input=body.input,
+            output=body.output,
+            params=body.model_dump(exclude={"network", "input", "output"}),
+            scheduler=settings.scheduler,
+        )
+    except ValueError as e:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(e)) from e
+    try:
+        record = state.store.create(
+            network=body.network,
+            network_digest=network.digest,
+            input_path=job.input_path,
+            output_path=job.output_path,
+            parameters=body.model_dump(exclude={"network", "input", "output"}, mode="json"),
+        )
+    except OutputBusyError as e:
+        raise HTTPException(status.HTTP_409_CONFLICT, detail=f"output {body.output!r} {e}") from e
+    log_event(
+        "job.submitted",
+        record.id,
+        network=body.network,
+        input=body.input,
+        output=body.output,
+        validate_s=round(time.perf_counter() - t0, 4),
+    )
+    return job_read(record, settings.data_root)
+
+
+@router.get("/jobs", response_model=JobList)
+async def list_jobs(
+    state: StateDep,
+    status_filter: Annotated[JobStatus | None, Query(alias="status")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
+) -> JobList:
+    records, total = state.store.list(status_filter, limit, offset)
+    return JobList(jobs=[job_read(r, state.settings.data_root) for r in records], total=total)
+
+
+@router.get("/jobs/{job_id}", response_model=JobRead)
+async def get_job(job_id: JobId, request: Request) -> Response:
+    """The status poll: the cached JSON of the job's row while the row is unchanged.
+
+    The state comes from `request` (not `StateDep`: each dependency costs ~10 us a poll).
+    """
+    state: ServerState = request.app.state.znni
+    row = state.store.get_row(job_id)
+    if row is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no job with id {job_id}")
+    return Response(state.job_json.body(row), media_type="application/json")
+
+
+@router.post("/jobs/{job_id}/cancel", response_model=JobRead)
+async def cancel_job(job_id: JobId, state: StateDep) -> JobRead:
+    """Queued: cancelled now. Running: stops after its current block, keeping finished ones."""
+    return await run_in_threadpool(_cancel_job, job_id, state)
+
+
+def _cancel_job(job_id: int, state: ServerState) -> JobRead:
+    before = state.store.get(job_id)
+    if before is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no job with id {job_id}")
+    if before.status in ("succeeded", "failed"):
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            detail=f"job {job_id} already {before.status}; nothing to cancel",
+        )
+    record = state.store.request_cancel(job_id)
+    if record is None:  # cannot happen while jobs are never deleted; answer sensibly anyway
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no job with id {job_id}")
+    if before.status != "cancelled":
+        log_event("job.cancel_requested", job_id, status=record.status)
+    return job_read(record, state.settings.data_root)
+
+
+@router.get("/networks", response_model=NetworkList)
+def list_networks(state: StateDep) -> NetworkList:
+    catalogue = state.catalogue
+    items = []
+    for name in catalogue.names():
+        try:
+            items.append(NetworkRead(**describe(name, catalogue.get(name))))
+        except ValueError:
+            continue  # logged by the catalogue; GET /v1/networks/{name} names the problem
+    return NetworkList(networks=items)
+
+
+@router.get("/networks/{name}", response_model=NetworkRead)
+def get_network(name: NetworkPath, state: StateDep) -> NetworkRead:
+    try:
+        network = state.catalogue.get(name)
+    except UnknownNetworkError as e:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=str(e)) from e
+    except ValueError as e:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(e)) from e
+    return NetworkRead(**describe(name, network))
+
+
+@router.post("/plan", response_model=PlanRead)
+def plan(body: PlanRequest, state: StateDep) -> PlanRead:
+    """What the planner would run for this network on this server's machine."""
+    try:
+        from znni.planner.search import make_plan
+    except ImportError as e:
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE, detail="the planner is not installed"
+        ) from e
+    try:
+        network = state.catalogue.get(body.network)
+        from znni.planner.detect import detect_machine
+        from znni.planner.machine import MachineProfile
+
+        machine = (
+            MachineProfile.load(state.settings.machine)
+            if state.settings.machine is not None
+            else detect_machine(calibrate=None)  # cached rates; never measures here
+        )
+        result = make_plan(
+            network, machine=machine, device=body.device, memory_limit_bytes=body.memory_limit_bytes
+        )
+    except ValueError as e:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(e)) from e
+    except ImportError as e:  # e.g. a GPU profile asked for without CuPy installed
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE, detail=f"the planner cannot run here ({e})"
+        ) from e
+    return PlanRead(network=body.network, plan=result.to_dict())

@@ -1,0 +1,107 @@
+"""Role-named request and response bodies of the HTTP API (docs/design.md, "HTTP API")."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+JOB_STATUSES: tuple[str, ...] = ("queued", "running", "succeeded", "failed", "cancelled")
+FINISHED_STATUSES: tuple[str, ...] = ("succeeded", "failed", "cancelled")
+
+NetworkName = Annotated[
+    str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+]
+UserPath = Annotated[str, Field(min_length=1, max_length=1024)]
+Coordinate = Annotated[int, Field(ge=0, le=2**40)]
+RoiRange = tuple[Coordinate | None, Coordinate | None]
+PositiveSize = Annotated[int, Field(ge=1, le=2**20)]
+
+
+class JobCreate(BaseModel):
+    """A segmentation job: a network from the models directory over a volume under the data root."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    network: NetworkName
+    input: UserPath
+    output: UserPath
+    roi: tuple[RoiRange, RoiRange, RoiRange] | None = None
+    border: Literal["reflect", "zero"] = "reflect"
+    dtype: Literal["float32", "uint8"] = "float32"
+    device: Literal["auto", "cpu", "gpu", "cpu-gpu"] = "auto"
+    chunks: tuple[PositiveSize, PositiveSize, PositiveSize] | None = None  # new outputs only
+    block: tuple[PositiveSize, PositiveSize, PositiveSize] | None = None  # whole chunks
+    memory_limit_bytes: Annotated[int, Field(ge=2**20, le=2**50)] | None = None
+    overwrite: bool = False
+
+
+class Progress(BaseModel):
+    done: int  # blocks finished (including ones finished by earlier attempts)
+    total: int  # blocks in the job; 0 until the worker has started it
+    voxels_done: int
+    voxels_total: int
+
+
+class JobRead(BaseModel):
+    id: int
+    status: JobStatus
+    network: str
+    input: str
+    output: str
+    parameters: dict[str, Any]
+    progress: Progress
+    voxels_per_second: float | None
+    eta_s: float | None
+    elapsed_s: float | None
+    error: str | None
+    plan: dict[str, Any] | None
+    report: dict[str, Any] | None  # the engine's SegmentReport of the finished run
+    cancel_requested: bool
+    attempts: int  # how many times a worker started it (resumes after a crash count)
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+
+
+class JobList(BaseModel):
+    jobs: list[JobRead]
+    total: int
+
+
+class NetworkRead(BaseModel):
+    name: str
+    in_channels: int
+    out_channels: int
+    fov: tuple[int, int, int]
+    pool_product: tuple[int, int, int]
+    layers: list[dict[str, Any]]
+    digest: str
+
+
+class NetworkList(BaseModel):
+    networks: list[NetworkRead]
+
+
+class PlanRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    network: NetworkName
+    device: Literal["auto", "cpu", "gpu", "cpu-gpu"] = "auto"
+    memory_limit_bytes: Annotated[int, Field(ge=2**20, le=2**50)] | None = None
+
+
+class PlanRead(BaseModel):
+    network: str
+    plan: dict[str, Any]
+
+
+class ErrorRead(BaseModel):
+    detail: str
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    workers_alive: int
+    workers: int

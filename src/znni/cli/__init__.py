@@ -1,0 +1,54 @@
+"""The `znni` command line: one module per subcommand, registered below.
+
+Each subcommand module has `add_parser(subparsers)` and `run(args) -> int`, and
+imports the engine, the planner, zarr or pyFFTW only inside `run` (or, for the
+option vocabularies, inside `add_parser`), so `import znni.cli` stays cheap.
+
+Expected failures (bad input) print one sentence to stderr and exit 2, with
+no traceback; set ZNNI_DEBUG=1 to see the traceback anyway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from znni.cli import bench, demo, plan, segment, serve
+
+# subcommand modules, in the order `znni --help` lists them
+COMMANDS = (segment, plan, serve, bench, demo)
+
+EXIT_BAD_INPUT = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="znni", description="Dense 3D ConvNet inference over large Zarr volumes."
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS:
+        command.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.run(args) or 0)
+    except (ValueError, TypeError, FileNotFoundError, NotADirectoryError) as e:
+        if os.environ.get("ZNNI_DEBUG"):
+            raise
+        print(f"znni {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print(f"znni {args.command}: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,111 @@
+"""`znni plan NETWORK.json`: what will run where, how fast and in how much memory."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from znni.model.network import Network
+    from znni.planner.machine import MachineProfile
+    from znni.planner.plan import Plan
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    from znni.engine.job import DEVICES
+
+    p = sub.add_parser("plan", help="plan patch size, primitives and devices for a network")
+    p.add_argument("network", help="network spec JSON (weights are not needed to plan)")
+    p.add_argument("--weights", help="weights .npz (default: the spec's 'weights', if present)")
+    p.add_argument("--device", choices=DEVICES, default="auto")
+    p.add_argument("--memory-limit", help="host memory budget, e.g. 12GiB (default: available)")
+    p.add_argument(
+        "--machine",
+        help="machine profile JSON or a shipped name (ci-2core, h100-host, znni-paper); "
+        "default: this machine, calibrated",
+    )
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(run=run)
+
+
+def network_for_planning(spec_path: str, weights: str | None) -> Network:
+    """The network with weights when they exist; shapes only otherwise (planning needs no
+    weights)."""
+    from znni.model.network import load_network, network_shapes_only
+    from znni.model.spec import read_spec_file
+
+    path = Path(spec_path)
+    raw = read_spec_file(path)
+    has_weights = weights is not None or (
+        isinstance(raw, dict)
+        and isinstance(raw.get("weights"), str)
+        and (path.parent / raw["weights"]).is_file()
+    )
+    return load_network(path, weights) if has_weights else network_shapes_only(raw, str(path))
+
+
+def run(args: argparse.Namespace) -> int:
+    from znni.engine.units import parse_bytes
+    from znni.planner.detect import detect_machine
+    from znni.planner.machine import MachineProfile
+    from znni.planner.search import make_plan
+
+    network = network_for_planning(args.network, args.weights)
+    machine = MachineProfile.load(args.machine) if args.machine else detect_machine()
+    limit = parse_bytes(args.memory_limit) if args.memory_limit else None
+    plan = make_plan(network, machine=machine, device=args.device, memory_limit_bytes=limit)
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=2))
+    else:
+        print(format_plan(plan, network, machine))
+    return 0
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n else "-"
+
+
+def _size(t: tuple[int, int, int] | None) -> str:
+    return "-" if t is None else "x".join(str(v) for v in t)
+
+
+def format_plan(plan: Plan, network: Network, machine: MachineProfile) -> str:
+    """The per-algorithm table (chosen one marked) and the chosen plan's layers."""
+    gpu = machine.gpu
+    lines = [
+        f"network {network.name} (field of view {_size(network.fov)}) on machine "
+        f"{machine.name}: {machine.cores} cores, {_gib(machine.memory_bytes)} host RAM, "
+        + (f"GPU {gpu.name} {_gib(gpu.memory_bytes)}" if gpu else "no GPU"),
+        f"host memory limit {_gib(plan.memory_limit_bytes)}",
+        "",
+        f"  {'algorithm':<9} {'input':>13} {'output':>13} {'S':>2} {'split':>5} "
+        f"{'voxels/s':>12} {'host peak':>11} {'GPU peak':>11}",
+    ]
+    for alt in plan.alternatives:
+        mark = "*" if alt.algorithm == plan.algorithm else " "
+        if not alt.feasible:
+            lines.append(f"{mark} {alt.algorithm:<9} not possible: {alt.reason}")
+            continue
+        split = "-" if alt.split_op is None else str(alt.split_op)
+        lines.append(
+            f"{mark} {alt.algorithm:<9} {_size(alt.input_size):>13} {_size(alt.output_size):>13} "
+            f"{alt.batch:>2} {split:>5} {alt.predicted_voxels_per_second:>12,.0f} "
+            f"{_gib(alt.peak_bytes):>11} {_gib(alt.gpu_peak_bytes):>11}"
+        )
+    lines += [
+        "",
+        f"chosen: {plan.algorithm}, patch {_size(plan.input_size)} -> "
+        f"{_size(plan.output_size)}, {plan.predicted_patch_s:.3f} s per patch",
+        "",
+    ]
+    lines.append(
+        f"  {'op':>3} {'kind':<10} {'device':<6} {'primitive':<14} {'seconds':>9} {'peak':>11}"
+    )
+    for layer in plan.layers:
+        lines.append(
+            f"  {layer.index:>3} {layer.kind:<10} {layer.device:<6} {layer.primitive or '-':<14} "
+            f"{layer.predicted_s:>9.4f} {_gib(layer.predicted_bytes):>11}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,34 @@
+"""This machine's profile: cores, available RAM, CUDA devices and calibrated rates.
+
+Kept apart from `machine.py` because it needs calibration (which needs the cost
+model, which needs `MachineProfile`): `machine` stays the plain value below both.
+"""
+
+from __future__ import annotations
+
+import os
+
+from znni.planner.calibrate import calibrated_profile
+from znni.planner.machine import GpuProfile, MachineProfile, available_memory_bytes
+
+
+def detect_machine(*, calibrate: bool | None = True) -> MachineProfile:
+    """This machine, with (cached) calibrated rates.
+
+    calibrate: True measures the rates when none are cached; None uses cached
+    rates if any, else the defaults (never measures); False always uses the defaults.
+    """
+    from znni.primitives.gpu import device_info  # CuPy, only when asked
+
+    gpus = tuple(
+        GpuProfile(name=g["name"], memory_bytes=int(g["free_bytes"])) for g in device_info()
+    )
+    profile = MachineProfile(
+        name=f"detected-{os.uname().nodename}",
+        cores=os.cpu_count() or 1,
+        memory_bytes=available_memory_bytes(),
+        gpus=gpus,
+    )
+    if calibrate is not False:
+        profile = calibrated_profile(profile, measure=bool(calibrate))
+    return profile

@@ -1,1 +1,0 @@
-"""The front doors: the `znni` command line, the HTTP API, the job store and worker."""

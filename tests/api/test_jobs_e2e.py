@@ -1,0 +1,107 @@
+"""A real `znni serve` driven over HTTP: results equal the brute-force dense reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import zarr
+from naive import close, naive_border_pad, naive_dense, naive_fov
+from server_util import TINY_INPUT, TINY_LAYERS, wait_job
+
+
+def reference(x: np.ndarray, params: dict, border: str, roi: tuple | None = None) -> np.ndarray:
+    """Brute-force dense output of the raw (C, Z, Y, X) volume, over `roi` (default: all)."""
+    fov = naive_fov(TINY_LAYERS)
+    lo = tuple((f - 1) // 2 for f in fov)
+    hi = tuple(f - 1 - a for f, a in zip(fov, lo, strict=True))
+    padded = naive_border_pad(x, lo, hi, border).astype(np.float32)
+    padded = padded * np.float32(TINY_INPUT["scale"]) + np.float32(TINY_INPUT["shift"])
+    if roi is not None:  # padded index of output voxel i's window start is i
+        padded = padded[
+            :,
+            roi[0][0] : roi[0][1] + fov[0] - 1,
+            roi[1][0] : roi[1][1] + fov[1] - 1,
+            roi[2][0] : roi[2][1] + fov[2] - 1,
+        ]
+    return naive_dense(TINY_LAYERS, params, padded)
+
+
+def test_submit_poll_success_equals_reference(server, site) -> None:
+    with server.client() as client:
+        r = client.post(
+            "/v1/jobs",
+            json={
+                "network": "tiny",
+                "input": "small.zarr",
+                "output": "out/reflect.zarr",
+                "chunks": [4, 4, 4],
+                "block": [4, 8, 4],
+            },
+        )
+        assert r.status_code == 201, r.text
+        job = r.json()
+        assert job["status"] == "queued" and job["output"] == "out/reflect.zarr"
+        done = wait_job(client, job["id"], ("succeeded",))
+        assert done["progress"]["done"] == done["progress"]["total"] > 1  # several blocks
+        assert done["progress"]["voxels_done"] == 14 * 13 * 11
+        assert done["voxels_per_second"] > 0 and done["error"] is None
+        assert done["report"]["blocks_computed"] == done["progress"]["total"]
+        listed = client.get("/v1/jobs", params={"status": "succeeded"}).json()
+        assert job["id"] in [j["id"] for j in listed["jobs"]]
+        metrics = client.get("/metrics").text
+    out = zarr.open_array(str(site["root"] / "out/reflect.zarr"), mode="r")[...]
+    assert out.shape == (2, 14, 13, 11)
+    ref = reference(site["small"], site["params"], "reflect")
+    assert close(out, ref), float(np.max(np.abs(out - ref)))
+    assert 'znni_jobs{status="succeeded"}' in metrics
+    assert "znni_voxels_computed_total" in metrics
+
+
+def test_zero_border_with_roi_equals_reference(server, site) -> None:
+    roi = ((3, 12), (0, 9), (2, 11))
+    with server.client() as client:
+        r = client.post(
+            "/v1/jobs",
+            json={
+                "network": "tiny",
+                "input": "small.zarr",
+                "output": "out/zero.zarr",
+                "border": "zero",
+                "roi": [list(a) for a in roi],
+                "chunks": [3, 5, 4],
+            },
+        )
+        assert r.status_code == 201, r.text
+        wait_job(client, r.json()["id"], ("succeeded",))
+    out = zarr.open_array(str(site["root"] / "out/zero.zarr"), mode="r")[...]
+    got = out[:, roi[0][0] : roi[0][1], roi[1][0] : roi[1][1], roi[2][0] : roi[2][1]]
+    ref = reference(site["small"], site["params"], "zero", roi)
+    assert close(got, ref), float(np.max(np.abs(got - ref)))
+
+
+def test_networks_and_health(server) -> None:
+    with server.client() as client:
+        nets = client.get("/v1/networks").json()["networks"]
+        tiny = next(n for n in nets if n["name"] == "tiny")
+        assert tiny["fov"] == list(naive_fov(TINY_LAYERS))
+        assert tiny["in_channels"] == 2 and tiny["out_channels"] == 2
+        assert "broken" not in [n["name"] for n in nets]  # unloadable specs are left out
+        one = client.get("/v1/networks/tiny").json()
+        assert one["digest"] == tiny["digest"] and len(one["layers"]) == len(TINY_LAYERS)
+        health = client.get("/healthz").json()
+        assert health == {"status": "ok", "workers_alive": 1, "workers": 1}
+
+
+def test_plan_for_a_network(server) -> None:
+    with server.client() as client:
+        r = client.post("/v1/plan", json={"network": "tiny", "device": "cpu"})
+        assert r.status_code == 200, r.text
+        plan = r.json()["plan"]
+        assert plan["algorithm"] == "cpu"
+        fov = naive_fov(TINY_LAYERS)
+        out = [n - f + 1 for n, f in zip(plan["input_size"], fov, strict=True)]
+        assert out == list(plan["output_size"])  # docs/design.md: a patch of n gives n - fov + 1
+        assert len(plan["primitives"]) == len(TINY_LAYERS)
+        r = client.post(
+            "/v1/plan", json={"network": "tiny", "memory_limit_bytes": 2**20, "device": "cpu"}
+        )
+        assert r.status_code == 422 and "fits in 1,048,576 bytes" in r.json()["detail"]

@@ -1,0 +1,129 @@
+"""`znni segment` end to end through the CLI: success, and every malformed case refused."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from engine_ref import dense_volume, small_network, write_network, write_volume
+from naive import close
+
+from znni.cli import main
+
+
+@pytest.fixture()
+def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict:
+    monkeypatch.setenv("ZNNI_BACKEND", "reference")
+    rng = np.random.default_rng(3)
+    layers, params = small_network(rng)
+    spec = write_network(tmp_path, layers, params, scale=1 / 255)
+    layers2, params2 = small_network(rng, in_channels=2)
+    spec2 = write_network(tmp_path, layers2, params2, in_channels=2, name="net2")
+    vol = rng.integers(0, 256, size=(13, 17, 19)).astype(np.uint8)
+    inp = write_volume(tmp_path / "in.zarr", vol, 2, (6, 6, 6))
+    return dict(tmp=tmp_path, spec=str(spec), spec2=str(spec2), inp=inp, vol=vol,
+                layers=layers, params=params)
+
+
+def test_cli_segment_writes_reference_output(setup: dict, capsys) -> None:
+    out = str(setup["tmp"] / "out.zarr")
+    rc = main(["segment", setup["spec"], setup["inp"], out, "--chunks", "4,6,5", "--block",
+               "4,6,5", "--roi", "0:13,5:17,0:9", "--border", "zero", "--quiet"])
+    assert rc == 0
+    assert capsys.readouterr().err == ""  # --quiet: nothing
+    ref = dense_volume(setup["layers"], setup["params"], setup["vol"][None], "zero", 1 / 255)
+    got = zarr.open_array(out)[...]
+    assert close(got[:, :, 5:17, 0:9], ref[:, :, 5:17, 0:9])
+    rc = main(["segment", setup["spec"], setup["inp"], out, "--chunks", "4,6,5", "--block",
+               "4,6,5", "--roi", "0:13,5:17,0:9", "--border", "zero"])
+    assert rc == 0
+    assert "0/" in capsys.readouterr().err  # resumed: every block already done
+
+
+def _snapshot(path: Path) -> dict[str, float]:
+    if not path.exists():
+        return {}
+    if path.is_file():
+        return {str(path): path.stat().st_mtime_ns}
+    return {str(p): p.stat().st_mtime_ns for p in path.rglob("*")}
+
+
+def _prepare_bad(name: str, s: dict) -> tuple[list[str], Path]:
+    """(CLI argv, output path) of one malformed case, with whatever files it needs."""
+    tmp, spec, inp = s["tmp"], s["spec"], s["inp"]
+    out = tmp / "out.zarr"
+    base = ["segment", spec]
+    if name == "missing-input":
+        return base + [str(tmp / "nope.zarr"), str(out)], out
+    if name == "not-zarr-dir":
+        (tmp / "plain").mkdir()
+        (tmp / "plain" / "x.txt").write_text("hi")
+        return base + [str(tmp / "plain"), str(out)], out
+    if name == "zarr-group":
+        zarr.open_group(str(tmp / "grp.zarr"), mode="w")
+        return base + [str(tmp / "grp.zarr"), str(out)], out
+    if name == "2d-input":
+        return base + [write_volume(tmp / "2d.zarr", np.zeros((9, 9), np.uint8), 3, (4, 4)),
+                       str(out)], out
+    if name == "5d-input":
+        v = np.zeros((1, 1, 4, 4, 4), np.uint8)
+        return base + [write_volume(tmp / "5d.zarr", v, 3, (1, 1, 4, 4, 4)), str(out)], out
+    if name == "bool-input":
+        v = np.zeros((4, 4, 4), bool)
+        return base + [write_volume(tmp / "b.zarr", v, 3, (4, 4, 4)), str(out)], out
+    if name == "3d-for-2-channels":
+        return ["segment", s["spec2"], inp, str(out)], out
+    if name == "wrong-channels":
+        v = np.zeros((3, 5, 5, 5), np.uint8)
+        return ["segment", s["spec2"], write_volume(tmp / "c3.zarr", v, 3, (1, 5, 5, 5)),
+                str(out)], out
+    if name == "roi-outside":
+        return base + [inp, str(out), "--roi", "0:14,0:17,0:19"], out
+    if name == "roi-empty":
+        return base + [inp, str(out), "--roi", "5:5,0:17,0:19"], out
+    if name == "roi-malformed":
+        return base + [inp, str(out), "--roi", "0:5,0:17"], out
+    if name == "bad-chunks":
+        return base + [inp, str(out), "--chunks", "4,0,4"], out
+    if name == "bad-scheduler":
+        return base + [inp, str(out), "--scheduler", "http://x"], out
+    if name == "output-is-input":
+        return base + [inp, inp], Path(inp)
+    if name == "output-is-file":
+        out = tmp / "file.zarr"
+        out.write_text("x")
+        return base + [inp, str(out)], out
+    existing = {"output-wrong-shape": ((2, 13, 17, 18), "float32"),
+                "output-wrong-dtype": ((2, 13, 17, 19), "uint8")}
+    if name in existing:
+        shape, dtype = existing[name]
+        zarr.create_array(store=str(out), shape=shape, chunks=shape, dtype=dtype)
+        return base + [inp, str(out)], out
+    if name == "output-of-other-job":
+        assert main(base + [inp, str(out), "--quiet", "--roi", "0:6,:,:"]) == 0
+        return base + [inp, str(out), "--roi", "0:7,:,:"], out
+    raise AssertionError(name)
+
+
+BAD = ["missing-input", "not-zarr-dir", "zarr-group", "2d-input", "5d-input", "bool-input",
+       "3d-for-2-channels", "wrong-channels", "roi-outside", "roi-empty", "roi-malformed",
+       "bad-chunks", "bad-scheduler", "output-is-input", "output-is-file", "output-wrong-shape",
+       "output-wrong-dtype", "output-of-other-job"]
+
+
+@pytest.mark.parametrize("name", BAD)
+def test_cli_segment_refuses_bad_input(setup: dict, capsys, name: str) -> None:
+    argv, out = _prepare_bad(name, setup)
+    capsys.readouterr()
+    before = _snapshot(out)
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("znni segment: error: "), err
+    assert "Traceback" not in err
+    assert _snapshot(out) == before  # nothing written
+    assert not os.environ.get("ZNNI_DEBUG")
