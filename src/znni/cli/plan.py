@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from znni.model.network import Network
+    from znni.model.onnx_model import OnnxModel
     from znni.planner.machine import MachineProfile
     from znni.planner.plan import Plan
 
@@ -27,6 +28,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "default: this machine, calibrated",
     )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    from znni.cli.segment import add_model_options
+
+    add_model_options(p)
     p.set_defaults(run=run)
 
 
@@ -48,19 +52,82 @@ def network_for_planning(spec_path: str, weights: str | None) -> Network:
 
 def run(args: argparse.Namespace) -> int:
     from znni.engine.units import parse_bytes
+    from znni.model.onnx_model import OnnxModel
     from znni.planner.detect import detect_machine
     from znni.planner.machine import MachineProfile
     from znni.planner.search import make_plan
 
-    network = network_for_planning(args.network, args.weights)
-    machine = MachineProfile.load(args.machine) if args.machine else detect_machine()
     limit = parse_bytes(args.memory_limit) if args.memory_limit else None
+    if Path(args.network).suffix.lower() == ".onnx":
+        from znni.model.loading import load_model
+
+        network = load_model(
+            args.network,
+            args.weights,
+            output_name=args.output_name,
+            scale=args.scale,
+            shift=args.shift,
+        )
+    else:
+        network = network_for_planning(args.network, args.weights)
+    if isinstance(network, OnnxModel):
+        summary = windowed_plan(network, limit)
+        print(json.dumps(summary, indent=2) if args.json else format_windowed(summary))
+        return 0
+    machine = MachineProfile.load(args.machine) if args.machine else detect_machine()
     plan = make_plan(network, machine=machine, device=args.device, memory_limit_bytes=limit)
     if args.json:
-        print(json.dumps(plan.to_dict(), indent=2))
+        print(json.dumps({"mode": "exact", **plan.to_dict()}, indent=2))
     else:
-        print(format_plan(plan, network, machine))
+        print(EXACT_MODE + "\n" + format_plan(plan, network, machine))
     return 0
+
+
+EXACT_MODE = (
+    "mode: exact (a sequential network of valid convolutions and pools: computed densely "
+    "with max-pooling fragments, independent of blocks and patches)"
+)
+
+
+def windowed_plan(model: OnnxModel, limit: int | None) -> dict:
+    """Mode, reason, window constraints and the window a run would use."""
+    from znni.engine.layout import memory_budget_bytes
+    from znni.engine.segment import PLAN_FRACTION
+    from znni.engine.windowed import choose_window, window_peak_bytes
+    from znni.model.graph import window_dependence
+
+    budget = int(memory_budget_bytes(limit) * PLAN_FRACTION)
+    window = choose_window(model, budget, (10**6,) * 3)
+    reason = window_dependence(model.graph(window)) or "its output has the window's own size"
+    return {
+        "mode": "windowed",
+        "network": model.name,
+        "reason": reason,
+        "in_channels": model.in_channels,
+        "out_channels": model.out_channels,
+        "size_factor": list(model.size_factor),
+        "min_window": list(model.min_window),
+        "fixed_window": list(model.fixed_window) if model.fixed_window else None,
+        "window": list(window),
+        "window_peak_bytes": window_peak_bytes(model, window),
+        "memory_budget_bytes": budget,
+    }
+
+
+def format_windowed(s: dict) -> str:
+    size = "x".join
+    return "\n".join(
+        [
+            f"network {s['network']}: {s['in_channels']} -> {s['out_channels']} channels",
+            f"mode: windowed ({s['reason']}): overlapping windows blended as MONAI's "
+            "sliding_window_inference",
+            f"windows: multiples of {size(map(str, s['size_factor']))}, at least "
+            f"{size(map(str, s['min_window']))}"
+            + (f", exactly {size(map(str, s['fixed_window']))}" if s["fixed_window"] else ""),
+            f"planned window {size(map(str, s['window']))} (largest within "
+            f"{_gib(s['memory_budget_bytes'])}): {_gib(s['window_peak_bytes'])} per window",
+        ]
+    )
 
 
 def _gib(n: int) -> str:

@@ -11,10 +11,10 @@ if TYPE_CHECKING:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from znni.engine.job import BORDER_MODES, DEVICES, OUTPUT_DTYPES
+    from znni.engine.job import BLEND_MODES, BORDER_MODES, DEVICES, OUTPUT_DTYPES
 
     p = sub.add_parser("segment", help="run a network densely over a Zarr volume")
-    p.add_argument("network", help="network spec JSON")
+    p.add_argument("network", help="network spec JSON, or an ONNX model (MODEL.onnx)")
     p.add_argument("input", help="input Zarr array directory, e.g. data/em.zarr/raw")
     p.add_argument("output", help="output Zarr array directory (created when missing)")
     p.add_argument("--weights", help="weights .npz (default: the spec's 'weights')")
@@ -27,6 +27,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--memory-limit", help="host memory budget, e.g. 12GiB (default: available)")
     p.add_argument("--scheduler", help="Dask: tcp://HOST:PORT or local:N workers")
     p.add_argument("--overwrite", action="store_true", help="recompute into an existing output")
+    add_model_options(p)
+    p.add_argument("--window", help="windowed models: window z,y,x (default: planned)")
+    p.add_argument("--overlap", type=float, default=0.25, help="windowed: overlap fraction")
+    p.add_argument("--blend", choices=BLEND_MODES, default="gaussian", help="windowed: weights")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(run=run)
 
@@ -35,9 +39,15 @@ def job_from_args(args: argparse.Namespace) -> SegmentJob:
     """Validate the command-line values and build the job; raises ValueError."""
     from znni.engine.job import SegmentJob
     from znni.engine.units import parse_bytes, parse_roi, parse_triple
-    from znni.model.network import load_network
+    from znni.model.loading import load_model
 
-    network = load_network(args.network, args.weights)
+    network = load_model(
+        args.network,
+        args.weights,
+        output_name=args.output_name,
+        scale=args.scale,
+        shift=args.shift,
+    )
     return SegmentJob(
         network=network,
         input_path=args.input,
@@ -51,7 +61,17 @@ def job_from_args(args: argparse.Namespace) -> SegmentJob:
         scheduler=args.scheduler,
         overwrite=args.overwrite,
         block=parse_triple(args.block, "--block") if args.block else None,
+        window=parse_triple(args.window, "--window") if args.window else None,
+        overlap=args.overlap,
+        blend=args.blend,
     )
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    """The ONNX model options shared by segment and plan."""
+    p.add_argument("--scale", type=float, help="ONNX models: input x * SCALE + SHIFT (default 1)")
+    p.add_argument("--shift", type=float, help="ONNX models: see --scale (default 0)")
+    p.add_argument("--output-name", help="ONNX models: the output to write (default the first)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,6 +93,11 @@ def run(args: argparse.Namespace) -> int:
 
 def plan_summary(plan: dict) -> str:
     """One line on the plan a run followed (what `znni plan` would have chosen)."""
+    if plan.get("mode") == "windowed":
+        return (
+            f"plan: windowed, window {'x'.join(str(v) for v in plan['window'])}, overlap "
+            f"{plan['overlap']}, {plan['blend']} blending, {plan['windows']} windows"
+        )
 
     def size(triple: list[int] | tuple[int, ...]) -> str:
         return "x".join(str(v) for v in triple)

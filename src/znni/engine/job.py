@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:  # a pure description: the CLI reads its vocabularies without numpy
     from znni.model.network import Network
+    from znni.model.onnx_model import OnnxModel
 
 Triple = tuple[int, int, int]
 # ((z0, z1), (y0, y1), (x0, x1)); an open end (None) runs to the volume edge
@@ -22,13 +23,14 @@ Device = Literal["auto", "cpu", "gpu", "cpu-gpu"]
 BORDER_MODES: tuple[str, ...] = ("reflect", "zero")
 OUTPUT_DTYPES: tuple[str, ...] = ("float32", "uint8")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "gpu", "cpu-gpu")
+BLEND_MODES: tuple[str, ...] = ("gaussian", "constant")
 
 
 @dataclass(frozen=True)
 class SegmentJob:
     """Everything that determines a run; same job + same output = resumable."""
 
-    network: Network
+    network: Network | OnnxModel  # a JSON spec (exact, MPF) or an ONNX model (windowed)
     input_path: str
     output_path: str
     roi: Roi | None = None  # None: the whole volume
@@ -40,6 +42,9 @@ class SegmentJob:
     scheduler: str | None = None  # None: local; "tcp://HOST:PORT" or "local:N": Dask
     overwrite: bool = False
     block: Triple | None = None  # block shape (z, y, x), rounded up to whole chunks; None: auto
+    window: Triple | None = None  # windowed models: W; None: the output's recorded or planned one
+    overlap: float = 0.25  # windowed models: MONAI's overlap fraction
+    blend: str = "gaussian"  # windowed models: gaussian (sigma 0.125 W) or constant weights
 
 
 class SegmentCancelled(Exception):

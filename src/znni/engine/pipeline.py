@@ -16,10 +16,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from znni.engine.blockwork import BlockWorker
 from znni.engine.geometry import Block
 from znni.engine.job import SegmentCancelled
 from znni.engine.progress import StageTimer
+from znni.engine.windowed import Worker
 
 
 def _timed(timer: StageTimer, stage: str, fn: Callable[[], object]) -> object:
@@ -31,7 +31,7 @@ def _timed(timer: StageTimer, stage: str, fn: Callable[[], object]) -> object:
 
 
 def run_local(
-    worker: BlockWorker,
+    worker: Worker,
     blocks: Sequence[Block],
     on_done: Callable[[Block], None],
     timer: StageTimer,

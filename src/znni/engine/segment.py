@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from znni.engine.blockwork import BlockSpec, BlockWorker
+from znni.engine.blockwork import BlockSpec
 from znni.engine.execution import check_device, execution_for, plan_job
 from znni.engine.geometry import Block, Box, Halo, Triple, split_blocks
 from znni.engine.job import ProgressEvent, SegmentJob, SegmentReport
@@ -36,6 +36,14 @@ from znni.engine.volume import (
     open_input,
     open_or_create_output,
 )
+from znni.engine.windowed import (
+    WindowedSpec,
+    check_window_options,
+    choose_window,
+    make_worker,
+)
+from znni.engine.windows import WindowGrid
+from znni.model.onnx_model import OnnxModel
 from znni.primitives.base import Backend
 
 if TYPE_CHECKING:
@@ -60,12 +68,14 @@ class PreparedRun:
     patch: Triple
     block_shape: Triple
     primitives: tuple[str | None, ...] | None
-    plan: Plan  # the planner's plan this run follows
+    plan: Plan | None  # the planner's plan this run follows (None: windowed)
+    window: Triple | None = None  # windowed runs: the window W
 
 
-def check_and_plan(job: SegmentJob, plan: Plan | None = None) -> Plan:
+def check_and_plan(job: SegmentJob, plan: Plan | None = None) -> Plan | None:
     """The plan `segment(job, plan=plan)` follows (given none: the planner's best for the
-    job's region); raises ValueError for anything that would make it fail. Writes nothing."""
+    job's region; None for a windowed model); raises ValueError for anything that would
+    make it fail. Writes nothing."""
     return prepare_run(job, plan).plan
 
 
@@ -86,12 +96,25 @@ def prepare_run(job: SegmentJob, plan: Plan | None = None) -> PreparedRun:
         str(volume.dtype), region.key(), job.border, job.dtype,
     )
     header, done = read_ledger(job.output_path) if existing else (None, set())
+    budget = memory_budget_bytes(job.memory_limit_bytes)
+    window = None
+    if isinstance(net, OnnxModel):
+        window = _window_for(job, net, header, budget, region)
+        parts = _windowed_parts(parts, window, job)
     resume = header is not None and header.get("fingerprint") == fingerprint(parts)
     if header is not None and not resume and not job.overwrite:
         raise ValueError(mismatch_sentence(job.output_path, header, parts))
     if job.overwrite:
         resume = False
-    budget = memory_budget_bytes(job.memory_limit_bytes)
+    if window is not None:
+        if resume and header is not None and "block_shape" in header:
+            block: Triple = tuple(int(v) for v in header["block_shape"])  # type: ignore[assignment]
+        else:
+            block = job.block or windowed_block_shape(chunks, window, region.shape)
+        return PreparedRun(
+            job, volume, region, out_shape, chunks, parts, resume,
+            frozenset(done) if resume else frozenset(), window, block, None, None, window,
+        )
     if plan is None:  # the patch pass gets PLAN_FRACTION; block buffers live in the rest
         plan = plan_job(net, job.device, int(budget * PLAN_FRACTION), region.shape)
     patch, primitives = _patch_from_plan(job, plan)
@@ -109,6 +132,38 @@ def prepare_run(job: SegmentJob, plan: Plan | None = None) -> PreparedRun:
     )
 
 
+def _window_for(
+    job: SegmentJob, model: OnnxModel, header: dict[str, Any] | None, budget: int, region: Box
+) -> Triple:
+    """--window, else the window the output's ledger recorded for this model, else the
+    largest that fits the budget; checked against the model before anything is written."""
+    recorded = (header or {}).get("parts", {})
+    if job.window is not None:
+        window = job.window
+    elif recorded.get("mode") == "windowed" and recorded.get("network") == model.digest:
+        window = tuple(int(v) for v in recorded["window"])  # type: ignore[assignment]
+    else:
+        window = choose_window(model, int(budget * PLAN_FRACTION), region.shape)
+    model.check_window(window)
+    model.graph(window)
+    return window
+
+
+def _windowed_parts(parts: dict[str, Any], window: Triple, job: SegmentJob) -> dict[str, Any]:
+    return {**parts, "mode": "windowed", "window": list(window), "overlap": job.overlap,
+            "blend": job.blend}
+
+
+def windowed_block_shape(chunks: Triple, window: Triple, region: Triple) -> Triple:
+    """Whole chunks, about two windows wide per axis (within the region): windows that
+    touch two blocks are computed by both, so blocks should be several windows wide."""
+    out = []
+    for c, w, r in zip(chunks, window, region, strict=True):
+        want = min(max(2 * w, c), max(r, c))
+        out.append(-(-want // c) * c)
+    return (out[0], out[1], out[2])
+
+
 def _check_options(job: SegmentJob) -> None:
     if job.border not in ("reflect", "zero"):
         raise ValueError(f"border mode {job.border!r} is not one of reflect, zero")
@@ -122,7 +177,14 @@ def _check_options(job: SegmentJob) -> None:
         if int(job.scheduler[6:]) < 1:
             raise ValueError(f"scheduler {job.scheduler!r} needs at least one worker")
     check_device(job.device)
-    for what, value in (("chunks", job.chunks), ("block", job.block)):
+    if isinstance(job.network, OnnxModel):
+        check_window_options(job.overlap, job.blend)
+    elif job.window is not None:
+        raise ValueError(
+            f"network {job.network.name!r} runs in exact (MPF) mode, where --window does not "
+            "apply; windows are for ONNX models"
+        )
+    for what, value in (("chunks", job.chunks), ("block", job.block), ("window", job.window)):
         if value is not None and (len(value) != 3 or min(value) < 1):
             raise ValueError(f"{what} {value!r} must be 3 positive integers z,y,x")
 
@@ -159,16 +221,9 @@ def segment(
         ledger.resume()
     else:
         ledger.start(prep.parts, prep.block_shape)
-    net = job.network
-    blocks = split_blocks(
-        prep.region, prep.block_shape, prep.chunks, Halo.for_fov(net.fov), net.pool_product
-    )
+    blocks, spec = _blocks_and_spec(job, prep)
     todo = [b for b in blocks if b.key not in prep.done]
     done_voxels = sum(b.write.size for b in blocks if b.key in prep.done)
-    spec = BlockSpec(
-        net, job.input_path, job.output_path, job.border, job.dtype, prep.patch,
-        prep.primitives, execution_for(plan, job.device), max(1, int(plan.batch)),
-    )
     meter = Progress(
         len(blocks), prep.region.size, quiet=quiet, callback=progress,
         blocks_done=len(blocks) - len(todo), voxels_done=done_voxels,
@@ -181,7 +236,7 @@ def segment(
 
     try:
         if job.scheduler is None:
-            worker = BlockWorker(spec, backend=backend, output_array=output)
+            worker = make_worker(spec, backend=backend, output_array=output)
             run_local(worker, todo, on_done, timer, cancel)
         else:
             from znni.engine.distributed import run_dask
@@ -198,5 +253,35 @@ def segment(
         elapsed_s=elapsed,
         voxels_per_second=meter.voxels_this_run / max(elapsed, 1e-9),
         stage_seconds=dict(timer.seconds),
-        plan=plan.to_dict(),
+        plan=plan.to_dict() if plan is not None else _windowed_summary(job, prep),
     )
+
+
+def _blocks_and_spec(job: SegmentJob, prep: PreparedRun) -> tuple[list[Block], Any]:
+    """The job's blocks and the picklable description a worker computes them from."""
+    net = job.network
+    if isinstance(net, OnnxModel):
+        assert prep.window is not None
+        none = (0, 0, 0)
+        blocks = split_blocks(prep.region, prep.block_shape, prep.chunks, Halo(none, none),
+                              (1, 1, 1))
+        grid = WindowGrid.for_volume(prep.volume.shape, prep.window, job.overlap)
+        return blocks, WindowedSpec(net, job.input_path, job.output_path, job.dtype, grid,
+                                    job.blend, execution_for(None, "cpu").cpu_backend)
+    assert prep.plan is not None
+    blocks = split_blocks(
+        prep.region, prep.block_shape, prep.chunks, Halo.for_fov(net.fov), net.pool_product
+    )
+    spec = BlockSpec(
+        net, job.input_path, job.output_path, job.border, job.dtype, prep.patch,
+        prep.primitives, execution_for(prep.plan, job.device), max(1, int(prep.plan.batch)),
+    )
+    return blocks, spec
+
+
+def _windowed_summary(job: SegmentJob, prep: PreparedRun) -> dict[str, Any]:
+    assert prep.window is not None
+    grid = WindowGrid.for_volume(prep.volume.shape, prep.window, job.overlap)
+    return {"mode": "windowed", "window": list(prep.window), "overlap": job.overlap,
+            "blend": job.blend, "windows": grid.num_windows,
+            "block_shape": list(prep.block_shape)}

@@ -26,7 +26,7 @@ class LayerMemory:
 
 
 def kernel_spectra_bytes(layer: LayerShape) -> int:
-    """All kernel spectra of a conv layer: f*f'*Nc complex (ZNNi paper: 6.9 GB for 80x80 at 64^3)."""
+    """All kernel spectra of a conv layer: f*f'*Nc complex (ZNNi: 6.9 GB for 80x80 at 64^3)."""
     nc = spectrum_points(padded_shape(layer.size_in))
     return layer.channels_in * layer.channels_out * nc * COMPLEX_BYTES
 

@@ -1,0 +1,190 @@
+"""Running a `Graph` on a batch of windows, freeing each tensor after its last reader.
+
+Convolutions with stride 1, no dilation and one group (nearly all of a U-Net's
+work) run on the backend's fast primitives (direct, FFT kept, FFT recomputed,
+chosen per layer by the backend) after explicit zero padding; other convs and the
+graph-only kernels (transposed conv, interpolation, normalisations, pad) run on
+`primitives.cpu.graph_ops`. A following ReLU-family activation is fused into the
+conv's call where the backend supports it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from znni.model.graph import Graph, Node
+from znni.primitives.base import Activation, Backend
+
+FUSABLE = {"relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh", "leaky_relu": "leaky_relu"}
+
+
+def run_graph(graph: Graph, x: np.ndarray, backend: Backend) -> np.ndarray:
+    """(N, C, *graph.window) -> (N, graph.out_channels, *graph.out_window), float32."""
+    if x.ndim != 5 or x.shape[1] != graph.in_channels or tuple(x.shape[2:]) != graph.window:
+        raise ValueError(
+            f"graph {graph.name!r} runs on (N, {graph.in_channels}, {graph.window}) windows, "
+            f"got an array of shape {x.shape}"
+        )
+    last = graph.last_use()
+    readers = _reader_counts(graph)
+    env: dict[str, np.ndarray] = {graph.input: np.asarray(x, np.float32)}
+    nodes = graph.nodes
+    i = 0
+    while i < len(nodes):
+        node = nodes[i]
+        fused = _fusable_activation(node, nodes, i, readers)
+        args = [env[t] for t in node.inputs]
+        y = run_node(node, args, backend, fused)
+        if fused is not None:  # the activation node's output is the conv's
+            i += 1
+            node = Node(node.name, node.op, node.inputs, nodes[i].outputs, node.params)
+        env[node.outputs[0]] = y
+        for t in set(nodes[i].inputs) | set(node.inputs):
+            if last.get(t, -1) <= i and t != graph.output:
+                env.pop(t, None)
+        i += 1
+    return env[graph.output]
+
+
+def _reader_counts(graph: Graph) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for node in graph.nodes:
+        for t in node.inputs:
+            counts[t] = counts.get(t, 0) + 1
+    return counts
+
+
+def _fusable_activation(
+    node: Node, nodes: tuple[Node, ...], i: int, readers: dict[str, int]
+) -> Activation | None:
+    """The activation right after a fast-path conv that alone reads the conv's output."""
+    if node.op != "conv" or not _fast_conv(node) or i + 1 >= len(nodes):
+        return None
+    nxt = nodes[i + 1]
+    if nxt.op not in FUSABLE or nxt.inputs != node.outputs or readers[node.outputs[0]] != 1:
+        return None
+    return Activation(FUSABLE[nxt.op], float(nxt.params.get("alpha", 0.01)))
+
+
+def _fast_conv(node: Node) -> bool:
+    p = node.params
+    return p["strides"] == (1, 1, 1) and p["dilations"] == (1, 1, 1) and p["group"] == 1
+
+
+def run_node(
+    node: Node, args: list[np.ndarray], backend: Backend, fused: Activation | None = None
+) -> np.ndarray:
+    """One node on its input arrays."""
+    if node.op == "conv":
+        return _conv(node, args[0], backend, fused)
+    run = KERNELS.get(node.op)
+    if run is None:
+        raise ValueError(f"node {node.name!r}: no kernel for op {node.op!r}")
+    try:
+        return run(node.params, *args)
+    except ValueError as e:
+        raise ValueError(f"node {node.name!r} ({node.op}): {e}") from e
+
+
+def _conv(node: Node, x: np.ndarray, backend: Backend, fused: Activation | None) -> np.ndarray:
+    from znni.primitives.cpu import graph_ops
+
+    p = node.params
+    if not _fast_conv(node):
+        return graph_ops.conv3d(
+            x,
+            p["weight"],
+            p["bias"],
+            strides=p["strides"],
+            pads=p["pads"],
+            dilations=p["dilations"],
+            groups=p["group"],
+        )
+    pads = p["pads"]
+    if any(pads):
+        x = np.pad(x, ((0, 0), (0, 0), *((pads[i], pads[i + 3]) for i in range(3))))
+    bias = p["bias"] if p["bias"] is not None else np.zeros(p["weight"].shape[0], np.float32)
+    return backend.conv3d(np.ascontiguousarray(x), p["weight"], bias, fused)
+
+
+def _binary(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Callable[..., np.ndarray]:
+    def run(params: dict[str, Any], a: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+        if b is None:
+            k = params["constant"]
+            a, b = (k, a) if params["constant_first"] else (a, k)
+        return np.asarray(fn(a, b), np.float32)
+
+    return run
+
+
+def _kernels() -> dict[str, Callable[..., np.ndarray]]:
+    from znni.primitives.cpu import graph_ops as g
+
+    def sigmoid(p: dict, x: np.ndarray) -> np.ndarray:
+        return (1.0 / (1.0 + np.exp(-x))).astype(np.float32)
+
+    return {
+        "conv_transpose": lambda p, x: g.conv_transpose3d(
+            x,
+            p["weight"],
+            p["bias"],
+            strides=p["strides"],
+            pads=p["pads"],
+            output_padding=p["output_padding"],
+            dilations=p["dilations"],
+            groups=p["group"],
+        ),
+        "maxpool": lambda p, x: g.max_pool3d(
+            x, p["kernel"], p["strides"], p["pads"], p["dilations"], p["ceil_mode"]
+        ),
+        "avgpool": lambda p, x: g.avg_pool3d(
+            x, p["kernel"], p["strides"], p["pads"], p["ceil_mode"], p["count_include_pad"]
+        ),
+        "resize": lambda p, x: g.resize3d(
+            x,
+            p["size"],
+            mode=p["mode"],
+            coordinate_transformation_mode=p["coordinate_transformation_mode"],
+            nearest_mode=p["nearest_mode"],
+            scales=p["scales"],
+        ),
+        "concat": lambda p, *xs: np.concatenate(xs, axis=1),
+        "add": _binary(np.add),
+        "sub": _binary(np.subtract),
+        "mul": _binary(np.multiply),
+        "div": _binary(np.divide),
+        "slice": lambda p, x: np.ascontiguousarray(x[tuple(slice(*s) for s in p["slices"])]),
+        "pad": lambda p, x: g.pad3d(x, p["pads"], p["mode"], p["value"]),
+        "instance_norm": lambda p, x: g.instance_norm(x, p["scale"], p["bias"], p["epsilon"]),
+        "group_norm": lambda p, x: g.group_norm(
+            x, p["groups"], p["scale"], p["bias"], p["epsilon"]
+        ),
+        "batch_norm": lambda p, x: g.batch_norm(
+            x, p["scale"], p["bias"], p["mean"], p["var"], p["epsilon"]
+        ),
+        "relu": lambda p, x: np.maximum(x, 0, dtype=np.float32),
+        "leaky_relu": lambda p, x: g.leaky_relu(x, p["alpha"]),
+        "prelu": lambda p, x: g.prelu(x, p["slope"] if p["slope"].size > 1 else p["slope"][0]),
+        "elu": lambda p, x: g.elu(x, p["alpha"]),
+        "selu": lambda p, x: g.selu(x),
+        "sigmoid": sigmoid,
+        "tanh": lambda p, x: np.tanh(x).astype(np.float32),
+        "softmax": lambda p, x: g.softmax_channels(x),
+        "clip": lambda p, x: g.clip(x, p["min"], p["max"]),
+        "identity": lambda p, x: x,
+    }
+
+
+class _LazyKernels(dict):
+    """The kernel table, built on first use (graph_ops lives in the pyFFTW package)."""
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if not self:
+            self.update(_kernels())
+        return super().get(key, default)
+
+
+KERNELS: dict[str, Callable[..., np.ndarray]] = _LazyKernels()

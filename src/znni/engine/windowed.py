@@ -1,0 +1,177 @@
+"""Windowed dense output for graph models (docs/design.md, "Planned"): MONAI-equal blending.
+
+Windows of shape W sit on the whole volume's grid (`windows.WindowGrid`, MONAI's
+scan); a block only groups the windows that touch its write box, so the result does
+not depend on the block layout. A window that touches two blocks is computed by
+both (the price of exact, independent blocks; blocks are several windows wide).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from znni.engine.blockwork import BlockSpec, BlockWorker
+from znni.engine.geometry import Block, Box, Triple
+from znni.engine.graph_forward import run_graph
+from znni.engine.volume import encode_output, open_input, write_box
+from znni.engine.windows import BlendMode, WindowGrid, blend_box, windows_touching
+from znni.model.onnx_model import OnnxModel
+from znni.primitives.base import Backend
+
+BLEND_MODES = ("gaussian", "constant")
+WORKSPACE_FACTOR = 3  # conv workspaces and node temporaries on top of the live tensors
+MAX_WINDOW = 160  # per axis; larger windows gain little and plan slowly
+
+
+@dataclass(frozen=True)
+class WindowedSpec:
+    """Everything a worker needs to compute any block of a windowed job (picklable)."""
+
+    model: OnnxModel
+    input_path: str
+    output_path: str
+    dtype: str
+    grid: WindowGrid
+    blend: str
+    backend_name: str = "cpu"
+
+
+class WindowedWorker:
+    """Reads, computes and writes blocks of a windowed job in this process."""
+
+    def __init__(
+        self, spec: WindowedSpec, backend: Backend | None = None, output_array: Any = None
+    ) -> None:
+        import zarr
+
+        from znni.primitives.backends import make_backend
+
+        self.spec = spec
+        self.volume = open_input(spec.input_path, spec.model.in_channels)
+        self.backend = backend if backend is not None else make_backend(spec.backend_name)
+        self.graph = spec.model.graph(spec.grid.window)
+        self.output = (
+            output_array
+            if output_array is not None
+            else zarr.open_array(spec.output_path, mode="r+")
+        )
+
+    def read_box(self, block: Block) -> Box:
+        """The input (volume coordinates) that the windows touching the block cover."""
+        grid = self.spec.grid
+        starts = windows_touching(grid, block.write.lo, block.write.hi)
+        pad, vol, win = grid.pad_before, grid.volume_shape, grid.window
+        lo = [max(0, min(s[i] for s in starts) - pad[i]) for i in range(3)]
+        hi = [min(vol[i], max(s[i] for s in starts) + win[i] - pad[i]) for i in range(3)]
+        return Box((lo[0], lo[1], lo[2]), (hi[0], hi[1], hi[2]))
+
+    def read(self, block: Block) -> np.ndarray:
+        return self.volume.read(self.read_box(block))  # (C, RZ, RY, RX)
+
+    def compute(self, block: Block, raw: np.ndarray) -> np.ndarray:
+        """Encoded (Cout, *block.write.shape) blended output of the block."""
+        model, grid = self.spec.model, self.spec.grid
+        x = raw.astype(np.float32)  # (C, RZ, RY, RX)
+        if model.input_scale != 1.0:
+            x *= np.float32(model.input_scale)
+        if model.input_shift != 0.0:
+            x += np.float32(model.input_shift)
+        origin = self.read_box(block).lo
+
+        def run_window(start: Triple) -> np.ndarray:
+            window = _window_input(x, origin, start, grid)  # (C, WZ, WY, WX)
+            return run_graph(self.graph, window[None], self.backend)[0]
+
+        mode: BlendMode = self.spec.blend  # type: ignore[assignment]
+        out = blend_box(grid, block.write.lo, block.write.hi, run_window, mode, model.out_channels)
+        _trace(block)
+        return encode_output(out, self.spec.dtype)
+
+    def write(self, block: Block, values: np.ndarray) -> None:
+        write_box(self.output, block.write, values)
+
+    def run(self, block: Block) -> None:
+        self.write(block, self.compute(block, self.read(block)))
+
+
+def _window_input(x: np.ndarray, origin: Triple, start: Triple, grid: WindowGrid) -> np.ndarray:
+    """The window's input from the block's read array; zeros where the window leaves the
+    volume (MONAI pads volumes smaller than W with zeros)."""
+    lo = [start[i] - grid.pad_before[i] for i in range(3)]  # volume coordinates
+    vol, win = grid.volume_shape, grid.window
+    src = tuple(
+        slice(max(0, lo[i]) - origin[i], min(vol[i], lo[i] + win[i]) - origin[i]) for i in range(3)
+    )
+    part = x[(slice(None), *src)]
+    if part.shape[1:] == grid.window:
+        return part
+    out = np.zeros((x.shape[0], *grid.window), np.float32)
+    dst = tuple(slice(max(0, -lo[i]), max(0, -lo[i]) + part.shape[1 + i]) for i in range(3))
+    out[(slice(None), *dst)] = part
+    return out
+
+
+def _trace(block: Block) -> None:
+    path = os.environ.get("ZNNI_ENGINE_TRACE")
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{os.getpid()} {block.key}\n")
+
+
+def check_window_options(overlap: float, blend: str) -> None:
+    if not 0.0 <= overlap < 1.0:
+        raise ValueError(f"overlap {overlap} must be in [0, 1)")
+    if blend not in BLEND_MODES:
+        raise ValueError(f"blend mode {blend!r} is not one of {', '.join(BLEND_MODES)}")
+
+
+def window_peak_bytes(model: OnnxModel, window: Triple) -> int:
+    """Host bytes one window's pass needs: live tensors (graph lifetimes) plus workspaces."""
+    return WORKSPACE_FACTOR * model.graph(window).peak_tensor_bytes()
+
+
+def choose_window(model: OnnxModel, budget_bytes: int, region: Triple) -> Triple:
+    """The largest window (the same multiple k of the size factor on every axis, each axis
+    capped by the region and MAX_WINDOW) whose pass fits `budget_bytes`."""
+    if model.fixed_window is not None:
+        return model.fixed_window
+    f, m = model.size_factor, model.min_window
+
+    def window_for(k: int) -> Triple:
+        w = [max(m[i], min(f[i] * k, _cap(region[i], f[i]))) for i in range(3)]
+        return (w[0], w[1], w[2])
+
+    best = window_for(1)
+    if window_peak_bytes(model, best) > budget_bytes:
+        raise ValueError(
+            f"the smallest window {best} of model {model.name!r} needs "
+            f"{window_peak_bytes(model, best):,} bytes, more than the {budget_bytes:,} budget"
+        )
+    k = 2
+    while window_for(k) != best:
+        w = window_for(k)
+        if window_peak_bytes(model, w) > budget_bytes:
+            break
+        best, k = w, k + 1
+    return best
+
+
+def _cap(extent: int, factor: int) -> int:
+    """The region's extent rounded up to the factor, at most MAX_WINDOW (a factor multiple)."""
+    return min(-(-extent // factor) * factor, max(factor, MAX_WINDOW // factor * factor))
+
+
+Worker = BlockWorker | WindowedWorker
+
+
+def make_worker(
+    spec: BlockSpec | WindowedSpec, backend: Backend | None = None, output_array: Any = None
+) -> Worker:
+    """The worker that computes blocks of `spec`'s kind (dense MPF or windowed)."""
+    if isinstance(spec, WindowedSpec):
+        return WindowedWorker(spec, backend=backend, output_array=output_array)
+    return BlockWorker(spec, backend=backend, output_array=output_array)

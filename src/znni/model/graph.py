@@ -1,0 +1,212 @@
+"""Networks as graphs: a DAG of layer nodes over named tensors (docs/design.md, "Planned").
+
+A `Graph` is what the ONNX importer produces for one window shape: every node's
+attributes and constant inputs (weights, pads, scales) are resolved to plain
+values, so the executor needs nothing but the node list. Nodes are stored in a
+topological order; `last_use` gives each tensor's lifetime, which both the
+executor (to free it) and the memory model (to count it) follow.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from znni.model.network import Network
+from znni.primitives.base import Activation, Conv, Pool
+
+# op kinds a node may have, and what each node's `params` holds (see `onnx_import`)
+NODE_OPS = (
+    "conv",  # weight, bias|None, strides, pads (6), dilations, group
+    "conv_transpose",  # weight, bias|None, strides, pads, output_padding, dilations, group
+    "maxpool",  # kernel, strides, pads, dilations, ceil_mode
+    "avgpool",  # kernel, strides, pads, ceil_mode, count_include_pad
+    "resize",  # size (3), mode, coordinate_transformation_mode, nearest_mode, scales|None
+    "concat",  # (channels)
+    "add",  # elementwise binary ops; a constant operand is in params["constant"]
+    "sub",
+    "mul",
+    "div",
+    "slice",  # starts (3), stops (3), steps (3) on the spatial axes
+    "pad",  # pads (6), mode, value
+    "instance_norm",  # scale, bias, epsilon
+    "group_norm",  # groups, scale, bias, epsilon
+    "batch_norm",  # scale, bias, mean, var, epsilon
+    "relu",
+    "leaky_relu",  # alpha
+    "prelu",  # slope
+    "elu",  # alpha
+    "selu",  # alpha, gamma
+    "sigmoid",
+    "tanh",
+    "softmax",  # over channels
+    "clip",  # min|None, max|None
+    "identity",
+)
+
+
+@dataclass(frozen=True, eq=False)
+class Node:
+    """One layer: `op` over input tensors, producing output tensors."""
+
+    name: str
+    op: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.op not in NODE_OPS:
+            raise ValueError(f"node {self.name!r}: unknown op {self.op!r}")
+
+
+@dataclass(frozen=True, eq=False)
+class Graph:
+    """A network DAG with one 5D input (N, C, Z, Y, X) and one output, for one window shape."""
+
+    name: str
+    input: str
+    in_channels: int
+    window: tuple[int, int, int]  # the spatial input shape the graph was resolved for
+    nodes: tuple[Node, ...]  # topological order
+    output: str
+    out_channels: int
+    out_window: tuple[int, int, int]  # spatial output shape for `window`
+    digest: str  # of the model file(s); the ledger's fingerprint uses it
+    shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # tensor -> shape
+
+    def __post_init__(self) -> None:
+        known = {self.input}
+        for node in self.nodes:
+            missing = [t for t in node.inputs if t not in known]
+            if missing:
+                raise ValueError(
+                    f"node {node.name!r} reads {missing} before any node writes it "
+                    "(the nodes are not in a topological order)"
+                )
+            known.update(node.outputs)
+        if self.output not in known:
+            raise ValueError(f"graph output {self.output!r} is not produced by any node")
+
+    def last_use(self) -> dict[str, int]:
+        """Tensor -> index of the last node that reads it (the output lives to the end)."""
+        last: dict[str, int] = {}
+        for i, node in enumerate(self.nodes):
+            for t in node.inputs:
+                last[t] = i
+        last[self.output] = len(self.nodes)
+        return last
+
+    def peak_tensor_bytes(self, batch: int = 1, itemsize: int = 4) -> int:
+        """Most bytes of tensors alive at once when nodes run in order and each tensor is
+        freed after its last reader (the executor's order; node workspaces not included)."""
+        if not self.shapes:
+            raise ValueError(f"graph {self.name!r} carries no tensor shapes")
+        last = self.last_use()
+
+        def size(t: str) -> int:
+            shape = self.shapes[t]
+            return batch * int(np.prod(shape[1:])) * itemsize
+
+        live = {self.input: size(self.input)}
+        peak = live[self.input]
+        for i, node in enumerate(self.nodes):
+            for t in node.outputs:
+                live[t] = size(t)
+            peak = max(peak, sum(live.values()))
+            for t in set(node.inputs):
+                if last.get(t, -1) <= i and t != self.output:
+                    live.pop(t, None)
+        return peak
+
+
+def digest_arrays(parts: list[bytes], arrays: list[np.ndarray]) -> str:
+    """sha256 over byte strings and arrays (dtype, shape and data)."""
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p)
+    for a in arrays:
+        h.update(f"{a.dtype}{a.shape}".encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+def graph_from_network(network: Network, window: tuple[int, int, int]) -> Graph:
+    """A sequential spec as a chain graph: valid convs, strided max-pools, activations.
+
+    This is the window (not the MPF) reading of the network: its output for a
+    window of `window` voxels is one strided patch, as PyTorch's nn.Sequential gives.
+    """
+    nodes: list[Node] = []
+    size = list(window)
+    channels = network.in_channels
+    prev = "input"
+    for i, op in enumerate(network.ops):
+        out = f"t{i}"
+        if isinstance(op, Conv):
+            params = {
+                "weight": op.weight,
+                "bias": op.bias,
+                "strides": (1, 1, 1),
+                "pads": (0,) * 6,
+                "dilations": (1, 1, 1),
+                "group": 1,
+            }
+            nodes.append(Node(f"{i}.conv", "conv", (prev,), (out,), params))
+            size = [n - k + 1 for n, k in zip(size, op.kernel, strict=True)]
+            channels = op.out_channels
+        elif isinstance(op, Pool):
+            params = {
+                "kernel": op.window,
+                "strides": op.window,
+                "pads": (0,) * 6,
+                "dilations": (1, 1, 1),
+                "ceil_mode": False,
+            }
+            nodes.append(Node(f"{i}.maxpool", "maxpool", (prev,), (out,), params))
+            size = [n // p for n, p in zip(size, op.window, strict=True)]
+        else:
+            nodes.append(_activation_node(i, op, prev, out))
+        prev = out
+    if min(size) < 1:
+        raise ValueError(f"window {window} is smaller than network {network.name!r} needs")
+    return Graph(
+        name=network.name,
+        input="input",
+        in_channels=network.in_channels,
+        window=window,
+        nodes=tuple(nodes),
+        output=prev,
+        out_channels=channels,
+        out_window=(size[0], size[1], size[2]),
+        digest=network.digest,
+    )
+
+
+def _activation_node(i: int, act: Activation, prev: str, out: str) -> Node:
+    if act.kind == "linear":
+        return Node(f"{i}.identity", "identity", (prev,), (out,))
+    if act.kind == "leaky_relu":
+        return Node(f"{i}.leaky_relu", "leaky_relu", (prev,), (out,), {"alpha": act.slope})
+    if act.kind == "elu":
+        return Node(f"{i}.elu", "elu", (prev,), (out,), {"alpha": 1.0})
+    return Node(f"{i}.{act.kind}", act.kind, (prev,), (out,))
+
+
+WINDOW_DEPENDENT_OPS = ("instance_norm", "group_norm")  # statistics over the whole window
+
+
+def window_dependence(graph: Graph) -> str | None:
+    """Why the graph's output depends on where its window sits (the first such node), or
+    None for a window-independent graph (valid convs and pools, crops, upsampling, merges)."""
+    for node in graph.nodes:
+        if node.op in WINDOW_DEPENDENT_OPS:
+            return f"node {node.name!r} ({node.op}) normalises over the whole window"
+        pads = node.params.get("pads")
+        if pads is not None and any(p > 0 for p in pads):
+            return f"node {node.name!r} ({node.op}) pads its input by {tuple(pads)}"
+    return None

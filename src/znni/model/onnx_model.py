@@ -1,0 +1,169 @@
+"""An ONNX model file as znni runs it: channels, window constraints, and its graph per window.
+
+The value is small and picklable (Dask workers get it once); each process resolves
+and caches the `Graph` for the window it runs. A window must be a multiple of the
+model's total downsampling factor (`size_factor`), at least `min_window`, and the
+model must give an output of the window's own spatial size (windowed dense output
+blends whole windows, as MONAI's sliding_window_inference does).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from znni.model.graph import Graph
+from znni.model.onnx_import import load_onnx
+
+Triple = tuple[int, int, int]
+PROBE_WINDOW: Triple = (96, 96, 96)  # dynamic models are probed at this size (2^5 * 3)
+MAX_FACTOR = 64
+
+
+@dataclass(frozen=True, eq=False)
+class OnnxModel:
+    """A validated ONNX model and the input transform x * scale + shift before it."""
+
+    path: str
+    name: str
+    digest: str  # sha256 of the file and the run options that change the output
+    in_channels: int
+    out_channels: int
+    output_name: str | None
+    input_scale: float
+    input_shift: float
+    fixed_window: Triple | None  # the export's static spatial shape, if it has one
+    size_factor: Triple  # windows are multiples of this per axis
+    min_window: Triple
+    _graphs: dict[Triple, Graph] = field(default_factory=dict, repr=False, compare=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_graphs"], state["_lock"] = {}, None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        state["_lock"] = threading.Lock()
+        self.__dict__.update(state)
+
+    def check_window(self, window: Triple) -> None:
+        """ValueError naming the rule when `window` cannot be run."""
+        if self.fixed_window is not None and tuple(window) != self.fixed_window:
+            raise ValueError(
+                f"model {self.name!r} was exported for windows of exactly "
+                f"{self.fixed_window} voxels; --window {tuple(window)} differs"
+            )
+        bad = [w for w, f in zip(window, self.size_factor, strict=True) if w % f]
+        if bad or any(w < m for w, m in zip(window, self.min_window, strict=True)):
+            raise ValueError(
+                f"window {tuple(window)} does not suit model {self.name!r}: each axis must be a "
+                f"multiple of {self.size_factor} and at least {self.min_window}"
+            )
+
+    def graph(self, window: Triple) -> Graph:
+        """The model's graph for `window` (cached per process)."""
+        window = (int(window[0]), int(window[1]), int(window[2]))
+        with self._lock:
+            hit = self._graphs.get(window)
+        if hit is not None:
+            return hit
+        self.check_window(window)
+        graph = _window_graph(self.path, window, self.output_name)
+        with self._lock:
+            self._graphs[window] = graph
+        return graph
+
+
+def load_onnx_model(
+    path: str | Path, output_name: str | None = None, scale: float = 1.0, shift: float = 0.0
+) -> OnnxModel:
+    """Read and check `path`, probing its window constraints; ValueError for anything refused."""
+    path = Path(path)
+    probe = load_onnx(path, _probe_window(path), output_name)
+    fixed = _fixed_window(path)
+    if fixed is not None:
+        factor, minimum = (1, 1, 1), fixed
+        _check_same_size(probe, path)
+    else:
+        factor = _size_factor(probe)
+        minimum = _min_window(path, factor, output_name)
+    digest = hashlib.sha256(
+        f"{probe.digest}|{output_name}|{float(scale)!r}|{float(shift)!r}".encode()
+    ).hexdigest()
+    return OnnxModel(
+        path=str(path),
+        name=path.stem,
+        digest=digest,
+        in_channels=probe.in_channels,
+        out_channels=probe.out_channels,
+        output_name=output_name,
+        input_scale=float(scale),
+        input_shift=float(shift),
+        fixed_window=fixed,
+        size_factor=factor,
+        min_window=minimum,
+    )
+
+
+def _fixed_window(path: Path) -> Triple | None:
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    init = {t.name for t in model.graph.initializer}
+    (inp,) = [i for i in model.graph.input if i.name not in init]
+    dims = inp.type.tensor_type.shape.dim[2:]
+    if all(d.HasField("dim_value") for d in dims):
+        return (dims[0].dim_value, dims[1].dim_value, dims[2].dim_value)
+    return None
+
+
+def _probe_window(path: Path) -> Triple | None:
+    """None (the export's own shape) for fixed models, else PROBE_WINDOW."""
+    from znni.model.onnx_import import _read_model
+
+    model = _read_model(path)
+    init = {t.name for t in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in init]
+    if len(inputs) == 1 and len(inputs[0].type.tensor_type.shape.dim) == 5:
+        dims = inputs[0].type.tensor_type.shape.dim[2:]
+        if all(d.HasField("dim_value") for d in dims):
+            return None
+    return PROBE_WINDOW
+
+
+def _size_factor(graph: Graph) -> Triple:
+    """The total downsampling per axis: window / the smallest tensor's size on that axis."""
+    smallest = [min(s[2 + i] for s in graph.shapes.values() if len(s) == 5) for i in range(3)]
+    factor = [max(1, w // m) for w, m in zip(graph.window, smallest, strict=True)]
+    return (min(factor[0], MAX_FACTOR), min(factor[1], MAX_FACTOR), min(factor[2], MAX_FACTOR))
+
+
+def _min_window(path: Path, factor: Triple, output_name: str | None) -> Triple:
+    """The smallest multiple of the factor (same on all axes) the model runs and keeps."""
+    for k in range(1, 65):
+        window = (factor[0] * k, factor[1] * k, factor[2] * k)
+        try:
+            graph = load_onnx(path, window, output_name)
+        except ValueError:
+            continue
+        _check_same_size(graph, path)
+        return window
+    raise ValueError(f"ONNX model {path} runs on no window up to 64 x {factor}")
+
+
+def _check_same_size(graph: Graph, path: Path) -> None:
+    if graph.out_window != graph.window:
+        raise ValueError(
+            f"ONNX model {path} maps a {graph.window} window to a {graph.out_window} output; "
+            "znni's windowed output needs models whose output has the window's own size "
+            "(padded convolutions)"
+        )
+
+
+def _window_graph(path: str, window: Triple, output_name: str | None) -> Graph:
+    graph = load_onnx(path, window, output_name)
+    _check_same_size(graph, Path(path))
+    return graph

@@ -1,0 +1,64 @@
+"""Argument checks shared by the graph kernels.
+
+Graph-imported networks (ONNX) carry attributes that a user never typed, so every
+kernel validates them up front and names the offending value in a `ValueError`
+instead of failing deep inside numpy with an unrelated broadcasting error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+Triple = tuple[int, int, int]
+Six = tuple[int, int, int, int, int, int]
+
+
+def as_volume(x: np.ndarray, name: str = "x") -> np.ndarray:
+    """`x` as a float32 (N, C, Z, Y, X) array; other ranks are a caller error."""
+    arr = np.asarray(x, dtype=np.float32)
+    if arr.ndim != 5:
+        raise ValueError(f"{name} must be 5-D (N, C, Z, Y, X), got shape {arr.shape}")
+    return arr
+
+
+def triple(value: int | Sequence[int], name: str, minimum: int) -> Triple:
+    """Three ints, each >= `minimum` (a scalar is broadcast to all three axes)."""
+    vals = [value] * 3 if np.isscalar(value) else list(value)  # type: ignore[list-item]
+    if len(vals) != 3:
+        raise ValueError(f"{name} must have 3 entries (z, y, x), got {value!r}")
+    out = tuple(int(v) for v in vals)
+    if any(v != f for v, f in zip(out, vals, strict=True)) or min(out) < minimum:
+        raise ValueError(f"{name} must be integers >= {minimum}, got {value!r}")
+    return out  # type: ignore[return-value]
+
+
+def six(pads: int | Sequence[int], name: str = "pads", allow_negative: bool = False) -> Six:
+    """ONNX-ordered pads (z_b, y_b, x_b, z_e, y_e, x_e) as six ints."""
+    vals = [pads] * 6 if np.isscalar(pads) else list(pads)  # type: ignore[list-item]
+    if len(vals) != 6:
+        raise ValueError(f"{name} must have 6 entries (z_b, y_b, x_b, z_e, y_e, x_e), got {pads!r}")
+    out = tuple(int(v) for v in vals)
+    if any(v != f for v, f in zip(out, vals, strict=True)):
+        raise ValueError(f"{name} must be integers, got {pads!r}")
+    if not allow_negative and min(out) < 0:
+        raise ValueError(f"{name} must be non-negative, got {pads!r}")
+    return out  # type: ignore[return-value]
+
+
+def channel_vector(v: np.ndarray | None, channels: int, name: str) -> np.ndarray | None:
+    """A per-channel parameter as float32 (C,), or None when absent."""
+    if v is None:
+        return None
+    arr = np.asarray(v, dtype=np.float32).reshape(-1)
+    if arr.size != channels:
+        raise ValueError(f"{name} must have {channels} entries, got shape {np.shape(v)}")
+    return arr
+
+
+def choice(value: str, name: str, allowed: Sequence[str]) -> str:
+    """`value` if it is one of `allowed`, else a ValueError listing them."""
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
+    return value

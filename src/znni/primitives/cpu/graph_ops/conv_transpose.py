@@ -1,0 +1,117 @@
+"""Transposed 3D convolution (ONNX ConvTranspose / torch ConvTranspose3d).
+
+U-Net decoders upsample with k == s, pad 0 transposed convs: each input voxel
+then owns a disjoint kz*ky*kx output block, so one GEMM plus one transpose
+writes the whole output. Other settings overlap, and scatter-add one GEMM per
+kernel offset into a strided view of the uncropped output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from znni.primitives.cpu.graph_ops._args import (
+    Six,
+    Triple,
+    as_volume,
+    channel_vector,
+    six,
+    triple,
+)
+
+
+def transpose_out_size(n: int, k: int, s: int, d: int, pb: int, pe: int, op: int) -> int:
+    """Output length of one axis: (n-1)*s - pb - pe + d*(k-1) + output_padding + 1."""
+    return (n - 1) * s - pb - pe + d * (k - 1) + op + 1
+
+
+def _check(x: np.ndarray, weight: np.ndarray, groups: int) -> np.ndarray:
+    """Validated float32 weight (Cin, Cout/groups, kz, ky, kx)."""
+    w = np.asarray(weight, dtype=np.float32)
+    if w.ndim != 5:
+        raise ValueError(f"weight must be 5-D (Cin, Cout/groups, kz, ky, kx), got {w.shape}")
+    cin = x.shape[1]
+    if groups < 1 or cin % groups:
+        raise ValueError(f"groups={groups} must divide Cin={cin}")
+    if w.shape[0] != cin:
+        raise ValueError(f"weight has {w.shape[0]} input channels, x has Cin={cin}")
+    return w
+
+
+def conv_transpose3d(
+    x: np.ndarray,
+    weight: np.ndarray,
+    bias: np.ndarray | None,
+    *,
+    strides: Sequence[int],
+    pads: Sequence[int],
+    output_padding: Sequence[int] = (0, 0, 0),
+    dilations: Sequence[int] = (1, 1, 1),
+    groups: int = 1,
+) -> np.ndarray:
+    """y[n, co, i*s + k*d - pad_begin] += x[n, ci, i] * w[ci, co, k], plus bias -> float32."""
+    x = as_volume(x)
+    groups = int(groups)
+    w = _check(x, weight, groups)
+    s, d = triple(strides, "strides", 1), triple(dilations, "dilations", 1)
+    p, op = six(pads), triple(output_padding, "output_padding", 0)
+    kernel: Triple = w.shape[2:]  # type: ignore[assignment]
+    out: Triple = tuple(  # type: ignore[assignment]
+        transpose_out_size(x.shape[2 + i], kernel[i], s[i], d[i], p[i], p[i + 3], op[i])
+        for i in range(3)
+    )
+    if min(out) < 1:
+        raise ValueError(f"empty output {out}: input {x.shape[2:]}, kernel {kernel}, pads {p}")
+    b = channel_vector(bias, w.shape[1] * groups, "bias")
+    if kernel == s and not any(p) and not any(op) and d == (1, 1, 1):
+        y = _upsample_gemm(x, w, groups)
+    else:
+        y = _scatter(x, w, groups, s, d, p, out)
+    if b is not None:
+        y += b[None, :, None, None, None]
+    return y
+
+
+def _upsample_gemm(x: np.ndarray, w: np.ndarray, groups: int) -> np.ndarray:
+    """k == s, no pads: one GEMM per group, then a transpose with no overlap."""
+    n, cin, z, y, xx = x.shape
+    cg, cog = cin // groups, w.shape[1]
+    kz, ky, kx = w.shape[2:]
+    xt = x.reshape(n, groups, cg, z * y * xx).transpose(1, 0, 3, 2)  # (G, N, Z*Y*X, Cin/g)
+    xt = xt.reshape(groups, n * z * y * xx, cg)  # (G, N*Z*Y*X, Cin/g)
+    wm = w.reshape(groups, cg, cog * kz * ky * kx)  # (G, Cin/g, Cout/g*kz*ky*kx)
+    r = np.matmul(xt, wm)  # (G, N*Z*Y*X, Cout/g*kz*ky*kx)
+    r = r.reshape(groups, n, z, y, xx, cog, kz, ky, kx)  # (G, N, Z, Y, X, Cout/g, kz, ky, kx)
+    r = r.transpose(1, 0, 5, 2, 6, 3, 7, 4, 8)  # (N, G, Cout/g, Z, kz, Y, ky, X, kx)
+    out = np.empty((n, groups, cog, z, kz, y, ky, xx, kx), np.float32)
+    np.copyto(out, r)
+    return out.reshape(n, groups * cog, z * kz, y * ky, xx * kx)  # (N, Cout, Z*kz, Y*ky, X*kx)
+
+
+def _scatter(
+    x: np.ndarray, w: np.ndarray, groups: int, s: Triple, d: Triple, p: Six, out: Triple
+) -> np.ndarray:
+    """Per kernel offset, a grouped GEMM added into a strided view of the full output."""
+    n, cin, *size = x.shape
+    cg, cog = cin // groups, w.shape[1]
+    kernel = w.shape[2:]
+    # uncropped extent: every contribution, and at least pad_begin + out (output_padding)
+    full = tuple(
+        max((size[i] - 1) * s[i] + d[i] * (kernel[i] - 1) + 1, p[i] + out[i]) for i in range(3)
+    )
+    acc = np.zeros((n, groups, cog) + full, np.float32)  # (N, G, Cout/g, Fz, Fy, Fx)
+    xg = x.reshape(n, groups, cg, -1)  # (N, G, Cin/g, Z*Y*X)
+    wg = w.reshape(groups, cg, cog, *kernel)  # (G, Cin/g, Cout/g, kz, ky, kx)
+    for a, b, c in np.ndindex(*kernel):
+        wk = np.ascontiguousarray(wg[:, :, :, a, b, c].transpose(0, 2, 1))  # (G, Cout/g, Cin/g)
+        part = np.matmul(wk, xg).reshape(n, groups, cog, *size)  # (N, G, Cout/g, Z, Y, X)
+        dst = tuple(
+            slice(o * d[i], o * d[i] + (size[i] - 1) * s[i] + 1, s[i])
+            for i, o in enumerate((a, b, c))
+        )
+        acc[(Ellipsis,) + dst] += part
+    crop = tuple(slice(p[i], p[i] + out[i]) for i in range(3))
+    y = acc[(Ellipsis,) + crop]  # (N, G, Cout/g, oz, oy, ox)
+    return np.ascontiguousarray(y).reshape((n, groups * cog) + out)

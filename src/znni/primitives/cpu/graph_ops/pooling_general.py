@@ -1,0 +1,132 @@
+"""Max and average pooling with ONNX MaxPool / AveragePool semantics.
+
+The MPF pooling of the dense engine assumes valid, non-overlapping windows;
+graph networks use pads, strides != kernel and ceil_mode. A box window is
+separable, so each axis is reduced in turn from k strided views of the input
+(k reads per axis instead of k^3), with no Python loop over voxels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from znni.primitives.cpu.graph_ops._args import Six, Triple, as_volume, six, triple
+
+
+def pool_out_size(n: int, k: int, s: int, d: int, pb: int, pe: int, ceil_mode: bool) -> int:
+    """Windows along one axis; in ceil mode a last window starting in the end padding is dropped."""
+    span = n + pb + pe - d * (k - 1) - 1
+    out = (-(-span // s) if ceil_mode else span // s) + 1
+    if ceil_mode and (out - 1) * s >= n + pb:
+        out -= 1
+    return out
+
+
+def _geometry(
+    x: np.ndarray,
+    kernel: Sequence[int],
+    strides: Sequence[int],
+    pads: Sequence[int],
+    dilations: Sequence[int],
+    ceil_mode: bool,
+) -> tuple[Triple, Triple, Six, Triple, Triple]:
+    """Validated (kernel, strides, pads, dilations, output size)."""
+    k, s = triple(kernel, "kernel", 1), triple(strides, "strides", 1)
+    p, d = six(pads), triple(dilations, "dilations", 1)
+    for i in range(3):
+        if max(p[i], p[i + 3]) >= d[i] * (k[i] - 1) + 1:
+            raise ValueError(f"pads {p} must be smaller than the (dilated) kernel {k}")
+    out: Triple = tuple(  # type: ignore[assignment]
+        pool_out_size(x.shape[2 + i], k[i], s[i], d[i], p[i], p[i + 3], bool(ceil_mode))
+        for i in range(3)
+    )
+    if min(out) < 1:
+        raise ValueError(f"empty output {out}: input {x.shape[2:]}, kernel {k}, pads {p}")
+    return k, s, p, d, out
+
+
+def _padded(
+    x: np.ndarray, p: Six, k: Triple, s: Triple, d: Triple, out: Triple, fill: float
+) -> np.ndarray:
+    """x padded with `fill` by the pads plus whatever ceil-mode windows overrun."""
+    width = [(0, 0), (0, 0)]
+    for i in range(3):
+        need = (out[i] - 1) * s[i] + d[i] * (k[i] - 1) + 1  # extent the windows cover
+        width.append((p[i], max(0, need - p[i] - x.shape[2 + i])))
+    return np.pad(x, width, constant_values=fill)
+
+
+def _reduce_axes(
+    xp: np.ndarray, k: Triple, s: Triple, d: Triple, out: Triple, op: np.ufunc
+) -> np.ndarray:
+    """Separable strided window reduction over the three spatial axes.
+
+    Per axis, the k taps are k strided views of the padded array combined with
+    `op` into one accumulator: whole-array ufunc calls with contiguous inner rows,
+    rather than a reduction over a short strided window axis (slow in numpy).
+    """
+    y = xp
+    for i in range(3):
+        axis = 2 + i
+        sel = [slice(None)] * y.ndim
+        acc = None
+        for t in range(k[i]):
+            sel[axis] = slice(t * d[i], t * d[i] + (out[i] - 1) * s[i] + 1, s[i])
+            tap = y[tuple(sel)]  # (..., out along axis, ...)
+            if acc is None:
+                acc = tap.copy() if k[i] > 1 else tap  # xp is a fresh np.pad copy
+            else:
+                op(acc, tap, out=acc)
+        y = acc
+    return y
+
+
+def max_pool3d(
+    x: np.ndarray,
+    kernel: Sequence[int],
+    strides: Sequence[int],
+    pads: Sequence[int] = (0, 0, 0, 0, 0, 0),
+    dilations: Sequence[int] = (1, 1, 1),
+    ceil_mode: bool = False,
+) -> np.ndarray:
+    """ONNX MaxPool over (N, C, Z, Y, X): padding never wins (-inf)."""
+    x = as_volume(x)
+    k, s, p, d, out = _geometry(x, kernel, strides, pads, dilations, ceil_mode)
+    xp = _padded(x, p, k, s, d, out, -np.inf)
+    return np.ascontiguousarray(_reduce_axes(xp, k, s, d, out, np.maximum), dtype=np.float32)
+
+
+def _counts(n: int, k: int, s: int, pb: int, pe: int, out: int, include_pad: bool) -> np.ndarray:
+    """Divisor along one axis: window clipped to the padded input, or to the input itself."""
+    start = np.arange(out) * s - pb
+    end = np.minimum(start + k, n + pe)
+    if not include_pad:
+        start, end = np.maximum(start, 0), np.minimum(end, n)
+    return (end - start).astype(np.float64)
+
+
+def avg_pool3d(
+    x: np.ndarray,
+    kernel: Sequence[int],
+    strides: Sequence[int],
+    pads: Sequence[int] = (0, 0, 0, 0, 0, 0),
+    ceil_mode: bool = False,
+    count_include_pad: bool = False,
+) -> np.ndarray:
+    """ONNX AveragePool over (N, C, Z, Y, X).
+
+    The divisor counts pad voxels only with `count_include_pad`; ceil-mode overrun
+    past the end padding is never counted (as torch and onnxruntime do).
+    """
+    x = as_volume(x)
+    k, s, p, d, out = _geometry(x, kernel, strides, pads, (1, 1, 1), ceil_mode)
+    xp = _padded(x, p, k, s, d, out, 0.0)
+    total = _reduce_axes(xp, k, s, d, out, np.add)
+    cz, cy, cx = (
+        _counts(x.shape[2 + i], k[i], s[i], p[i], p[i + 3], out[i], count_include_pad)
+        for i in range(3)
+    )
+    inv = 1.0 / (cz[:, None, None] * cy[None, :, None] * cx[None, None, :])
+    return (total * inv.astype(np.float32)).astype(np.float32)

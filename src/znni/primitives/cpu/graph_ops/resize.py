@@ -1,0 +1,109 @@
+"""ONNX Resize (opset 13+) over the three spatial axes: nearest and trilinear.
+
+Exported U-Nets upsample with F.interpolate, which becomes Resize with a
+coordinate transformation mode that decides where each output voxel samples the
+input. Linear resize is separable, so each axis is interpolated in turn with
+precomputed (index, weight) pairs: two gathers and a weighted sum per axis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from znni.primitives.cpu.graph_ops._args import as_volume, choice, triple
+
+MODES = ("nearest", "linear")
+TRANSFORMS = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")
+NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+
+
+def source_coords(n_in: int, n_out: int, transform: str, scale: float | None) -> np.ndarray:
+    """Input coordinate (float64) sampled by each output index along one axis.
+
+    Without an explicit scale the ratio n_in / n_out is applied as a
+    multiplication then a division, so exact integer positions stay exact.
+    """
+    i = np.arange(n_out, dtype=np.float64)
+    if transform == "align_corners":
+        return i * (n_in - 1) / (n_out - 1) if n_out > 1 else np.zeros(n_out)
+    if transform == "asymmetric":
+        return i / scale if scale is not None else i * n_in / n_out
+    c = (i + 0.5) / scale if scale is not None else (i + 0.5) * n_in / n_out
+    if transform == "pytorch_half_pixel" and n_out == 1:
+        return np.zeros(1)
+    return c - 0.5
+
+
+def nearest_index(coords: np.ndarray, n_in: int, nearest_mode: str) -> np.ndarray:
+    """Rounded, clamped source indices for nearest resize."""
+    fl = np.floor(coords)
+    if nearest_mode == "floor":
+        idx = fl
+    elif nearest_mode == "ceil":
+        idx = np.ceil(coords)
+    else:
+        tie = coords - fl == 0.5
+        near = np.floor(coords + 0.5)
+        idx = np.where(tie, fl if nearest_mode == "round_prefer_floor" else fl + 1, near)
+    return np.clip(idx, 0, n_in - 1).astype(np.intp)
+
+
+def linear_taps(coords: np.ndarray, n_in: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(i0, i1, w1): neighbours clamped to the edge (ONNX pads with edge values)."""
+    fl = np.floor(coords)
+    w1 = (coords - fl).astype(np.float32)
+    i0 = np.clip(fl, 0, n_in - 1).astype(np.intp)
+    i1 = np.clip(fl + 1, 0, n_in - 1).astype(np.intp)
+    return i0, i1, w1
+
+
+def _scales(scales: Sequence[float] | None) -> tuple[float, float, float] | tuple[None, ...]:
+    """Validated positive per-axis scales, or three Nones."""
+    if scales is None:
+        return (None, None, None)
+    vals = tuple(float(v) for v in scales)
+    if len(vals) != 3 or min(vals) <= 0:
+        raise ValueError(f"scales must be 3 positive numbers (z, y, x), got {scales!r}")
+    return vals  # type: ignore[return-value]
+
+
+def resize3d(
+    x: np.ndarray,
+    out_size: Sequence[int],
+    *,
+    mode: str,
+    coordinate_transformation_mode: str,
+    nearest_mode: str = "round_prefer_floor",
+    scales: Sequence[float] | None = None,
+) -> np.ndarray:
+    """Resize (N, C, Z, Y, X) to (N, C, *out_size) as ONNX Resize does -> float32.
+
+    `scales`, when given, enter the coordinate transform (as ONNX uses its scales
+    input); otherwise out/in is used. align_corners always uses the lengths.
+    """
+    x = as_volume(x)
+    size = triple(out_size, "out_size", 1)
+    choice(mode, "mode", MODES)
+    choice(coordinate_transformation_mode, "coordinate_transformation_mode", TRANSFORMS)
+    choice(nearest_mode, "nearest_mode", NEAREST_MODES)
+    sc = _scales(scales)
+    y = x
+    for i in range(3):
+        axis, n_in = 2 + i, x.shape[2 + i]
+        coords = source_coords(n_in, size[i], coordinate_transformation_mode, sc[i])
+        if mode == "nearest":
+            y = np.take(y, nearest_index(coords, n_in, nearest_mode), axis=axis)
+            continue
+        i0, i1, w1 = linear_taps(coords, n_in)
+        shape = [1] * 5
+        shape[axis] = size[i]
+        w1 = w1.reshape(shape)
+        a = np.take(y, i0, axis=axis)
+        b = np.take(y, i1, axis=axis)
+        b -= a
+        b *= w1
+        a += b  # a + w1 * (b - a)
+        y = a
+    return np.ascontiguousarray(y, dtype=np.float32)

@@ -1,0 +1,164 @@
+"""`znni segment MODEL.onnx` end to end: windowed output equal to MONAI's
+sliding_window_inference on MONAI's own U-Nets, an exported nn.Sequential equal to the
+JSON spec path, ROI and resume, and every refusal (exit 2, nothing written)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from engine_ref import small_network, write_network, write_volume
+from naive import close
+
+from znni.cli import main
+
+torch = pytest.importorskip("torch")
+monai = pytest.importorskip("monai")
+pytest.importorskip("onnxruntime")
+from monai.inferers import sliding_window_inference  # noqa: E402
+from monai.networks.nets import BasicUNet, UNet  # noqa: E402
+
+
+def _export(model: torch.nn.Module, path: Path, window: tuple[int, int, int]) -> Path:
+    torch.onnx.export(
+        model.eval(), (torch.zeros(1, 1, *window),), path, input_names=["x"], dynamo=False,
+        dynamic_axes={"x": {2: "z", 3: "y", 4: "x"}},
+    )
+    return path
+
+
+def _monai(model, vol: np.ndarray, window, overlap: float, blend: str) -> np.ndarray:
+    x = torch.from_numpy(vol[None, None].astype(np.float32) / 255)
+    with torch.no_grad():
+        out = sliding_window_inference(
+            x, window, 3, model.eval(), overlap=overlap, mode=blend, sigma_scale=0.125
+        )
+    return out[0].numpy()
+
+
+@pytest.fixture(scope="module")
+def volume(tmp_path_factory) -> tuple[np.ndarray, str]:
+    rng = np.random.default_rng(5)
+    vol = rng.integers(0, 256, size=(19, 41, 36)).astype(np.uint8)
+    tmp = tmp_path_factory.mktemp("vol")
+    return vol, write_volume(tmp / "in.zarr", vol, 3, (8, 16, 16))
+
+
+def _unets():
+    torch.manual_seed(0)
+    basic = BasicUNet(spatial_dims=3, in_channels=1, out_channels=2, features=(4, 4, 8, 8, 16, 4))
+    unet = UNet(spatial_dims=3, in_channels=1, out_channels=3, channels=(4, 8, 8),
+                strides=(2, 2), num_res_units=1, norm="batch")
+    for m in unet.modules():  # batch norm with non-trivial statistics
+        if isinstance(m, torch.nn.BatchNorm3d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 1.5)
+    return {"basicunet": (basic, (16, 32, 32)), "unet": (unet, (8, 16, 12))}
+
+
+@pytest.mark.parametrize("name, overlap, blend", [
+    ("basicunet", 0.25, "gaussian"), ("unet", 0.5, "constant"), ("unet", 0.25, "gaussian"),
+])
+def test_windowed_equals_monai_sliding_window(tmp_path, volume, capsys, name, overlap, blend):
+    vol, inp = volume
+    model, window = _unets()[name]
+    onnx_path = _export(model, tmp_path / f"{name}.onnx", window)
+    out = tmp_path / "out.zarr"
+    args = ["segment", str(onnx_path), inp, str(out), "--window", ",".join(map(str, window)),
+            "--overlap", str(overlap), "--blend", blend, "--scale", str(1 / 255),
+            "--chunks", "8,16,16", "--block", "8,16,16"]
+    assert main(args) == 0, capsys.readouterr().err
+    got = zarr.open_array(str(out), mode="r")[:]
+    ref = _monai(model, vol, window, overlap, blend)
+    assert got.shape == ref.shape
+    assert close(got, ref)
+
+
+def test_roi_and_planned_window_and_resume(tmp_path, volume, capsys) -> None:
+    vol, inp = volume
+    model, _ = _unets()["unet"]
+    onnx_path = _export(model, tmp_path / "u.onnx", (8, 16, 12))
+    out = tmp_path / "roi.zarr"
+    args = ["segment", str(onnx_path), inp, str(out), "--roi", "3:17,5:30,:", "--scale",
+            str(1 / 255), "--memory-limit", "256MiB", "--quiet"]
+    assert main(args) == 0, capsys.readouterr().err
+    header = (out / "znni-ledger.jsonl").read_text().splitlines()[0]
+    assert '"mode": "windowed"' in header
+    import json
+
+    window = tuple(json.loads(header)["parts"]["window"])
+    got = zarr.open_array(str(out), mode="r")[:]
+    ref = _monai(model, vol, window, 0.25, "gaussian")
+    assert close(got[:, 3:17, 5:30, :], ref[:, 3:17, 5:30, :])
+    assert np.all(got[:, :3] == 0)  # outside the ROI nothing is written
+    assert main(args) == 0  # a finished run resumes to nothing to do
+    assert "0/" not in capsys.readouterr().err
+
+
+def test_exported_sequential_runs_exactly_like_the_json_spec(tmp_path, volume, capsys) -> None:
+    vol, inp = volume
+    rng = np.random.default_rng(2)
+    layers, params = small_network(rng)
+    spec = write_network(tmp_path, layers, params, scale=1 / 255)
+    mods = []
+    for i, layer in enumerate(layers):
+        if layer["kind"] == "conv":
+            w = params[f"{i}.weight"]
+            conv = torch.nn.Conv3d(w.shape[1], w.shape[0], w.shape[2:])
+            conv.weight.data = torch.from_numpy(w)
+            conv.bias.data = torch.from_numpy(params[f"{i}.bias"])
+            mods.append(conv)
+        elif layer["kind"] == "maxpool":
+            mods.append(torch.nn.MaxPool3d(layer["window"]))
+        else:
+            mods.append({"relu": torch.nn.ReLU(), "sigmoid": torch.nn.Sigmoid(),
+                         "tanh": torch.nn.Tanh()}[layer["kind"]])
+    onnx_path = _export(torch.nn.Sequential(*mods), tmp_path / "seq.onnx", (24, 24, 24))
+    a, b = tmp_path / "a.zarr", tmp_path / "b.zarr"
+    assert main(["segment", str(spec), inp, str(a), "--quiet"]) == 0
+    assert main(["segment", str(onnx_path), inp, str(b), "--scale", str(1 / 255), "--quiet"]) == 0
+    assert close(zarr.open_array(str(b))[:], zarr.open_array(str(a))[:])
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--window", "8,16,13"], "multiple of"),
+    (["--window", "8,16,12", "--overlap", "1.0"], "overlap 1.0"),
+    (["--output-name", "nope"], "no output 'nope'"),
+    (["--weights", "w.npz"], "--weights applies to JSON specs"),
+])
+def test_bad_onnx_runs_are_refused(tmp_path, volume, capsys, extra, words) -> None:
+    _, inp = volume
+    model, _ = _unets()["unet"]
+    onnx_path = _export(model, tmp_path / "u.onnx", (8, 16, 12))
+    out = tmp_path / "never.zarr"
+    assert main(["segment", str(onnx_path), inp, str(out), *extra]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_window_on_a_json_spec_is_refused(tmp_path, volume, capsys) -> None:
+    _, inp = volume
+    layers, params = small_network(np.random.default_rng(0))
+    spec = write_network(tmp_path, layers, params)
+    assert main(["segment", str(spec), inp, str(tmp_path / "o.zarr"), "--window", "8,8,8"]) == 2
+    assert "exact (MPF) mode" in capsys.readouterr().err
+    assert main(["segment", str(spec), inp, str(tmp_path / "o.zarr"), "--scale", "2"]) == 2
+    assert "--scale applies to ONNX models" in capsys.readouterr().err
+
+
+def test_plan_says_the_mode_and_why(tmp_path, capsys) -> None:
+    import json
+
+    model, _ = _unets()["basicunet"]
+    onnx_path = _export(model, tmp_path / "b.onnx", (16, 32, 32))
+    assert main(["plan", str(onnx_path), "--memory-limit", "1GiB", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["mode"] == "windowed" and "pads its input" in plan["reason"]
+    assert plan["size_factor"] == [16, 16, 16] and plan["min_window"] == [16, 16, 16]
+    assert all(w % 16 == 0 for w in plan["window"])
+    assert plan["window_peak_bytes"] <= plan["memory_budget_bytes"]
+    assert main(["plan", str(onnx_path)]) == 0
+    assert "mode: windowed" in capsys.readouterr().out

@@ -1,0 +1,98 @@
+"""A sequential spec as a graph: the window (strided) network against the brute-force one,
+and the same network exported from torch's nn.Sequential to ONNX gives the same output."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from naive import close, naive_fov, naive_strided_network, random_network
+
+from znni.engine.graph_forward import run_graph
+from znni.model import load_network
+from znni.model.graph import graph_from_network
+from znni.model.onnx_import import load_onnx
+from znni.primitives.backends import make_backend
+
+
+def _network(tmp_path, layers, params, cin):
+    spec = tmp_path / "net.json"
+    spec.write_text(json.dumps({"in_channels": cin, "weights": "w.npz", "layers": layers}))
+    np.savez(tmp_path / "w.npz", **params)
+    return load_network(spec)
+
+
+def _window(net, rng) -> tuple[int, int, int]:
+    size = net.input_size_for(tuple(int(v) for v in rng.integers(1, 3, size=3)))
+    return (size[0], size[1], size[2])
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_sequential_graph_equals_the_strided_network(tmp_path, seed) -> None:
+    rng = np.random.default_rng(seed)
+    cin = int(rng.integers(1, 3))
+    layers, params = random_network(rng, cin, max_pools=2)
+    net = _network(tmp_path, layers, params, cin)
+    window = _window(net, rng)
+    graph = graph_from_network(net, window)
+    x = rng.standard_normal((1, cin, *window)).astype(np.float32)
+    got = run_graph(graph, x, make_backend("cpu"))
+    ref = naive_strided_network(layers, params, x[0].astype(np.float64))
+    assert got.shape[1:] == ref.shape == (graph.out_channels, *graph.out_window)
+    assert close(got[0], ref)
+    assert min(window) >= min(naive_fov(layers))
+
+
+def test_sequential_exported_to_onnx_equals_the_json_spec(tmp_path) -> None:
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(11)
+    layers, params = random_network(rng, 2, max_pools=2)
+    net = _network(tmp_path, layers, params, 2)
+    mods = []
+    for i, layer in enumerate(layers):
+        kind = layer["kind"]
+        if kind == "conv":
+            w = params[f"{i}.weight"]
+            conv = torch.nn.Conv3d(w.shape[1], w.shape[0], w.shape[2:])
+            conv.weight.data, conv.bias.data = (
+                torch.from_numpy(w),
+                torch.from_numpy(params[f"{i}.bias"]),
+            )
+            mods.append(conv)
+        elif kind == "maxpool":
+            mods.append(torch.nn.MaxPool3d(layer["window"]))
+        else:
+            mods.append(
+                {
+                    "relu": torch.nn.ReLU(),
+                    "sigmoid": torch.nn.Sigmoid(),
+                    "tanh": torch.nn.Tanh(),
+                    "elu": torch.nn.ELU(),
+                    "leaky_relu": torch.nn.LeakyReLU(layer.get("slope", 0.01)),
+                    "linear": torch.nn.Identity(),
+                }[kind]
+            )
+    window = _window(net, rng)
+    path = tmp_path / "seq.onnx"
+    torch.onnx.export(
+        torch.nn.Sequential(*mods).eval(),
+        (torch.zeros(1, 2, *window),),
+        path,
+        input_names=["x"],
+        dynamo=False,
+    )
+    x = rng.standard_normal((1, 2, *window)).astype(np.float32)
+    backend = make_backend("cpu")
+    from_onnx = run_graph(load_onnx(path), x, backend)
+    from_json = run_graph(graph_from_network(net, window), x, backend)
+    assert close(from_onnx, from_json)
+
+
+def test_wrong_window_is_refused(tmp_path) -> None:
+    rng = np.random.default_rng(0)
+    layers, params = random_network(rng, 1, max_pools=1)
+    net = _network(tmp_path, layers, params, 1)
+    graph = graph_from_network(net, _window(net, rng))
+    with pytest.raises(ValueError, match="runs on"):
+        run_graph(graph, np.zeros((1, 1, 3, 3, 3), np.float32), make_backend("cpu"))
