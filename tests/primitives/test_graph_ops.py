@@ -1,6 +1,7 @@
 """Graph-op kernels against the brute-force references of naive_graph.py and against torch.
 
-Torch comparisons skip without torch. Tolerance: max|out - ref| <= 1e-4 * max(1, max|ref|).
+Naive checks always run; each test then compares with torch, or is skipped after the
+naive check when torch is not installed. Tolerance: max|out - ref| <= 1e-4 * max(1, max|ref|).
 """
 
 from __future__ import annotations
@@ -31,17 +32,11 @@ from znni.primitives.cpu.graph_ops import (
     softmax_channels,
 )
 
-
-def _load_naive():
-    """naive_graph.py from this folder, without touching sys.path."""
-    path = Path(__file__).resolve().parent / "naive_graph.py"
-    spec = importlib.util.spec_from_file_location("naive_graph", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-ng = _load_naive()
+# naive_graph.py from this folder, loaded by path so sys.path stays untouched
+_NAIVE = Path(__file__).resolve().parent / "naive_graph.py"
+_spec = importlib.util.spec_from_file_location("naive_graph", _NAIVE)
+ng = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ng)
 
 
 def close(out, ref):
@@ -52,8 +47,8 @@ def close(out, ref):
     assert err <= tol, f"max error {err} > {tol}"
 
 
-@pytest.fixture(scope="module")
-def torch():
+def _torch():
+    """torch for the comparisons after the naive ones (skips the rest of the test without it)."""
     t = pytest.importorskip("torch")
     t.set_num_threads(2)
     return t
@@ -85,13 +80,14 @@ CONV_CASES = [
 
 
 @pytest.mark.parametrize("case", CONV_CASES)
-def test_conv3d(case, torch):
+def test_conv3d(case):
     size, cin, cout, k, s, p, d, g = case
     rng = np.random.default_rng(hash(case) % 2**32)
     x, w, b = _rand(rng, 2, cin, *size), _rand(rng, cout, cin // g, *k), _rand(rng, cout)
     out = conv3d(x, w, b, strides=s, pads=p, dilations=d, groups=g)
     assert out.dtype == np.float32
     close(out, ng.naive_conv3d(x, w, b, s, p, d, g))
+    torch = _torch()
     tx = torch.nn.functional.pad(torch.from_numpy(x), _torch_pads(p))
     ref = torch.nn.functional.conv3d(
         tx, torch.from_numpy(w), torch.from_numpy(b), stride=s, dilation=d, groups=g
@@ -125,13 +121,14 @@ CONVT_CASES = [
 
 
 @pytest.mark.parametrize("case", CONVT_CASES)
-def test_conv_transpose3d(case, torch):
+def test_conv_transpose3d(case):
     size, cin, cout, k, s, p, op, d, g = case
     rng = np.random.default_rng(hash(case) % 2**32)
     x, w, b = _rand(rng, 2, cin, *size), _rand(rng, cin, cout // g, *k), _rand(rng, cout)
     out = conv_transpose3d(x, w, b, strides=s, pads=p, output_padding=op, dilations=d, groups=g)
     close(out, ng.naive_conv_transpose3d(x, w, b, s, p, op, d, g))
     if p[:3] == p[3:]:  # torch takes symmetric pads only
+        torch = _torch()
         t, kw = torch.from_numpy, dict(stride=s, padding=p[:3], output_padding=op, dilation=d)
         ref = torch.nn.functional.conv_transpose3d(t(x), t(w), t(b), groups=g, **kw)
         close(out, ref.numpy())
@@ -150,12 +147,13 @@ POOL_CASES = [
 
 @pytest.mark.parametrize("ceil_mode", [False, True])
 @pytest.mark.parametrize("case", POOL_CASES)
-def test_max_pool3d(case, ceil_mode, torch):
+def test_max_pool3d(case, ceil_mode):
     size, k, s, p, d = case
     x = _rand(np.random.default_rng(1), 2, 3, *size)
     out = max_pool3d(x, k, s, p, d, ceil_mode)
     close(out, ng.naive_max_pool3d(x, k, s, p, d, ceil_mode))
     if p[:3] == p[3:]:
+        torch = _torch()
         ref = torch.nn.functional.max_pool3d(
             torch.from_numpy(x), k, s, p[:3], d, ceil_mode=ceil_mode
         )
@@ -165,12 +163,13 @@ def test_max_pool3d(case, ceil_mode, torch):
 @pytest.mark.parametrize("count_include_pad", [False, True])
 @pytest.mark.parametrize("ceil_mode", [False, True])
 @pytest.mark.parametrize("case", [c for c in POOL_CASES if c[4] == (1, 1, 1)])
-def test_avg_pool3d(case, ceil_mode, count_include_pad, torch):
+def test_avg_pool3d(case, ceil_mode, count_include_pad):
     size, k, s, p, _ = case
     x = _rand(np.random.default_rng(2), 2, 3, *size)
     out = avg_pool3d(x, k, s, p, ceil_mode, count_include_pad)
     close(out, ng.naive_avg_pool3d(x, k, s, p, ceil_mode, count_include_pad))
     if p[:3] == p[3:]:
+        torch = _torch()
         kw = dict(ceil_mode=ceil_mode, count_include_pad=count_include_pad)
         ref = torch.nn.functional.avg_pool3d(torch.from_numpy(x), k, s, p[:3], **kw)
         close(out, ref.numpy())
@@ -192,22 +191,22 @@ def _size(shape, scales):
 
 
 @pytest.mark.parametrize("scales", SCALES)
-def test_resize_nearest_matches_torch(scales, torch):
+def test_resize_nearest_matches_torch(scales):
     """F.interpolate(mode='nearest') exports as nearest + asymmetric + floor."""
     x = _rand(np.random.default_rng(4), 2, 2, 3, 6, 5)
     size = _size(x.shape[2:], scales)
     kw = dict(mode="nearest", coordinate_transformation_mode="asymmetric", nearest_mode="floor")
-    F = torch.nn.functional
-    out = resize3d(x, size, scales=scales, **kw)
-    close(out, ng.naive_resize3d(x, size, "nearest", "asymmetric", "floor", scales))
-    close(out, F.interpolate(torch.from_numpy(x), scale_factor=scales, mode="nearest").numpy())
-    out = resize3d(x, size, **kw)  # from sizes: scale = out / in
-    close(out, ng.naive_resize3d(x, size, "nearest", "asymmetric", "floor"))
-    close(out, F.interpolate(torch.from_numpy(x), size=size, mode="nearest").numpy())
+    by_scales, by_size = resize3d(x, size, scales=scales, **kw), resize3d(x, size, **kw)
+    close(by_scales, ng.naive_resize3d(x, size, "nearest", "asymmetric", "floor", scales))
+    close(by_size, ng.naive_resize3d(x, size, "nearest", "asymmetric", "floor"))  # out / in
+    torch = _torch()
+    F, tx = torch.nn.functional, torch.from_numpy(x)
+    close(by_scales, F.interpolate(tx, scale_factor=scales, mode="nearest").numpy())
+    close(by_size, F.interpolate(tx, size=size, mode="nearest").numpy())
 
 
 @pytest.mark.parametrize("scales", SCALES)
-def test_resize_trilinear_matches_torch(scales, torch):
+def test_resize_trilinear_matches_torch(scales):
     """align_corners=False: half_pixel with torch's scales, pytorch_half_pixel from sizes.
 
     torch samples a length-1 output at the input centre (half_pixel), whereas ONNX
@@ -215,28 +214,28 @@ def test_resize_trilinear_matches_torch(scales, torch):
     """
     x = _rand(np.random.default_rng(5), 2, 2, 3, 6, 5)
     size = _size(x.shape[2:], scales)
+    hp, php, ac = "half_pixel", "pytorch_half_pixel", "align_corners"
+    cases = {"s": (hp, scales), "hp": (hp, None), "php": (php, None), "ac": (ac, None)}
+    outs = {}
+    for key, (mode, sc) in cases.items():
+        outs[key] = resize3d(x, size, mode="linear", coordinate_transformation_mode=mode, scales=sc)
+        close(outs[key], ng.naive_resize3d(x, size, "linear", mode, scales=sc))
+    torch = _torch()
     F, tx = torch.nn.functional, torch.from_numpy(x)
-    kw = dict(mode="linear", coordinate_transformation_mode="half_pixel")
-    out = resize3d(x, size, scales=scales, **kw)
-    close(out, ng.naive_resize3d(x, size, "linear", "half_pixel", scales=scales))
-    close(out, F.interpolate(tx, scale_factor=scales, mode="trilinear").numpy())
+    close(outs["s"], F.interpolate(tx, scale_factor=scales, mode="trilinear").numpy())
     by_size = F.interpolate(tx, size=size, mode="trilinear", align_corners=False).numpy()
-    close(resize3d(x, size, **kw), by_size)
-    out = resize3d(x, size, mode="linear", coordinate_transformation_mode="pytorch_half_pixel")
-    close(out, ng.naive_resize3d(x, size, "linear", "pytorch_half_pixel"))
+    close(outs["hp"], by_size)
     if min(size) > 1:
-        close(out, by_size)
-    out = resize3d(x, size, mode="linear", coordinate_transformation_mode="align_corners")
-    close(out, ng.naive_resize3d(x, size, "linear", "align_corners"))
-    close(out, F.interpolate(tx, size=size, mode="trilinear", align_corners=True).numpy())
+        close(outs["php"], by_size)
+    close(outs["ac"], F.interpolate(tx, size=size, mode="trilinear", align_corners=True).numpy())
 
 
-@pytest.mark.parametrize(
-    "nearest_mode", ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"]
-)
-@pytest.mark.parametrize(
-    "transform", ["half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"]
-)
+NEAREST = ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"]
+TRANSFORMS = ["half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"]
+
+
+@pytest.mark.parametrize("nearest_mode", NEAREST)
+@pytest.mark.parametrize("transform", TRANSFORMS)
 def test_resize_nearest_modes_against_naive(transform, nearest_mode):
     """Every transform x rounding; 3 -> 6 and 6 -> 3 make exact .5 ties, 5 -> 1 a single voxel."""
     x = _rand(np.random.default_rng(6), 1, 2, 3, 6, 5)
@@ -248,32 +247,29 @@ def test_resize_nearest_modes_against_naive(transform, nearest_mode):
         close(out, ng.naive_resize3d(x, size, "linear", transform))
 
 
-def test_instance_and_group_norm(torch):
+def test_instance_and_group_norm():
     rng = np.random.default_rng(7)
     x = _rand(rng, 2, 4, 3, 6, 5) * 3 + 50  # |mean| >> std: one-pass variance would fail
     scale, bias = _rand(rng, 4), _rand(rng, 4)
-    F, tx = torch.nn.functional, torch.from_numpy(x)
-    out = instance_norm(x, scale, bias, 1e-5)
-    close(out, ng.naive_instance_norm(x, scale, bias, 1e-5))
-    ref = F.instance_norm(tx, weight=torch.from_numpy(scale), bias=torch.from_numpy(bias), eps=1e-5)
-    close(out, ref.numpy())
-    for g in (1, 2, 4):
-        out = group_norm(x, g, scale, bias, 1e-3)
+    inst = instance_norm(x, scale, bias, 1e-5)
+    close(inst, ng.naive_instance_norm(x, scale, bias, 1e-5))
+    groups = {g: group_norm(x, g, scale, bias, 1e-3) for g in (1, 2, 4)}
+    for g, out in groups.items():
         close(out, ng.naive_group_norm(x, g, scale, bias, 1e-3))
-        ref = F.group_norm(tx, g, torch.from_numpy(scale), torch.from_numpy(bias), eps=1e-3)
-        close(out, ref.numpy())
+    torch = _torch()
+    F, t = torch.nn.functional, torch.from_numpy
+    close(inst, F.instance_norm(t(x), weight=t(scale), bias=t(bias), eps=1e-5).numpy())
+    for g, out in groups.items():
+        close(out, F.group_norm(t(x), g, t(scale), t(bias), eps=1e-3).numpy())
 
 
-def test_batch_norm_and_folding(torch):
+def test_batch_norm_and_folding():
     rng = np.random.default_rng(8)
     x = _rand(rng, 2, 3, 3, 6, 5)
     scale, bias, mean = _rand(rng, 3), _rand(rng, 3), _rand(rng, 3)
     var = rng.uniform(0.5, 2.0, 3).astype(np.float32)
     out = batch_norm(x, scale, bias, mean, var, 1e-5)
     close(out, ng.naive_batch_norm(x, scale, bias, mean, var, 1e-5))
-    t = torch.from_numpy
-    ref = torch.nn.functional.batch_norm(t(x), t(mean), t(var), t(scale), t(bias), eps=1e-5)
-    close(out, ref.numpy())
     w, cb = _rand(rng, 3, 2, 3, 3, 3), _rand(rng, 3)
     xi = _rand(rng, 1, 2, 4, 5, 6)
     conv = ng.naive_conv3d(xi, w, cb, (1, 1, 1), (1,) * 6, (1, 1, 1), 1)
@@ -283,6 +279,10 @@ def test_batch_norm_and_folding(torch):
         base = conv if conv_bias is not None else conv - cb[None, :, None, None, None]
         ref = ng.naive_batch_norm(base, scale, bias, mean, var, 1e-5)
         close(conv3d(xi, wf, bf, pads=(1,) * 6), ref)
+    torch = _torch()
+    t = torch.from_numpy
+    ref = torch.nn.functional.batch_norm(t(x), t(mean), t(var), t(scale), t(bias), eps=1e-5)
+    close(out, ref.numpy())
 
 
 PAD_CASES = [
@@ -296,45 +296,50 @@ PAD_CASES = [
 
 @pytest.mark.parametrize("mode", ["constant", "reflect", "edge"])
 @pytest.mark.parametrize("pads", PAD_CASES)
-def test_pad3d(pads, mode, torch):
+def test_pad3d(pads, mode):
     x = _rand(np.random.default_rng(9), 2, 2, 3, 6, 5)
     out = pad3d(x, pads, mode, value=1.5)
     close(out, ng.naive_pad3d(x, pads, mode, 1.5))
     if min(pads) >= 0:
+        torch = _torch()
         tmode = {"constant": "constant", "reflect": "reflect", "edge": "replicate"}[mode]
         kw = {"value": 1.5} if mode == "constant" else {}
         ref = torch.nn.functional.pad(torch.from_numpy(x), _torch_pads(pads), mode=tmode, **kw)
         close(out, ref.numpy())
 
 
-def test_elementwise(torch):
+def test_elementwise():
     rng = np.random.default_rng(10)
     x = _rand(rng, 2, 3, 3, 4, 5) * 3
-    F, tx = torch.nn.functional, torch.from_numpy(x)
     slope = _rand(rng, 3)
-    for s in (slope, slope.reshape(3, 1, 1, 1), np.float32(0.2)):
-        out = prelu(x, s)
-        close(out, F.prelu(tx, torch.from_numpy(np.asarray(s, np.float32).reshape(-1))).numpy())
     ref = ng.naive_elementwise(x[:, 1], lambda v: v if v >= 0 else slope[1] * v)
-    close(prelu(x, slope)[:, 1], ref)
+    for s in (slope, slope.reshape(3, 1, 1, 1)):
+        close(prelu(x, s)[:, 1], ref)
+    close(prelu(x, 0.2), ng.naive_elementwise(x, lambda v: v if v >= 0 else 0.2 * v))
     selu_ref = ng.naive_elementwise(
         x, lambda v: 1.0507009873554805 * (v if v > 0 else 1.6732632423543772 * math.expm1(v))
     )
     close(selu(x), selu_ref)
-    close(selu(x), F.selu(tx).numpy())
     close(elu(x, 0.7), ng.naive_elementwise(x, lambda v: v if v > 0 else 0.7 * math.expm1(v)))
-    close(elu(x, 0.7), F.elu(tx, 0.7).numpy())
     close(leaky_relu(x, 0.1), ng.naive_elementwise(x, lambda v: v if v >= 0 else 0.1 * v))
-    close(leaky_relu(x, 0.1), F.leaky_relu(tx, 0.1).numpy())
     big = x * 100  # exp would overflow without the max shift
     close(softmax_channels(big), ng.naive_softmax_channels(big))
-    close(softmax_channels(x), F.softmax(tx, dim=1).numpy())
     close(clip(x, -1.0, 2.0), ng.naive_elementwise(x, lambda v: min(max(v, -1.0), 2.0)))
-    close(clip(x, None, 0.5), np.minimum(x, 0.5))
-    close(clip(x, -0.5, None), np.maximum(x, -0.5))
-    close(clip(x, 2.0, 1.0), torch.clamp(tx, 2.0, 1.0).numpy())
+    close(clip(x, None, 0.5), ng.naive_elementwise(x, lambda v: min(v, 0.5)))
+    close(clip(x, -0.5, None), ng.naive_elementwise(x, lambda v: max(v, -0.5)))
+    close(clip(x, 2.0, 1.0), np.full_like(x, 1.0))  # lo > hi: everything is hi
     for fn in (selu, softmax_channels, lambda v: elu(v, 1.0), lambda v: clip(v, 0, 1)):
         assert fn(x).dtype == np.float32
+    torch = _torch()
+    F, tx = torch.nn.functional, torch.from_numpy(x)
+    for s in (slope, slope.reshape(3, 1, 1, 1), np.float32(0.2)):
+        ts = torch.from_numpy(np.asarray(s, np.float32).reshape(-1))
+        close(prelu(x, s), F.prelu(tx, ts).numpy())
+    close(selu(x), F.selu(tx).numpy())
+    close(elu(x, 0.7), F.elu(tx, 0.7).numpy())
+    close(leaky_relu(x, 0.1), F.leaky_relu(tx, 0.1).numpy())
+    close(softmax_channels(x), F.softmax(tx, dim=1).numpy())
+    close(clip(x, 2.0, 1.0), torch.clamp(tx, 2.0, 1.0).numpy())
 
 
 X = np.zeros((1, 4, 5, 6, 7), np.float32)
