@@ -176,14 +176,19 @@ def _check_options(job: SegmentJob) -> None:
     if job.scheduler is not None and job.scheduler.startswith("local:"):
         if int(job.scheduler[6:]) < 1:
             raise ValueError(f"scheduler {job.scheduler!r} needs at least one worker")
-    check_device(job.device)
     if isinstance(job.network, OnnxModel):
         check_window_options(job.overlap, job.blend)
+        if job.device in ("gpu", "cpu-gpu"):
+            raise ValueError(
+                f"windowed model {job.network.name!r} runs on the CPU in this version; "
+                f"--device {job.device} is for exact (JSON spec) networks"
+            )
     elif job.window is not None:
         raise ValueError(
             f"network {job.network.name!r} runs in exact (MPF) mode, where --window does not "
             "apply; windows are for ONNX models"
         )
+    check_device(job.device)
     for what, value in (("chunks", job.chunks), ("block", job.block), ("window", job.window)):
         if value is not None and (len(value) != 3 or min(value) < 1):
             raise ValueError(f"{what} {value!r} must be 3 positive integers z,y,x")
