@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from znni.model.network import Network
-    from znni.model.onnx_model import OnnxModel
     from znni.planner.machine import MachineProfile
     from znni.planner.plan import Plan
 
@@ -71,8 +70,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         network = network_for_planning(args.network, args.weights)
     if isinstance(network, OnnxModel):
-        summary = windowed_plan(network, limit)
-        print(json.dumps(summary, indent=2) if args.json else format_windowed(summary))
+        from znni.engine.graph_plan import graph_plan
+
+        summary = graph_plan(network, limit)
+        print(json.dumps(summary, indent=2) if args.json else format_graph_plan(summary))
         return 0
     machine = MachineProfile.load(args.machine) if args.machine else detect_machine()
     plan = make_plan(network, machine=machine, device=args.device, memory_limit_bytes=limit)
@@ -89,43 +90,28 @@ EXACT_MODE = (
 )
 
 
-def windowed_plan(model: OnnxModel, limit: int | None) -> dict:
-    """Mode, reason, window constraints and the window a run would use."""
-    from znni.engine.layout import memory_budget_bytes
-    from znni.engine.segment import PLAN_FRACTION
-    from znni.engine.windowed import choose_window, window_peak_bytes
-    from znni.model.graph import window_dependence
-
-    budget = int(memory_budget_bytes(limit) * PLAN_FRACTION)
-    window = choose_window(model, budget, (10**6,) * 3)
-    reason = window_dependence(model.graph(window)) or "its output has the window's own size"
-    return {
-        "mode": "windowed",
-        "network": model.name,
-        "reason": reason,
-        "in_channels": model.in_channels,
-        "out_channels": model.out_channels,
-        "size_factor": list(model.size_factor),
-        "min_window": list(model.min_window),
-        "fixed_window": list(model.fixed_window) if model.fixed_window else None,
-        "window": list(window),
-        "window_peak_bytes": window_peak_bytes(model, window),
-        "memory_budget_bytes": budget,
-    }
-
-
-def format_windowed(s: dict) -> str:
+def format_graph_plan(s: dict) -> str:
+    """The `znni plan` text for an ONNX graph model."""
     size = "x".join
+    if s["mode"] == "exact":
+        what = "exact", "tiles", "planned tile"
+        extra = (
+            f"input context {size(map(str, s['context']))}; a tile of "
+            f"{size(map(str, s['window']))} gives {size(map(str, s['tile_output']))} outputs"
+        )
+    else:
+        what = "windowed", "windows", "planned window"
+        extra = "overlapping windows blended as MONAI's sliding_window_inference"
     return "\n".join(
         [
             f"network {s['network']}: {s['in_channels']} -> {s['out_channels']} channels",
-            f"mode: windowed ({s['reason']}): overlapping windows blended as MONAI's "
-            "sliding_window_inference",
-            f"windows: multiples of {size(map(str, s['size_factor']))}, at least "
-            f"{size(map(str, s['min_window']))}"
+            f"mode: {what[0]} ({s['reason']})",
+            extra,
+            f"{what[1]}: {size(map(str, s['min_window']))} plus multiples of "
+            f"{size(map(str, s['size_factor']))}"
             + (f", exactly {size(map(str, s['fixed_window']))}" if s["fixed_window"] else ""),
-            f"planned window {size(map(str, s['window']))} (largest within "
-            f"{_gib(s['memory_budget_bytes'])}): {_gib(s['window_peak_bytes'])} per window",
+            f"{what[2]} {size(map(str, s['window']))} (largest within "
+            f"{_gib(s['memory_budget_bytes'])}): {_gib(s['window_peak_bytes'])} per pass",
         ]
     )
 

@@ -17,18 +17,17 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from znni.engine.blockwork import BlockSpec
 from znni.engine.geometry import Block
 from znni.engine.job import SegmentCancelled
 from znni.engine.progress import StageTimer
-from znni.engine.windowed import WindowedSpec, Worker, make_worker
+from znni.engine.windowed import Spec, Worker, make_worker
 
 TASK_RETRIES = 3  # task errors (not worker deaths, which the scheduler retries itself)
 
 _WORKERS: dict[int, Worker] = {}
 
 
-def run_block_task(spec: BlockSpec | WindowedSpec, block: Block) -> tuple[str, dict[str, float]]:
+def run_block_task(spec: Spec, block: Block) -> tuple[str, dict[str, float]]:
     """Runs on a Dask worker: one block, with the stage times it took there."""
     worker = _WORKERS.get(id(spec))
     if worker is None or worker.spec is not spec:
@@ -63,7 +62,7 @@ def _connect(scheduler: str) -> tuple[Any, Any]:
 
 
 def run_dask(
-    spec: BlockSpec | WindowedSpec,
+    spec: Spec,
     blocks: Sequence[Block],
     on_done: Callable[[Block], None],
     timer: StageTimer,

@@ -14,6 +14,7 @@ from znni.model.network import FLOAT_BYTES, Network
 
 PATCH_PEAK_FACTOR = 3  # backend temporaries on top of one layer's input + output
 DEFAULT_BUDGET_FRACTION = 0.5  # of available RAM when no --memory-limit is given
+PLAN_FRACTION = 0.75  # of the budget for the patch / window pass; the rest holds blocks
 
 
 def available_memory_bytes() -> int:

@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from znni.engine.blockwork import BlockSpec
+from znni.engine.exact_graph import ExactGraphSpec, choose_tile, tile_output
 from znni.engine.execution import check_device, execution_for, plan_job
 from znni.engine.geometry import Block, Box, Halo, Triple, split_blocks
 from znni.engine.job import ProgressEvent, SegmentJob, SegmentReport
-from znni.engine.layout import choose_block_shape, memory_budget_bytes
+from znni.engine.layout import PLAN_FRACTION, choose_block_shape, memory_budget_bytes
 from znni.engine.ledger import (
     Ledger,
     fingerprint,
@@ -49,7 +50,6 @@ from znni.primitives.base import Backend
 if TYPE_CHECKING:
     from znni.planner.plan import Plan
 
-PLAN_FRACTION = 0.75  # of the memory budget for the patch pass; the rest holds blocks
 SCHEDULER_RE = re.compile(r"local:(\d+)|tcp://[^\s:/]+:\d+")
 
 
@@ -100,7 +100,8 @@ def prepare_run(job: SegmentJob, plan: Plan | None = None) -> PreparedRun:
     window = None
     if isinstance(net, OnnxModel):
         window = _window_for(job, net, header, budget, region)
-        parts = _windowed_parts(parts, window, job)
+        parts = _windowed_parts(parts, window, job) if net.mode == "windowed" else {
+            **parts, "mode": "exact"}
     resume = header is not None and header.get("fingerprint") == fingerprint(parts)
     if header is not None and not resume and not job.overwrite:
         raise ValueError(mismatch_sentence(job.output_path, header, parts))
@@ -110,7 +111,8 @@ def prepare_run(job: SegmentJob, plan: Plan | None = None) -> PreparedRun:
         if resume and header is not None and "block_shape" in header:
             block: Triple = tuple(int(v) for v in header["block_shape"])  # type: ignore[assignment]
         else:
-            block = job.block or windowed_block_shape(chunks, window, region.shape)
+            span = window if net.mode == "windowed" else tile_output(net, window)  # type: ignore[union-attr]
+            block = job.block or windowed_block_shape(chunks, span, region.shape)
         return PreparedRun(
             job, volume, region, out_shape, chunks, parts, resume,
             frozenset(done) if resume else frozenset(), window, block, None, None, window,
@@ -140,6 +142,8 @@ def _window_for(
     recorded = (header or {}).get("parts", {})
     if job.window is not None:
         window = job.window
+    elif model.mode == "exact":
+        window = choose_tile(model, int(budget * PLAN_FRACTION), region.shape)
     elif recorded.get("mode") == "windowed" and recorded.get("network") == model.digest:
         window = tuple(int(v) for v in recorded["window"])  # type: ignore[assignment]
     else:
@@ -177,7 +181,8 @@ def _check_options(job: SegmentJob) -> None:
         if int(job.scheduler[6:]) < 1:
             raise ValueError(f"scheduler {job.scheduler!r} needs at least one worker")
     if isinstance(job.network, OnnxModel):
-        check_window_options(job.overlap, job.blend)
+        if job.network.mode == "windowed":
+            check_window_options(job.overlap, job.blend)
         if job.device in ("gpu", "cpu-gpu"):
             raise ValueError(
                 f"windowed model {job.network.name!r} runs on the CPU in this version; "
@@ -265,6 +270,13 @@ def segment(
 def _blocks_and_spec(job: SegmentJob, prep: PreparedRun) -> tuple[list[Block], Any]:
     """The job's blocks and the picklable description a worker computes them from."""
     net = job.network
+    if isinstance(net, OnnxModel) and net.mode == "exact":
+        assert prep.window is not None
+        blocks = split_blocks(prep.region, prep.block_shape, prep.chunks, Halo((0,) * 3, (0,) * 3),
+                              (1, 1, 1))
+        return blocks, ExactGraphSpec(net, job.input_path, job.output_path, job.border,
+                                      job.dtype, prep.window,
+                                      execution_for(None, "cpu").cpu_backend)
     if isinstance(net, OnnxModel):
         assert prep.window is not None
         none = (0, 0, 0)
@@ -285,7 +297,13 @@ def _blocks_and_spec(job: SegmentJob, prep: PreparedRun) -> tuple[list[Block], A
 
 
 def _windowed_summary(job: SegmentJob, prep: PreparedRun) -> dict[str, Any]:
-    assert prep.window is not None
+    assert prep.window is not None and isinstance(job.network, OnnxModel)
+    if job.network.mode == "exact":
+        return {"mode": "exact", "tile": list(prep.window),
+                "tile_output": list(tile_output(job.network, prep.window)),
+                "context": list(job.network.context),
+                "size_factor": list(job.network.size_factor),
+                "block_shape": list(prep.block_shape)}
     grid = WindowGrid.for_volume(prep.volume.shape, prep.window, job.overlap)
     return {"mode": "windowed", "window": list(prep.window), "overlap": job.overlap,
             "blend": job.blend, "windows": grid.num_windows,

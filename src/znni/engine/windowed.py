@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from znni.engine.blockwork import BlockSpec, BlockWorker
+from znni.engine.exact_graph import ExactGraphSpec, ExactGraphWorker
 from znni.engine.geometry import Block, Box, Triple
 from znni.engine.graph_forward import run_graph
 from znni.engine.volume import encode_output, open_input, write_box
@@ -165,13 +166,14 @@ def _cap(extent: int, factor: int) -> int:
     return min(-(-extent // factor) * factor, max(factor, MAX_WINDOW // factor * factor))
 
 
-Worker = BlockWorker | WindowedWorker
+Worker = BlockWorker | WindowedWorker | ExactGraphWorker
+Spec = BlockSpec | WindowedSpec | ExactGraphSpec
 
 
-def make_worker(
-    spec: BlockSpec | WindowedSpec, backend: Backend | None = None, output_array: Any = None
-) -> Worker:
-    """The worker that computes blocks of `spec`'s kind (dense MPF or windowed)."""
+def make_worker(spec: Spec, backend: Backend | None = None, output_array: Any = None) -> Worker:
+    """The worker that computes blocks of `spec`'s kind (MPF, windowed or exact graph)."""
     if isinstance(spec, WindowedSpec):
         return WindowedWorker(spec, backend=backend, output_array=output_array)
+    if isinstance(spec, ExactGraphSpec):
+        return ExactGraphWorker(spec, backend=backend, output_array=output_array)
     return BlockWorker(spec, backend=backend, output_array=output_array)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -210,3 +211,43 @@ def window_dependence(graph: Graph) -> str | None:
         if pads is not None and any(p > 0 for p in pads):
             return f"node {node.name!r} ({node.op}) pads its input by {tuple(pads)}"
     return None
+
+
+STRIDED_OPS = ("conv", "maxpool", "avgpool")
+
+
+def downsampling(graph: Graph) -> tuple[int, int, int]:
+    """The total downsampling factor per axis: the coarsest tensor's voxel size in input
+    voxels (strides multiply it, transposed-conv strides and upsampling divide it)."""
+    scale: dict[str, list[Fraction]] = {graph.input: [Fraction(1)] * 3}
+    for node in graph.nodes:
+        ins = [scale[t] for t in node.inputs if t in scale]
+        here = [max(s[a] for s in ins) for a in range(3)] if ins else [Fraction(1)] * 3
+        if node.op in STRIDED_OPS:
+            here = [here[a] * node.params["strides"][a] for a in range(3)]
+        elif node.op in ("conv_transpose", "resize"):
+            n_in, n_out = graph.shapes[node.inputs[0]][2:], graph.shapes[node.outputs[0]][2:]
+            here = [here[a] * Fraction(n_in[a], n_out[a]) for a in range(3)]
+        for t in node.outputs:
+            scale[t] = here
+    worst = [max(s[a] for s in scale.values()) for a in range(3)]
+    return (max(1, round(worst[0])), max(1, round(worst[1])), max(1, round(worst[2])))
+
+
+def aligned_axes(graph: Graph) -> tuple[bool, bool, bool]:
+    """Per axis: no strided op drops voxels (every window fits its input exactly) and
+    every resize maps whole voxels, so the graph is translation-equivariant on its grid."""
+    ok = [True, True, True]
+    for node in graph.nodes:
+        n_in = graph.shapes[node.inputs[0]][2:]
+        p = node.params
+        for a in range(3):
+            if node.op in STRIDED_OPS:
+                k = p["weight"].shape[2 + a] if node.op == "conv" else p["kernel"][a]
+                d = p.get("dilations", (1, 1, 1))[a]
+                span = n_in[a] + p["pads"][a] + p["pads"][a + 3] - d * (k - 1) - 1
+                ok[a] = ok[a] and span % p["strides"][a] == 0
+            elif node.op == "resize":
+                n_out = graph.shapes[node.outputs[0]][2 + a]
+                ok[a] = ok[a] and (n_out % n_in[a] == 0 or n_in[a] % n_out == 0)
+    return (ok[0], ok[1], ok[2])

@@ -14,12 +14,11 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from znni.model.graph import Graph
+from znni.model.graph import Graph, aligned_axes, downsampling, window_dependence
 from znni.model.onnx_import import load_onnx
 
 Triple = tuple[int, int, int]
 PROBE_WINDOW: Triple = (96, 96, 96)  # dynamic models are probed at this size (2^5 * 3)
-MAX_FACTOR = 64
 
 
 @dataclass(frozen=True, eq=False)
@@ -35,8 +34,10 @@ class OnnxModel:
     input_scale: float
     input_shift: float
     fixed_window: Triple | None  # the export's static spatial shape, if it has one
-    size_factor: Triple  # windows are multiples of this per axis
-    min_window: Triple
+    size_factor: Triple  # windows step by this per axis (the total downsampling)
+    min_window: Triple  # the smallest window; every window is min_window + k * size_factor
+    mode: str = "windowed"  # "windowed" (blended windows) or "exact" (window-independent)
+    context: Triple = (0, 0, 0)  # exact: input voxels a window has beyond its output
     _graphs: dict[Triple, Graph] = field(default_factory=dict, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
@@ -56,11 +57,11 @@ class OnnxModel:
                 f"model {self.name!r} was exported for windows of exactly "
                 f"{self.fixed_window} voxels; --window {tuple(window)} differs"
             )
-        bad = [w for w, f in zip(window, self.size_factor, strict=True) if w % f]
-        if bad or any(w < m for w, m in zip(window, self.min_window, strict=True)):
+        steps = zip(window, self.min_window, self.size_factor, strict=True)
+        if any(w < m or (w - m) % f for w, m, f in steps):
             raise ValueError(
-                f"window {tuple(window)} does not suit model {self.name!r}: each axis must be a "
-                f"multiple of {self.size_factor} and at least {self.min_window}"
+                f"window {tuple(window)} is not on the grid of model {self.name!r}: each axis "
+                f"must be {self.min_window} plus a multiple of {self.size_factor}"
             )
 
     def graph(self, window: Triple) -> Graph:
@@ -71,7 +72,9 @@ class OnnxModel:
         if hit is not None:
             return hit
         self.check_window(window)
-        graph = _window_graph(self.path, window, self.output_name)
+        graph = load_onnx(self.path, window, self.output_name)
+        if self.mode == "windowed":
+            _check_same_size(graph, Path(self.path))
         with self._lock:
             self._graphs[window] = graph
         return graph
@@ -84,15 +87,15 @@ def load_onnx_model(
     path = Path(path)
     probe = load_onnx(path, _probe_window(path), output_name)
     fixed = _fixed_window(path)
+    if window_dependence(probe) is None and probe.out_window != probe.window:
+        return _exact_model(path, probe, fixed, output_name, scale, shift)
     if fixed is not None:
         factor, minimum = (1, 1, 1), fixed
         _check_same_size(probe, path)
     else:
-        factor = _size_factor(probe)
+        factor = downsampling(probe)
         minimum = _min_window(path, factor, output_name)
-    digest = hashlib.sha256(
-        f"{probe.digest}|{output_name}|{float(scale)!r}|{float(shift)!r}".encode()
-    ).hexdigest()
+    digest = _digest(probe, output_name, scale, shift)
     return OnnxModel(
         path=str(path),
         name=path.stem,
@@ -134,13 +137,6 @@ def _probe_window(path: Path) -> Triple | None:
     return PROBE_WINDOW
 
 
-def _size_factor(graph: Graph) -> Triple:
-    """The total downsampling per axis: window / the smallest tensor's size on that axis."""
-    smallest = [min(s[2 + i] for s in graph.shapes.values() if len(s) == 5) for i in range(3)]
-    factor = [max(1, w // m) for w, m in zip(graph.window, smallest, strict=True)]
-    return (min(factor[0], MAX_FACTOR), min(factor[1], MAX_FACTOR), min(factor[2], MAX_FACTOR))
-
-
 def _min_window(path: Path, factor: Triple, output_name: str | None) -> Triple:
     """The smallest multiple of the factor (same on all axes) the model runs and keeps."""
     for k in range(1, 65):
@@ -163,7 +159,84 @@ def _check_same_size(graph: Graph, path: Path) -> None:
         )
 
 
-def _window_graph(path: str, window: Triple, output_name: str | None) -> Graph:
-    graph = load_onnx(path, window, output_name)
-    _check_same_size(graph, Path(path))
-    return graph
+def _digest(graph: Graph, output_name: str | None, scale: float, shift: float) -> str:
+    return hashlib.sha256(
+        f"{graph.digest}|{output_name}|{float(scale)!r}|{float(shift)!r}".encode()
+    ).hexdigest()
+
+
+def _exact_model(
+    path: Path,
+    probe: Graph,
+    fixed: Triple | None,
+    output_name: str | None,
+    scale: float,
+    shift: float,
+) -> OnnxModel:
+    """A window-independent model: its aligned input sizes, context and smallest window."""
+    factor = downsampling(probe)
+    if fixed is not None:
+        if not all(aligned_axes(probe)):
+            raise ValueError(
+                f"ONNX model {path} was exported for a {fixed} input that is not "
+                f"on its {factor} downsampling grid"
+            )
+        found, outs = fixed, probe.out_window
+    else:
+        found, outs = _aligned_size(path, probe, factor, output_name)
+    context = tuple(n - m for n, m in zip(found, outs, strict=True))
+    minimum = fixed or _smallest_window(path, found, context, factor, output_name)
+    return OnnxModel(
+        path=str(path),
+        name=path.stem,
+        digest=_digest(probe, output_name, scale, shift),
+        in_channels=probe.in_channels,
+        out_channels=probe.out_channels,
+        output_name=output_name,
+        input_scale=float(scale),
+        input_shift=float(shift),
+        fixed_window=fixed,
+        size_factor=factor,
+        min_window=minimum,
+        mode="exact",
+        context=(context[0], context[1], context[2]),
+    )
+
+
+def _aligned_size(
+    path: Path, probe: Graph, factor: Triple, output_name: str | None
+) -> tuple[Triple, Triple]:
+    """Per axis, an input size whose strided ops all fit exactly, and its output size."""
+    found: list[int | None] = [None, None, None]
+    outs = [0, 0, 0]
+    for d in range(max(factor)):
+        window = tuple(b + d for b in probe.window)
+        try:
+            graph = probe if d == 0 else load_onnx(path, window, output_name)  # type: ignore[arg-type]
+        except ValueError:
+            continue
+        for a, ok in enumerate(aligned_axes(graph)):
+            if ok and found[a] is None:
+                found[a], outs[a] = window[a], graph.out_window[a]
+        if None not in found:
+            return (found[0], found[1], found[2]), (outs[0], outs[1], outs[2])  # type: ignore[return-value]
+    raise ValueError(
+        f"ONNX model {path}: no input size near {probe.window} fits its "
+        f"{factor} downsampling exactly"
+    )
+
+
+def _smallest_window(
+    path: Path, found: Triple, context: Triple, factor: Triple, output_name: str | None
+) -> Triple:
+    """The smallest aligned input that the model runs (output at least one voxel)."""
+    first = [c + (n - c - 1) % f + 1 for n, c, f in zip(found, context, factor, strict=True)]
+    for k in range(64):
+        window = (first[0] + k * factor[0], first[1] + k * factor[1], first[2] + k * factor[2])
+        try:
+            graph = load_onnx(path, window, output_name)
+        except ValueError:
+            continue
+        if all(aligned_axes(graph)):
+            return window
+    raise ValueError(f"ONNX model {path} runs on no aligned window from {tuple(first)}")

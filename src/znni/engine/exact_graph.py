@@ -1,0 +1,161 @@
+"""Exact dense output for window-independent graph models (valid U-Nets).
+
+A valid network with total downsampling F is translation-equivariant for shifts
+that are multiples of F, so its output can be tiled on the F grid aligned to the
+volume origin: a tile whose output starts at p (a multiple of F) reads the input
+from p - context_lo on, with the border mode beyond the volume. The result equals
+one run of the network over the whole volume extended by its context (context_lo
+= context // 2 before, as the dense semantics place a sequential network's
+output), whatever the blocks and tiles. Tiles overlap by less than F where their
+output is not a multiple of F; overlapping outputs are identical.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from znni.engine.borders import read_with_border
+from znni.engine.geometry import Block, Box, Triple
+from znni.engine.graph_forward import run_graph
+from znni.engine.volume import encode_output, open_input, write_box
+from znni.model.onnx_model import OnnxModel
+from znni.primitives.base import Backend
+
+WORKSPACE_FACTOR = 3  # conv workspaces and node temporaries on top of the live tensors
+MAX_TILE = 192  # input voxels per axis; larger tiles gain little and plan slowly
+
+
+@dataclass(frozen=True)
+class ExactGraphSpec:
+    """Everything a worker needs to compute any block of an exact graph job (picklable)."""
+
+    model: OnnxModel
+    input_path: str
+    output_path: str
+    border: str
+    dtype: str
+    tile: Triple  # input size of one tile
+    backend_name: str = "cpu"
+
+
+def tile_output(model: OnnxModel, tile: Triple) -> Triple:
+    out = [t - c for t, c in zip(tile, model.context, strict=True)]
+    return (out[0], out[1], out[2])
+
+
+def context_lo(model: OnnxModel) -> Triple:
+    c = model.context
+    return (c[0] // 2, c[1] // 2, c[2] // 2)
+
+
+def tile_starts(lo: int, hi: int, factor: int, out: int) -> list[int]:
+    """Output starts on the factor grid covering [lo, hi) with tiles of `out` voxels."""
+    step = out // factor * factor
+    if step < 1:
+        raise ValueError(f"a tile output of {out} voxels is less than the grid step {factor}")
+    starts = [lo // factor * factor]
+    while starts[-1] + out < hi:
+        starts.append(starts[-1] + step)
+    return starts
+
+
+class ExactGraphWorker:
+    """Reads, computes and writes blocks of an exact graph job in this process."""
+
+    def __init__(
+        self, spec: ExactGraphSpec, backend: Backend | None = None, output_array: Any = None
+    ) -> None:
+        import zarr
+
+        from znni.primitives.backends import make_backend
+
+        self.spec = spec
+        self.volume = open_input(spec.input_path, spec.model.in_channels)
+        self.backend = backend if backend is not None else make_backend(spec.backend_name)
+        self.graph = spec.model.graph(spec.tile)
+        self.out = tile_output(spec.model, spec.tile)
+        self.output = (
+            output_array
+            if output_array is not None
+            else zarr.open_array(spec.output_path, mode="r+")
+        )
+
+    def _starts(self, block: Block) -> list[list[int]]:
+        f = self.spec.model.size_factor
+        w = block.write
+        return [tile_starts(w.lo[a], w.hi[a], f[a], self.out[a]) for a in range(3)]
+
+    def read_box(self, block: Block) -> Box:
+        """The input the block's tiles read (may reach outside the volume)."""
+        starts, lo_c = self._starts(block), context_lo(self.spec.model)
+        lo = [starts[a][0] - lo_c[a] for a in range(3)]
+        hi = [starts[a][-1] + self.spec.tile[a] - lo_c[a] for a in range(3)]
+        return Box((lo[0], lo[1], lo[2]), (hi[0], hi[1], hi[2]))
+
+    def read(self, block: Block) -> np.ndarray:
+        return read_with_border(
+            self.volume.read, self.read_box(block), self.volume.shape, self.spec.border
+        )
+
+    def compute(self, block: Block, raw: np.ndarray) -> np.ndarray:
+        """Encoded (Cout, *block.write.shape) output of the block."""
+        model, tile, out = self.spec.model, self.spec.tile, self.out
+        x = raw.astype(np.float32)  # (C, RZ, RY, RX), read box origin at tile 0's input
+        if model.input_scale != 1.0:
+            x *= np.float32(model.input_scale)
+        if model.input_shift != 0.0:
+            x += np.float32(model.input_shift)
+        starts = self._starts(block)
+        origin = [s[0] for s in starts]
+        extent = [starts[a][-1] + out[a] - origin[a] for a in range(3)]
+        y = np.empty((model.out_channels, *extent), np.float32)  # (Cout, EZ, EY, EX)
+        for pz in starts[0]:
+            for py in starts[1]:
+                for px in starts[2]:
+                    rel = (pz - origin[0], py - origin[1], px - origin[2])
+                    src = tuple(slice(r, r + t) for r, t in zip(rel, tile, strict=True))
+                    dst = tuple(slice(r, r + o) for r, o in zip(rel, out, strict=True))
+                    window = x[(slice(None), *src)][None]  # (1, C, TZ, TY, TX)
+                    y[(slice(None), *dst)] = run_graph(self.graph, window, self.backend)[0]
+        keep = tuple(
+            slice(block.write.lo[a] - origin[a], block.write.hi[a] - origin[a]) for a in range(3)
+        )
+        return encode_output(y[(slice(None), *keep)], self.spec.dtype)
+
+    def write(self, block: Block, values: np.ndarray) -> None:
+        write_box(self.output, block.write, values)
+
+    def run(self, block: Block) -> None:
+        self.write(block, self.compute(block, self.read(block)))
+
+
+def choose_tile(model: OnnxModel, budget_bytes: int, region: Triple) -> Triple:
+    """The largest tile (the same number k of grid steps on every axis, each axis capped by
+    the region plus context and MAX_TILE) whose pass fits `budget_bytes`."""
+    if model.fixed_window is not None:
+        return model.fixed_window
+    m, f, c = model.min_window, model.size_factor, model.context
+
+    def tile_for(k: int) -> Triple:
+        cap = [max(m[a], min(MAX_TILE, region[a] + c[a] + f[a])) for a in range(3)]
+        t = [min(m[a] + k * f[a], m[a] + (cap[a] - m[a]) // f[a] * f[a]) for a in range(3)]
+        while any(t[a] - c[a] < f[a] for a in range(3)):  # a tile must cover one grid step
+            t = [t[a] + (f[a] if t[a] - c[a] < f[a] else 0) for a in range(3)]
+        return (t[0], t[1], t[2])
+
+    def peak(t: Triple) -> int:
+        return WORKSPACE_FACTOR * model.graph(t).peak_tensor_bytes()
+
+    best = tile_for(0)
+    if peak(best) > budget_bytes:
+        raise ValueError(
+            f"the smallest tile {best} of model {model.name!r} needs "
+            f"{peak(best):,} bytes, more than the {budget_bytes:,} budget"
+        )
+    k = 1
+    while tile_for(k) != best and peak(tile_for(k)) <= budget_bytes:
+        best, k = tile_for(k), k + 1
+    return best
