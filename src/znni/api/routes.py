@@ -25,6 +25,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
 from znni.api.metrics import RequestCounter
+from znni.api.planning import PlannerUnavailableError, plan_summary
 from znni.api.schemas import (
     ErrorRead,
     JobCreate,
@@ -186,11 +187,12 @@ def _cancel_job(job_id: int, state: ServerState) -> JobRead:
 
 @router.get("/networks", response_model=NetworkList)
 def list_networks(state: StateDep) -> NetworkList:
+    """Every loadable network in the models directory (JSON specs and ONNX models)."""
     catalogue = state.catalogue
     items = []
     for name in catalogue.names():
         try:
-            items.append(NetworkRead(**describe(name, catalogue.get(name))))
+            items.append(NetworkRead.model_validate(describe(name, catalogue.get(name))))
         except ValueError:
             continue  # logged by the catalogue; GET /v1/networks/{name} names the problem
     return NetworkList(networks=items)
@@ -204,35 +206,18 @@ def get_network(name: NetworkPath, state: StateDep) -> NetworkRead:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=str(e)) from e
     except ValueError as e:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(e)) from e
-    return NetworkRead(**describe(name, network))
+    return NetworkRead.model_validate(describe(name, network))
 
 
 @router.post("/plan", response_model=PlanRead)
 def plan(body: PlanRequest, state: StateDep) -> PlanRead:
-    """What the planner would run for this network on this server's machine."""
-    try:
-        from znni.planner.search import make_plan
-    except ImportError as e:
-        raise HTTPException(
-            status.HTTP_503_SERVICE_UNAVAILABLE, detail="the planner is not installed"
-        ) from e
+    """What would run for this network on this server's machine: the planner's plan (exact
+    mode) or the window a windowed model would use."""
     try:
         network = state.catalogue.get(body.network)
-        from znni.planner.detect import detect_machine
-        from znni.planner.machine import MachineProfile
-
-        machine = (
-            MachineProfile.load(state.settings.machine)
-            if state.settings.machine is not None
-            else detect_machine(calibrate=None)  # cached rates; never measures here
-        )
-        result = make_plan(
-            network, machine=machine, device=body.device, memory_limit_bytes=body.memory_limit_bytes
-        )
+        result = plan_summary(network, state.settings, body.device, body.memory_limit_bytes)
     except ValueError as e:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(e)) from e
-    except ImportError as e:  # e.g. a GPU profile asked for without CuPy installed
-        raise HTTPException(
-            status.HTTP_503_SERVICE_UNAVAILABLE, detail=f"the planner cannot run here ({e})"
-        ) from e
-    return PlanRead(network=body.network, plan=result.to_dict())
+    except PlannerUnavailableError as e:
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, detail=str(e)) from e
+    return PlanRead(network=body.network, plan=result)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 JOB_STATUSES: tuple[str, ...] = ("queued", "running", "succeeded", "failed", "cancelled")
@@ -17,6 +17,8 @@ UserPath = Annotated[str, Field(min_length=1, max_length=1024)]
 Coordinate = Annotated[int, Field(ge=0, le=2**40)]
 RoiRange = tuple[Coordinate | None, Coordinate | None]
 PositiveSize = Annotated[int, Field(ge=1, le=2**20)]
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False, ge=-1e30, le=1e30)]
+Triple = tuple[int, int, int]
 
 
 class JobCreate(BaseModel):
@@ -35,6 +37,14 @@ class JobCreate(BaseModel):
     block: tuple[PositiveSize, PositiveSize, PositiveSize] | None = None  # whole chunks
     memory_limit_bytes: Annotated[int, Field(ge=2**20, le=2**50)] | None = None
     overwrite: bool = False
+    # windowed models only (None: the planned window, overlap 0.25, gaussian blending)
+    window: tuple[PositiveSize, PositiveSize, PositiveSize] | None = None
+    overlap: Annotated[float, Field(ge=0.0, lt=1.0)] | None = None
+    blend: Literal["gaussian", "constant"] | None = None
+    # ONNX models only: input x * scale + shift (default 1, 0), and which output to write
+    scale: FiniteFloat | None = None
+    shift: FiniteFloat | None = None
+    output_name: Annotated[str, Field(min_length=1, max_length=256)] | None = None
 
 
 class Progress(BaseModel):
@@ -70,14 +80,38 @@ class JobList(BaseModel):
     total: int
 
 
-class NetworkRead(BaseModel):
+class LayerNetworkRead(BaseModel):
+    """A sequential network of valid convolutions and pools (a JSON spec, or an ONNX chain),
+    run exactly with max-pooling fragments."""
+
     name: str
+    mode: Literal["exact"]
     in_channels: int
     out_channels: int
-    fov: tuple[int, int, int]
-    pool_product: tuple[int, int, int]
+    fov: Triple
+    pool_product: Triple
     layers: list[dict[str, Any]]
     digest: str
+
+
+class GraphNetworkRead(BaseModel):
+    """An ONNX graph model, run on a grid of windows: blended overlapping windows
+    (`windowed`) or tiles of a window-independent graph (`exact`). A job's `window` must be
+    `min_window` plus a multiple of `size_factor` per axis (exactly `fixed_window` when set)."""
+
+    name: str
+    mode: Literal["exact", "windowed"]
+    in_channels: int
+    out_channels: int
+    size_factor: Triple
+    min_window: Triple
+    fixed_window: Triple | None
+    context: Triple | None  # exact mode: input voxels a window has beyond its output
+    digest: str
+
+
+class NetworkRead(RootModel[LayerNetworkRead | GraphNetworkRead]):
+    """A network of the models directory: a sequential network or an ONNX graph model."""
 
 
 class NetworkList(BaseModel):

@@ -1,65 +1,140 @@
-"""The networks a server offers: `NAME.json` (+ its weights) in the models directory."""
+"""The networks a server offers: `NAME.json` (+ its weights) or `NAME.onnx` in the models
+directory.
+
+An ONNX model's input transform (`scale`, `shift`) and chosen output (`output_name`)
+are part of the model (they change its digest), so models are cached per
+(name, output_name, scale, shift), a bounded number of them, each until its file changes.
+"""
 
 from __future__ import annotations
 
 import logging
 import re
 import threading
-from dataclasses import asdict
+from collections import OrderedDict
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
-from znni.model.network import Network, load_network
+from znni.model.loading import load_model
+from znni.model.network import Network
+from znni.model.onnx_model import OnnxModel
 
 log = logging.getLogger("znni.server")
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+SUFFIXES = (".json", ".onnx")
+CACHE_ENTRIES = 64  # loaded models kept, over all names and ONNX option combinations
+
+Model = Network | OnnxModel
 
 
 class UnknownNetworkError(ValueError):
-    """No `NAME.json` in the models directory."""
+    """Neither `NAME.json` nor `NAME.onnx` in the models directory."""
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """The options that make an ONNX file a particular model (ONNX models only)."""
+
+    output_name: str | None = None
+    scale: float | None = None
+    shift: float | None = None
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> ModelOptions:
+        """The options stored in a job's parameters (absent in older jobs: none)."""
+        scale, shift = params.get("scale"), params.get("shift")
+        return cls(
+            output_name=params.get("output_name"),
+            scale=float(scale) if scale is not None else None,
+            shift=float(shift) if shift is not None else None,
+        )
+
+    def given(self) -> list[str]:
+        return [k for k, v in asdict(self).items() if v is not None]
+
+    def key(self) -> tuple[str | None, float, float]:
+        """Equal for option sets that give the same model (unset scale is 1, shift 0)."""
+        return (
+            self.output_name,
+            1.0 if self.scale is None else self.scale,
+            0.0 if self.shift is None else self.shift,
+        )
 
 
 class NetworkCatalogue:
-    """Loads networks by name, caching each until its spec or weights file changes."""
+    """Loads networks by name, caching each until its spec, weights or ONNX file changes."""
 
-    def __init__(self, models_dir: Path) -> None:
+    def __init__(self, models_dir: Path, entries: int = CACHE_ENTRIES) -> None:
         self.models_dir = models_dir
-        self._cache: dict[str, tuple[tuple[int, ...], Network]] = {}
+        self.entries = entries
+        self._cache: OrderedDict[tuple, tuple[tuple[int, ...], Model]] = OrderedDict()
         self._lock = threading.Lock()
 
     def names(self) -> list[str]:
         return sorted(
-            p.stem
-            for p in self.models_dir.glob("*.json")
-            if p.is_file() and NAME_PATTERN.match(p.stem)
+            {
+                p.stem
+                for suffix in SUFFIXES
+                for p in self.models_dir.glob(f"*{suffix}")
+                if p.is_file() and NAME_PATTERN.match(p.stem)
+            }
         )
 
-    def spec_path(self, name: str) -> Path:
+    def model_path(self, name: str) -> Path:
+        """`NAME.json` or `NAME.onnx`; ValueError when there is neither, or both."""
         if not NAME_PATTERN.match(name):
             raise UnknownNetworkError(f"network name {name!r} is not a valid name")
-        path = self.models_dir / f"{name}.json"
-        if not path.is_file():
+        found = [p for p in (self.models_dir / f"{name}{s}" for s in SUFFIXES) if p.is_file()]
+        if not found:
             known = ", ".join(self.names()) or "none"
             raise UnknownNetworkError(f"unknown network {name!r}; available networks: {known}")
-        return path
+        if len(found) > 1:
+            raise ValueError(
+                f"network {name!r} is defined twice, by {found[0].name} and {found[1].name} in "
+                "the models directory; remove one of them"
+            )
+        return found[0]
 
-    def get(self, name: str) -> Network:
-        """The validated network; ValueError naming the problem when it cannot be loaded."""
-        path = self.spec_path(name)
-        stamp = _stamp(path) + _stamp(path.with_suffix(".npz"))
+    def get(self, name: str, options: ModelOptions | None = None) -> Model:
+        """The validated model; ValueError naming the problem when it cannot be loaded."""
+        options = options or ModelOptions()
+        path = self.model_path(name)
+        onnx = path.suffix == ".onnx"
+        if not onnx and options.given():
+            given = options.given()
+            raise ValueError(
+                f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to ONNX models "
+                f"only; network {name!r} is a JSON spec (one output, and its input transform "
+                "set in its 'input' block)"
+            )
+        stamp = _stamp(path) + (() if onnx else _stamp(path.with_suffix(".npz")))
+        key = (name, *options.key()) if onnx else (name,)
         with self._lock:
-            cached = self._cache.get(name)
+            cached = self._cache.get(key)
         if cached is not None and cached[0] == stamp:
             return cached[1]
         try:
-            network = load_network(path)
-        except ValueError as e:
+            if onnx:
+                model = load_model(path, **asdict(options))
+            else:
+                model = load_model(path)
+        except (ValueError, FileNotFoundError) as e:
             raise ValueError(f"network {name!r} cannot be loaded: {_local(e, path.parent)}") from e
+        except Exception as e:  # noqa: BLE001 - a model file znni cannot read must not be a 5xx
+            log.warning("models: %s failed to load", path.name, exc_info=True)
+            raise ValueError(
+                f"network {name!r} cannot be loaded: {type(e).__name__}: {_local(e, path.parent)}"
+            ) from e
         with self._lock:
-            self._cache[name] = (stamp, network)
-        return network
+            self._cache[key] = (stamp, model)
+            self._cache.move_to_end(key)
+            while len(self._cache) > self.entries:
+                self._cache.popitem(last=False)
+        return model
 
-    def available(self) -> list[Network]:
+    def available(self) -> list[Model]:
         """Every loadable network; broken ones are logged and left out."""
         out = []
         for name in self.names():
@@ -70,10 +145,32 @@ class NetworkCatalogue:
         return out
 
 
-def describe(name: str, network: Network) -> dict:
-    """What a client needs to know to submit: channels, field of view, layers."""
+def model_mode(network: Model) -> str:
+    """"exact" (window-independent output) or "windowed" (overlapping blended windows)."""
+    if isinstance(network, OnnxModel):
+        return str(getattr(network, "mode", "windowed"))
+    return "exact"
+
+
+def describe(name: str, network: Model) -> dict:
+    """What a client needs to know to submit: mode, channels, and the field of view and
+    layers (sequential networks) or the window grid (ONNX graph models)."""
+    if isinstance(network, OnnxModel):
+        mode = model_mode(network)
+        return {
+            "name": name,
+            "mode": mode,
+            "in_channels": network.in_channels,
+            "out_channels": network.out_channels,
+            "size_factor": network.size_factor,
+            "min_window": network.min_window,
+            "fixed_window": network.fixed_window,
+            "context": getattr(network, "context", None) if mode == "exact" else None,
+            "digest": network.digest,
+        }
     return {
         "name": name,
+        "mode": "exact",
         "in_channels": network.in_channels,
         "out_channels": network.out_channels,
         "fov": network.fov,

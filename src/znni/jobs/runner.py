@@ -9,14 +9,13 @@ from typing import Any
 
 from znni.engine.job import ProgressEvent, SegmentCancelled, SegmentJob
 from znni.engine.segment import check_and_plan, segment
-from znni.jobs.catalogue import NetworkCatalogue
+from znni.jobs.catalogue import Model, ModelOptions, NetworkCatalogue
 from znni.jobs.current import Current
 from znni.jobs.events import log_event
 from znni.jobs.paths import relative_to_root
 from znni.jobs.settings import Settings
 from znni.jobs.store import JobRecord, JobStore
 from znni.jobs.submission import segment_job
-from znni.model.network import Network
 from znni.planner.plan import Plan
 
 log = logging.getLogger("znni.server")
@@ -99,16 +98,16 @@ class JobRunner:
         self.store.finish(record.id, "failed", error=text)
         log_event("job.failed", record.id, error=text, level=logging.WARNING)
 
-    def _network(self, record: JobRecord) -> Network:
-        network = self.catalogue.get(record.network)
+    def _network(self, record: JobRecord) -> Model:
+        network = self.catalogue.get(record.network, ModelOptions.from_params(record.parameters))
         if network.digest != record.network_digest:
             raise ValueError(
                 f"network {record.network!r} changed on disk since the job was submitted "
-                "(spec or weights differ); submit the job again"
+                "(spec, weights or ONNX file differ); submit the job again"
             )
         return network
 
-    def _job(self, record: JobRecord, network: Network, resumed: bool) -> SegmentJob:
+    def _job(self, record: JobRecord, network: Model, resumed: bool) -> SegmentJob:
         """The submitted job; a resumed overwrite job continues its own ledger if it can."""
         job = segment_job(
             network,
@@ -126,12 +125,17 @@ class JobRunner:
             return keep
         return job
 
-    def _plan(self, record: JobRecord, job: SegmentJob) -> Plan:
-        """The job's plan: the stored one on resume, else the planner's for this job."""
-        if record.plan is not None:
+    def _plan(self, record: JobRecord, job: SegmentJob) -> Plan | None:
+        """The job's plan: the stored one on resume, else the planner's for this job.
+
+        None for a windowed model: it has no planner's plan (the engine chooses its window,
+        or reads the one its output's ledger recorded, and reports it in the job's report).
+        """
+        if record.plan is not None and record.plan.get("mode", "exact") == "exact":
             return Plan.from_dict(record.plan)
         plan = check_and_plan(job)
-        self.store.set_plan(record.id, plan.to_dict())
+        if plan is not None:
+            self.store.set_plan(record.id, plan.to_dict())
         return plan
 
     def _progress_callback(self, record: JobRecord) -> Any:

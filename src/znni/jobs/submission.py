@@ -11,13 +11,18 @@ from pathlib import Path
 from typing import Any
 
 from znni.engine.job import SegmentJob
-from znni.jobs.catalogue import NetworkCatalogue
+from znni.jobs.catalogue import Model, ModelOptions, NetworkCatalogue, model_mode
 from znni.jobs.paths import confine, relative_to_root
-from znni.model.network import Network
+from znni.model.onnx_model import OnnxModel
+
+WINDOW_FIELDS = ("window", "overlap", "blend")
+# the engine and model name their options as `znni segment` flags; the API's are fields
+FLAG_FIELDS = {f"--{f.replace('_', '-')}": f for f in (*WINDOW_FIELDS, "scale", "shift",
+                                                        "output_name")}
 
 
 def segment_job(
-    network: Network,
+    network: Model,
     input_path: str,
     output_path: str,
     params: dict[str, Any],
@@ -27,6 +32,7 @@ def segment_job(
 ) -> SegmentJob:
     """The engine job for stored parameters (paths already confined and resolved)."""
     roi = params.get("roi")
+    windowed = {k: params[k] for k in ("overlap", "blend") if params.get(k) is not None}
     return SegmentJob(
         network=network,
         input_path=input_path,
@@ -40,6 +46,8 @@ def segment_job(
         memory_limit_bytes=params.get("memory_limit_bytes"),
         scheduler=scheduler,
         overwrite=bool(params.get("overwrite", False)) if overwrite is None else overwrite,
+        window=_triple(params.get("window")),
+        **windowed,
     )
 
 
@@ -52,16 +60,20 @@ def check_submission(
     output: str,
     params: dict[str, Any],
     scheduler: str | None = None,
-) -> tuple[Network, SegmentJob]:
+) -> tuple[Model, SegmentJob]:
     """Check everything a job needs; ValueError with one sentence naming the problem.
 
     `input` and `output` are as the user sent them (relative to `data_root`); `params`
-    are the job's other fields (roi, border, dtype, ..., overwrite). Nothing is
-    written: the engine's `check_and_plan` only reads (it also plans the run).
+    are the job's other fields (roi, border, dtype, ..., overwrite, window, ..., scale).
+    Nothing is written: the engine's `check_and_plan` only reads (it also plans the run).
     """
     from znni.engine.segment import check_and_plan
 
-    net = catalogue.get(network)
+    try:
+        net = catalogue.get(network, ModelOptions.from_params(params))
+    except ValueError as e:
+        raise ValueError(api_words(str(e))) from e
+    check_window_fields(net, network, params)
     input_path = confine(data_root, input, "input", must_exist=True)
     output_path = confine(data_root, output, "output")
     if output_path.is_relative_to(input_path) or input_path.is_relative_to(output_path):
@@ -72,9 +84,49 @@ def check_submission(
     check_overwrite(output_path, bool(params.get("overwrite", False)), output)
     try:
         check_and_plan(job)
+        if isinstance(net, OnnxModel) and job.window is not None:
+            check_window_memory(net, job.window, job.memory_limit_bytes)
     except (ValueError, TypeError, FileNotFoundError, NotADirectoryError) as e:
-        raise ValueError(relative_to_root(data_root, str(e))) from e
+        raise ValueError(api_words(relative_to_root(data_root, str(e)))) from e
     return net, job
+
+
+def check_window_fields(net: Model, name: str, params: dict[str, Any]) -> None:
+    """window applies to ONNX graph models (their window, or tile in exact mode); overlap
+    and blend only to windowed ones. Any of them where it does not apply is refused."""
+    graph = isinstance(net, OnnxModel)
+    if model_mode(net) == "windowed":
+        return
+    fields = ("overlap", "blend") if graph else WINDOW_FIELDS
+    given = [f for f in fields if params.get(f) is not None]
+    if given:
+        what = "graph" if graph else "sequential network"
+        raise ValueError(
+            f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to windowed models "
+            f"only; network {name!r} runs in exact mode (its {what} computes every voxel "
+            "independently of where windows lie)"
+        )
+
+
+def check_window_memory(model: OnnxModel, window: tuple[int, int, int], limit: int | None) -> None:
+    """A window given by the client must fit the memory budget the planner would use."""
+    from znni.engine.layout import PLAN_FRACTION, memory_budget_bytes
+    from znni.engine.windowed import window_peak_bytes
+
+    budget = int(memory_budget_bytes(limit) * PLAN_FRACTION)
+    need = window_peak_bytes(model, window)
+    if need > budget:
+        raise ValueError(
+            f"window {tuple(window)} needs {need:,} bytes per pass, more than the "
+            f"{budget:,}-byte budget; choose a smaller window or a larger memory_limit_bytes"
+        )
+
+
+def api_words(text: str) -> str:
+    """An engine or model sentence with `znni segment` flags named as the API's fields."""
+    for flag, name in FLAG_FIELDS.items():
+        text = text.replace(flag, name)
+    return text
 
 
 def _triple(value: Any) -> tuple[int, int, int] | None:

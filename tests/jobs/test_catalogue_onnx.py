@@ -1,0 +1,75 @@
+"""The catalogue with ONNX models: one model per (name, output_name, scale, shift), cached
+and bounded, reloaded when the file changes; JSON specs refuse the ONNX-only options."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from znni.jobs.catalogue import ModelOptions, NetworkCatalogue, UnknownNetworkError, describe
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("onnx")
+
+
+def _export(path: Path, out_channels: int = 2) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv3d(1, out_channels, 3), torch.nn.ReLU())
+    torch.onnx.export(
+        model.eval(), (torch.zeros(1, 1, 8, 8, 8),), path, input_names=["x"], dynamo=False,
+        dynamic_axes={"x": {2: "z", 3: "y", 4: "x"}},
+    )
+
+
+@pytest.fixture()
+def models(tmp_path: Path) -> Path:
+    _export(tmp_path / "chain.onnx")
+    spec = {"name": "j", "in_channels": 1, "weights": "j.npz",
+            "layers": [{"kind": "conv", "out_channels": 1, "kernel": [1, 1, 1]}]}
+    (tmp_path / "j.json").write_text(json.dumps(spec))
+    np.savez(tmp_path / "j.npz", **{"0.weight": np.ones((1, 1, 1, 1, 1), np.float32),
+                                    "0.bias": np.zeros(1, np.float32)})
+    return tmp_path
+
+
+def test_one_model_per_option_combination(models: Path) -> None:
+    cat = NetworkCatalogue(models, entries=2)
+    assert cat.names() == ["chain", "j"]
+    plain = cat.get("chain")
+    assert cat.get("chain", ModelOptions(scale=1.0, shift=0.0)) is plain  # the same model
+    scaled = cat.get("chain", ModelOptions(scale=0.5))
+    assert scaled.digest != plain.digest and scaled.input_scale == 0.5  # type: ignore[union-attr]
+    assert cat.get("chain", ModelOptions(scale=0.5)) is scaled
+    cat.get("chain", ModelOptions(shift=1.0))
+    cat.get("j")
+    assert len(cat._cache) == 2  # bounded: the least recently used ones were dropped
+    assert describe("chain", plain)["mode"] == "exact"
+
+
+def test_a_changed_file_is_loaded_again(models: Path) -> None:
+    cat = NetworkCatalogue(models)
+    before = cat.get("chain")
+    _export(models / "chain.onnx", out_channels=3)
+    os.utime(models / "chain.onnx", ns=(1, 1))
+    after = cat.get("chain")
+    assert after.out_channels == 3 and after.digest != before.digest
+
+
+def test_refusals(models: Path) -> None:
+    cat = NetworkCatalogue(models)
+    with pytest.raises(ValueError, match="scale, shift apply to ONNX models only"):
+        cat.get("j", ModelOptions(scale=2.0, shift=1.0))
+    with pytest.raises(ValueError, match="has no output 'nope'"):
+        cat.get("chain", ModelOptions(output_name="nope"))
+    with pytest.raises(UnknownNetworkError, match="available networks: chain, j"):
+        cat.get("missing")
+    (models / "chain.json").write_text("{}")
+    with pytest.raises(ValueError, match="defined twice, by chain.json and chain.onnx"):
+        cat.get("chain")
+    (models / "bad.onnx").write_bytes(b"not a model")
+    with pytest.raises(ValueError, match="network 'bad' cannot be loaded"):
+        cat.get("bad")
