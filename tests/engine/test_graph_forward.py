@@ -96,3 +96,25 @@ def test_wrong_window_is_refused(tmp_path) -> None:
     graph = graph_from_network(net, _window(net, rng))
     with pytest.raises(ValueError, match="runs on"):
         run_graph(graph, np.zeros((1, 1, 3, 3, 3), np.float32), make_backend("cpu"))
+
+
+def test_in_place_activations_never_touch_live_or_caller_arrays() -> None:
+    """relu may overwrite a dying tensor, but not the caller's input, nor an array that a
+    live name still shares (identity aliases its input)."""
+    from znni.model.graph import Graph, Node
+
+    nodes = (
+        Node("r", "relu", ("x",), ("a",)),  # x is the caller's: must stay untouched
+        Node("i", "identity", ("a",), ("b",)),  # b is a's very array
+        Node("s", "sigmoid", ("b",), ("c",)),  # b dies here but a lives on: no overwrite
+        Node("cat", "concat", ("a", "c"), ("y",)),
+    )
+    shapes = {"x": (1, 1, 2, 3, 4), "a": (1, 1, 2, 3, 4), "b": (1, 1, 2, 3, 4),
+              "c": (1, 1, 2, 3, 4), "y": (1, 2, 2, 3, 4)}
+    graph = Graph("alias", "x", 1, (2, 3, 4), nodes, "y", 2, (2, 3, 4), "d", shapes)
+    x = np.random.default_rng(0).standard_normal((1, 1, 2, 3, 4)).astype(np.float32)
+    before = x.copy()
+    y = run_graph(graph, x, make_backend("reference"))
+    relu = np.maximum(before, 0)
+    assert np.array_equal(x, before)
+    assert np.allclose(y[:, :1], relu) and np.allclose(y[:, 1:], 1 / (1 + np.exp(-relu)))

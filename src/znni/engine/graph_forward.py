@@ -37,7 +37,10 @@ def run_graph(graph: Graph, x: np.ndarray, backend: Backend) -> np.ndarray:
         node = nodes[i]
         fused = _fusable_activation(node, nodes, i, readers)
         args = [env[t] for t in node.inputs]
-        y = run_node(node, args, backend, fused)
+        if node.op in INPLACE and _dies_here(node.inputs[0], i, last, env, graph):
+            y = INPLACE[node.op](node.params, args[0])
+        else:
+            y = run_node(node, args, backend, fused)
         if fused is not None:  # the activation node's output is the conv's
             i += 1
             node = Node(node.name, node.op, node.inputs, nodes[i].outputs, node.params)
@@ -47,6 +50,51 @@ def run_graph(graph: Graph, x: np.ndarray, backend: Backend) -> np.ndarray:
                 env.pop(t, None)
         i += 1
     return env[graph.output]
+
+
+def _dies_here(
+    t: str, i: int, last: dict[str, int], env: dict[str, np.ndarray], graph: Graph
+) -> bool:
+    """True when node i is the last reader of tensor t, no other live name shares its array
+    (identity and whole slices alias), and t is not the caller's input: t may be overwritten."""
+    if t == graph.input or last.get(t, -1) != i:
+        return False
+    arr = env[t]
+    return (
+        arr.flags.writeable
+        and arr.flags.c_contiguous
+        and arr.dtype == np.float32
+        and sum(1 for v in env.values() if v is arr) == 1
+    )
+
+
+def _relu_(p: dict, x: np.ndarray) -> np.ndarray:
+    return np.maximum(x, 0, out=x)
+
+
+def _leaky_relu_(p: dict, x: np.ndarray) -> np.ndarray:
+    neg = x * np.float32(p["alpha"])  # alpha < 1: max(x, alpha x); else min
+    return np.maximum(x, neg, out=x) if p["alpha"] <= 1 else np.minimum(x, neg, out=x)
+
+
+def _sigmoid_(p: dict, x: np.ndarray) -> np.ndarray:
+    np.negative(x, out=x)
+    np.exp(x, out=x)
+    x += 1
+    return np.reciprocal(x, out=x)
+
+
+def _tanh_(p: dict, x: np.ndarray) -> np.ndarray:
+    return np.tanh(x, out=x)
+
+
+# element-wise ops that may overwrite their input when it dies at them (no new buffer)
+INPLACE: dict[str, Callable[[dict, np.ndarray], np.ndarray]] = {
+    "relu": _relu_,
+    "leaky_relu": _leaky_relu_,
+    "sigmoid": _sigmoid_,
+    "tanh": _tanh_,
+}
 
 
 def _reader_counts(graph: Graph) -> dict[str, int]:

@@ -18,6 +18,7 @@ from znni.model.graph import Graph, aligned_axes, downsampling, window_dependenc
 from znni.model.onnx_import import load_onnx
 
 Triple = tuple[int, int, int]
+GRAPH_CACHE_ENTRIES = 8  # resolved graphs kept per model (window choice probes several)
 PROBE_WINDOW: Triple = (96, 96, 96)  # dynamic models are probed at this size (2^5 * 3)
 
 
@@ -77,6 +78,8 @@ class OnnxModel:
             _check_same_size(graph, Path(self.path))
         with self._lock:
             self._graphs[window] = graph
+            while len(self._graphs) > GRAPH_CACHE_ENTRIES:  # oldest first (dict order)
+                self._graphs.pop(next(iter(self._graphs)))
         return graph
 
 
