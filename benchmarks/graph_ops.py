@@ -8,25 +8,17 @@ ours / torch: above 1 means slower than torch. Run: `python benchmarks/graph_ops
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from znni.primitives.cpu.graph_ops import conv3d, conv_transpose3d, instance_norm, resize3d
 
-
-def median_s(fn: Callable[[], Any], reps: int) -> float:
-    """Median wall seconds of `reps` calls after one untimed warm-up call."""
-    fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import median_s  # noqa: E402
 
 
 def cases(torch: Any, rng: np.random.Generator) -> list[tuple[str, Callable, Callable | None]]:

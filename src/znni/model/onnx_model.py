@@ -98,19 +98,19 @@ def load_onnx_model(
     else:
         factor = downsampling(probe)
         minimum = _min_window(path, factor, output_name)
-    digest = _digest(probe, output_name, scale, shift)
+    return _model(path, probe, output_name, scale, shift, fixed, factor, minimum)
+
+
+def _model(
+    path: Path, probe: Graph, output_name: str | None, scale: float, shift: float,
+    fixed: Triple | None, factor: Triple, minimum: Triple, mode: str = "windowed",
+    context: Triple = (0, 0, 0),
+) -> OnnxModel:
     return OnnxModel(
-        path=str(path),
-        name=path.stem,
-        digest=digest,
-        in_channels=probe.in_channels,
-        out_channels=probe.out_channels,
-        output_name=output_name,
-        input_scale=float(scale),
-        input_shift=float(shift),
-        fixed_window=fixed,
-        size_factor=factor,
-        min_window=minimum,
+        path=str(path), name=path.stem, digest=_digest(probe, output_name, scale, shift),
+        in_channels=probe.in_channels, out_channels=probe.out_channels,
+        output_name=output_name, input_scale=float(scale), input_shift=float(shift),
+        fixed_window=fixed, size_factor=factor, min_window=minimum, mode=mode, context=context,
     )
 
 
@@ -189,21 +189,8 @@ def _exact_model(
         found, outs = _aligned_size(path, probe, factor, output_name)
     context = tuple(n - m for n, m in zip(found, outs, strict=True))
     minimum = fixed or _smallest_window(path, found, context, factor, output_name)
-    return OnnxModel(
-        path=str(path),
-        name=path.stem,
-        digest=_digest(probe, output_name, scale, shift),
-        in_channels=probe.in_channels,
-        out_channels=probe.out_channels,
-        output_name=output_name,
-        input_scale=float(scale),
-        input_shift=float(shift),
-        fixed_window=fixed,
-        size_factor=factor,
-        min_window=minimum,
-        mode="exact",
-        context=(context[0], context[1], context[2]),
-    )
+    return _model(path, probe, output_name, scale, shift, fixed, factor, minimum, "exact",
+                  (context[0], context[1], context[2]))
 
 
 def _aligned_size(
