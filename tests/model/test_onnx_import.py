@@ -294,3 +294,10 @@ def test_dynamic_model_needs_a_window(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="dynamic spatial input axes.*--window"):
         load_onnx(tmp_path / "dyn.onnx")
     assert load_onnx(tmp_path / "dyn.onnx", (3, 4, 5)).out_window == (3, 4, 5)
+
+
+def test_reversing_slice_runs_through_index_zero(tmp_path: Path) -> None:
+    nodes = [helper.make_node("Slice", ["x", "st", "en", "ax", "sp"], ["y"])]
+    inits = {"st": np.array([-1], np.int64), "en": np.array([-(2**62)], np.int64),
+             "ax": np.array([4], np.int64), "sp": np.array([-1], np.int64)}
+    _check(_model(tmp_path / "rev.onnx", nodes, inits))

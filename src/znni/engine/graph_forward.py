@@ -4,7 +4,8 @@ Convolutions with stride 1, no dilation and one group (nearly all of a U-Net's
 work) run on the backend's fast primitives (direct, FFT kept, FFT recomputed,
 chosen per layer by the backend) after explicit zero padding; other convs and the
 graph-only kernels (transposed conv, interpolation, normalisations, pad) run on
-`primitives.cpu.graph_ops`. A following ReLU-family activation is fused into the
+the backend's `graph_op` where it has one (the GPU backend: on the device), else
+on `primitives.cpu.graph_ops`. A following ReLU-family activation is fused into the
 conv's call where the backend supports it.
 """
 
@@ -37,7 +38,8 @@ def run_graph(graph: Graph, x: np.ndarray, backend: Backend) -> np.ndarray:
         node = nodes[i]
         fused = _fusable_activation(node, nodes, i, readers)
         args = [env[t] for t in node.inputs]
-        if node.op in INPLACE and _dies_here(node.inputs[0], i, last, env, graph):
+        on_host = not hasattr(backend, "graph_op")  # a device backend runs every node itself
+        if on_host and node.op in INPLACE and _dies_here(node.inputs[0], i, last, env, graph):
             y = INPLACE[node.op](node.params, args[0])
         else:
             y = run_node(node, args, backend, fused)
@@ -125,14 +127,23 @@ def _fast_conv(node: Node) -> bool:
 def run_node(
     node: Node, args: list[np.ndarray], backend: Backend, fused: Activation | None = None
 ) -> np.ndarray:
-    """One node on its input arrays."""
+    """One node on its input arrays: fast convs on `backend.conv3d`, the rest on
+    `backend.graph_op` when it has one (a device), else on the host kernels."""
+    graph_op = getattr(backend, "graph_op", None)
+    if graph_op is not None and not (node.op == "conv" and _fast_conv(node)):
+        return _checked(node, lambda: graph_op(node.op, node.params, *args))
     if node.op == "conv":
         return _conv(node, args[0], backend, fused)
     run = KERNELS.get(node.op)
     if run is None:
         raise ValueError(f"node {node.name!r}: no kernel for op {node.op!r}")
+    return _checked(node, lambda: run(node.params, *args))
+
+
+def _checked(node: Node, call: Callable[[], np.ndarray]) -> np.ndarray:
+    """call(), with a ValueError prefixed by the node's name and op."""
     try:
-        return run(node.params, *args)
+        return call()
     except ValueError as e:
         raise ValueError(f"node {node.name!r} ({node.op}): {e}") from e
 
@@ -156,6 +167,13 @@ def _conv(node: Node, x: np.ndarray, backend: Backend, fused: Activation | None)
         x = np.pad(x, ((0, 0), (0, 0), *((pads[i], pads[i + 3]) for i in range(3))))
     bias = p["bias"] if p["bias"] is not None else np.zeros(p["weight"].shape[0], np.float32)
     return backend.conv3d(np.ascontiguousarray(x), p["weight"], bias, fused)
+
+
+def _slice(p: dict[str, Any], x: np.ndarray) -> np.ndarray:
+    """(start, stop, step) per axis as slice.indices gives them; a stop of -1 with a
+    negative step means 'through index 0', which a slice writes as None."""
+    index = tuple(slice(a, b if b >= 0 else None, c) for a, b, c in p["slices"])
+    return np.ascontiguousarray(x[index])
 
 
 def _binary(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Callable[..., np.ndarray]:
@@ -204,7 +222,7 @@ def _kernels() -> dict[str, Callable[..., np.ndarray]]:
         "sub": _binary(np.subtract),
         "mul": _binary(np.multiply),
         "div": _binary(np.divide),
-        "slice": lambda p, x: np.ascontiguousarray(x[tuple(slice(*s) for s in p["slices"])]),
+        "slice": _slice,
         "pad": lambda p, x: g.pad3d(x, p["pads"], p["mode"], p["value"]),
         "instance_norm": lambda p, x: g.instance_norm(x, p["scale"], p["bias"], p["epsilon"]),
         "group_norm": lambda p, x: g.group_norm(
