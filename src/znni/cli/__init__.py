@@ -16,10 +16,10 @@ import os
 import sys
 from collections.abc import Sequence
 
-from znni.cli import bench, demo, plan, segment, serve
+from znni.cli import bench, demo, plan, preview, segment, serve
 
 # subcommand modules, in the order `znni --help` lists them
-COMMANDS = (segment, plan, serve, bench, demo)
+COMMANDS = (segment, plan, preview, serve, bench, demo)
 
 EXIT_BAD_INPUT = 2
 

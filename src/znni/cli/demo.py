@@ -51,4 +51,9 @@ def run(args: argparse.Namespace) -> int:
         f"throughput: {report.voxels_per_second:,.0f} output voxels/s "
         f"({report.voxels_written:,} voxels in {report.elapsed_s:.2f} s)"
     )
+    from znni.engine.preview import default_png, render_preview
+
+    middle = boundary.shape[0] // 2
+    png = render_preview(str(out_path), default_png(str(out_path), "z", middle), "z", middle)
+    print(f"preview: {png} (the middle z slice, boundary probability over the EM)")
     return 0

@@ -11,12 +11,23 @@ if TYPE_CHECKING:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from znni.engine.job import BLEND_MODES, BORDER_MODES, DEVICES, OUTPUT_DTYPES
+    from znni.engine.job import (
+        BLEND_MODES,
+        BORDER_MODES,
+        DEVICES,
+        OUTPUT_DTYPES,
+        OUTPUT_FORMATS,
+    )
 
     p = sub.add_parser("segment", help="run a network densely over a Zarr volume")
     p.add_argument("network", help="network spec JSON, or an ONNX model (MODEL.onnx)")
-    p.add_argument("input", help="input Zarr array directory, e.g. data/em.zarr/raw")
-    p.add_argument("output", help="output Zarr array directory (created when missing)")
+    p.add_argument("input", help="input Zarr array or OME-Zarr image, e.g. data/em.zarr/raw")
+    p.add_argument("output", help="output Zarr array or OME-Zarr image (created when missing)")
+    p.add_argument("--level", type=int, help="OME-Zarr input: the level to run on (default 0)")
+    p.add_argument("--output-format", choices=OUTPUT_FORMATS,
+                   help="zarr or ome-zarr (default: ome-zarr for an OME-Zarr input)")
+    p.add_argument("--pyramid", type=int,
+                   help="OME-Zarr output: downsampled levels (default: coarsest <= 256 voxels)")
     p.add_argument("--weights", help="weights .npz (default: the spec's 'weights')")
     p.add_argument("--roi", help="region z0:z1,y0:y1,x0:x1 to compute and write")
     p.add_argument("--border", choices=BORDER_MODES, default="reflect")
@@ -38,6 +49,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def job_from_args(args: argparse.Namespace) -> SegmentJob:
     """Validate the command-line values and build the job; raises ValueError."""
     from znni.engine.job import SegmentJob
+    from znni.engine.ome import level_path
     from znni.engine.units import parse_bytes, parse_roi, parse_triple
     from znni.model.loading import load_model
 
@@ -50,7 +62,7 @@ def job_from_args(args: argparse.Namespace) -> SegmentJob:
     )
     return SegmentJob(
         network=network,
-        input_path=args.input,
+        input_path=args.input if args.level is None else level_path(args.input, args.level),
         output_path=args.output,
         roi=parse_roi(args.roi) if args.roi else None,
         border=args.border,
@@ -64,6 +76,8 @@ def job_from_args(args: argparse.Namespace) -> SegmentJob:
         window=parse_triple(args.window, "--window") if args.window else None,
         overlap=args.overlap,
         blend=args.blend,
+        output_format=args.output_format,
+        pyramid=args.pyramid,
     )
 
 

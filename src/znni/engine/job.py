@@ -24,6 +24,7 @@ BORDER_MODES: tuple[str, ...] = ("reflect", "zero")
 OUTPUT_DTYPES: tuple[str, ...] = ("float32", "uint8")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "gpu", "cpu-gpu")
 BLEND_MODES: tuple[str, ...] = ("gaussian", "constant")
+OUTPUT_FORMATS: tuple[str, ...] = ("zarr", "ome-zarr")
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,9 @@ class SegmentJob:
     window: Triple | None = None  # windowed models: W; None: the output's recorded or planned one
     overlap: float = 0.25  # windowed models: MONAI's overlap fraction
     blend: str = "gaussian"  # windowed models: gaussian (sigma 0.125 W) or constant weights
+    output_format: str | None = None  # "zarr" | "ome-zarr"; None: the existing output's, else
+    # OME-Zarr exactly when the input is an OME-Zarr image
+    pyramid: int | None = None  # OME-Zarr outputs: downsampled levels; None: coarsest <= 256
 
 
 class SegmentCancelled(Exception):

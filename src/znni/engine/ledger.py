@@ -1,8 +1,8 @@
 """The durable record of finished blocks, kept inside the output array directory.
 
-A JSON-lines file: the first line is the header (job fingerprint, its
-parts, the block shape), then one line per finished block, appended and
-fsync'ed after the block's output is written. A torn last line (a kill
+A JSON-lines file (in the level-0 array of an OME-Zarr output): the first line
+is the header (job fingerprint, its parts, the block shape), then one line per
+finished block, appended and fsync'ed after the block's output is written. A torn last line (a kill
 mid-append) is ignored, so the block is simply recomputed. A new header is
 written to a temporary file and atomically renamed into place.
 """
@@ -15,6 +15,8 @@ import os
 import time
 from pathlib import Path
 from typing import Any
+
+from znni.engine.ome import is_group, ome_level
 
 LEDGER_NAME = "znni-ledger.jsonl"
 LEDGER_VERSION = 1
@@ -41,7 +43,15 @@ def fingerprint(parts: dict[str, Any]) -> str:
 
 
 def ledger_path(output_path: str) -> Path:
-    return Path(output_path) / LEDGER_NAME
+    """Inside the output array; for an OME-Zarr output, inside its level-0 array, where
+    listings of the image group (which warn about unknown files) do not see it."""
+    p = Path(output_path)
+    if is_group(p):
+        try:
+            return Path(ome_level(output_path, 0).array_path) / LEDGER_NAME
+        except ValueError:
+            pass
+    return p / LEDGER_NAME
 
 
 def read_ledger(output_path: str) -> tuple[dict[str, Any] | None, set[str]]:

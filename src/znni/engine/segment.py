@@ -29,13 +29,13 @@ from znni.engine.ledger import (
 )
 from znni.engine.pipeline import run_local
 from znni.engine.progress import Progress, StageTimer
+from znni.engine.target import open_target, output_plan
 from znni.engine.units import resolve_roi
 from znni.engine.volume import (
     InputVolume,
     check_existing_output,
     default_chunks,
     open_input,
-    open_or_create_output,
 )
 from znni.engine.windowed import (
     WindowedSpec,
@@ -90,6 +90,7 @@ def prepare_run(job: SegmentJob, plan: Plan | None = None) -> PreparedRun:
         raise ValueError(f"output {job.output_path} is the input array; choose another path")
     out_shape = (net.out_channels, *volume.shape)
     existing = check_existing_output(job.output_path, out_shape, job.dtype)
+    output_plan(job, volume, out_shape)  # format and pyramid levels, checked
     chunks = existing or job.chunks or default_chunks(volume.shape)
     parts = fingerprint_parts(
         net.digest, job.input_path, tuple(int(s) for s in volume.array.shape),
@@ -225,13 +226,15 @@ def segment(
     """Compute every unfinished block of the job and write it; see the module docstring."""
     prep = prepare_run(job, plan)
     plan = prep.plan
-    output = open_or_create_output(job.output_path, prep.out_shape, job.dtype, prep.chunks)
+    plan_dict = plan.to_dict() if plan is not None else _windowed_summary(job, prep)
+    target = open_target(job, prep.volume, prep.out_shape, prep.chunks, prep.region, plan_dict)
+    output = target.level0
     ledger = Ledger(job.output_path)
     if prep.resume:
         ledger.resume()
     else:
         ledger.start(prep.parts, prep.block_shape)
-    blocks, spec = _blocks_and_spec(job, prep)
+    blocks, spec = _blocks_and_spec(target.worker_job(job), prep)
     todo = [b for b in blocks if b.key not in prep.done]
     done_voxels = sum(b.write.size for b in blocks if b.key in prep.done)
     meter = Progress(
@@ -240,9 +243,11 @@ def segment(
     )
     timer = StageTimer()
 
-    def on_done(block: Block) -> None:
+    def record(block: Block) -> None:
         ledger.record([block.key])
         meter.block_done(block.write.size)
+
+    on_done = target.track(blocks, prep.done, record)  # OME pyramid: after its levels
 
     try:
         if job.scheduler is None:
@@ -253,7 +258,9 @@ def segment(
 
             run_dask(spec, todo, on_done, timer, job.scheduler, cancel)
     finally:
+        target.close()
         meter.close()
+    target.check()
     elapsed = meter.elapsed_s()
     return SegmentReport(
         output_path=job.output_path,
@@ -263,7 +270,7 @@ def segment(
         elapsed_s=elapsed,
         voxels_per_second=meter.voxels_this_run / max(elapsed, 1e-9),
         stage_seconds=dict(timer.seconds),
-        plan=plan.to_dict() if plan is not None else _windowed_summary(job, prep),
+        plan=plan_dict,
     )
 
 

@@ -1,7 +1,9 @@
 """Zarr input and output arrays: opening, checking, creating, reading and writing boxes.
 
 Input: format 2 or 3, (z, y, x) when the network has one input channel or
-(c, z, y, x); integer or float. Output: (c, z, y, x), format 3 when created.
+(c, z, y, x); integer or float; or an OME-Zarr image group (its level 0) or one
+level's array inside it (`ome.py`). Output: (c, z, y, x), format 3 when created;
+an existing OME-Zarr output is checked through its level 0.
 Every refusal is a ValueError naming the path and the offending values.
 """
 
@@ -16,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from znni.engine.geometry import Box, Triple
+from znni.engine.ome import OmeLevel, find_ome, is_group, ome_level
 
 DEFAULT_CHUNK = 64
 METADATA_FILES = ("zarr.json", ".zarray", ".zattrs")  # all an opened array's fields come from
@@ -90,6 +93,7 @@ class InputVolume:
     shape: Triple  # spatial (z, y, x)
     dtype: np.dtype
     has_channel_axis: bool
+    ome: OmeLevel | None = None  # the OME-Zarr level read (voxel size, units); None: plain
 
     def read(self, box: Box) -> np.ndarray:
         """Raw (C, Z, Y, X) values of a box inside the volume."""
@@ -100,11 +104,14 @@ class InputVolume:
 
 def open_input(path: str, in_channels: int) -> InputVolume:
     """Open and check the input volume against the network's input channels."""
-    arr = open_zarr_array(path, "input")
+    ome = find_ome(path) if Path(path).is_dir() else None
+    arr = open_zarr_array(ome.array_path if ome else path, "input")
     shape = tuple(int(s) for s in arr.shape)
     dtype = np.dtype(arr.dtype)
     if dtype.kind not in "iuf":
         raise ValueError(f"input {path} has dtype {dtype}; expected an integer or float type")
+    if ome is not None:
+        return _ome_input(path, arr, ome, in_channels)
     if len(shape) == 3:
         if in_channels != 1:
             raise ValueError(
@@ -124,6 +131,37 @@ def open_input(path: str, in_channels: int) -> InputVolume:
     )
 
 
+def _ome_input(path: str, arr: Any, ome: OmeLevel, in_channels: int) -> InputVolume:
+    """An OME-Zarr level whose axes say which dimension is the channel axis."""
+    shape = tuple(int(s) for s in arr.shape)
+    if len(shape) != len(ome.axis_names):
+        raise ValueError(
+            f"input {path} has {len(ome.axis_names)} axes {list(ome.axis_names)} but its level "
+            f"{ome.level} array has {len(shape)} dimensions {shape}"
+        )
+    channels = shape[0] if ome.has_channel_axis else 1
+    if channels != in_channels:
+        raise ValueError(
+            f"input {path} has {channels} channels (shape {shape}) but the network expects "
+            f"{in_channels}"
+        )
+    spatial = (shape[-3], shape[-2], shape[-1])
+    return InputVolume(path, arr, channels, spatial, np.dtype(arr.dtype), ome.has_channel_axis,
+                       ome)
+
+
+def output_array_path(path: str) -> str:
+    """The array that holds an output's level 0: itself, or an OME-Zarr group's level 0."""
+    if is_group(path):
+        try:
+            return ome_level(path, 0).array_path
+        except ValueError as e:
+            raise ValueError(
+                f"existing output {path} is a Zarr group but not an OME-Zarr image ({e})"
+            ) from e
+    return path
+
+
 def default_chunks(shape: Triple) -> Triple:
     """Engine-chosen output chunks: 64 per axis, clipped to the volume."""
     z, y, x = (min(DEFAULT_CHUNK, n) for n in shape)
@@ -139,7 +177,7 @@ def check_existing_output(path: str, shape: tuple[int, ...], dtype: str) -> Trip
         raise ValueError(f"output {path} exists and is not a directory (a Zarr array)")
     if not any(p.iterdir()):
         return None
-    arr = open_zarr_array(path, "existing output")
+    arr = open_zarr_array(output_array_path(path), "existing output")
     found = tuple(int(s) for s in arr.shape)
     if found != shape:
         raise ValueError(
@@ -168,6 +206,7 @@ def open_or_create_output(path: str, shape: tuple[int, ...], dtype: str, chunks:
         dtype=dtype,
         fill_value=0,
         zarr_format=3,
+        dimension_names=("c", "z", "y", "x"),
         overwrite=True,
     )
 

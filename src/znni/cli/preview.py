@@ -1,0 +1,27 @@
+"""`znni preview OUTPUT [--z N | --y N | --x N] [-o slice.png]`: a PNG of one slice."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("preview", help="write a PNG of one input slice with the output over it")
+    p.add_argument("output", help="an output of znni segment (Zarr array or OME-Zarr image)")
+    where = p.add_mutually_exclusive_group()
+    for axis in ("z", "y", "x"):
+        where.add_argument(f"--{axis}", type=int, metavar="N", help=f"the {axis} slice to show")
+    p.add_argument("-o", "--out", help="PNG path (default: OUTPUT-zN.png beside the output)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from znni.engine.preview import default_png, read_slice, render_preview
+
+    axis = next((a for a in ("z", "y", "x") if getattr(args, a) is not None), "z")
+    index = getattr(args, axis)
+    if args.out is None:  # the default name needs the slice index (the middle by default)
+        index = read_slice(args.output, axis, index).index
+    png = args.out or default_png(args.output, axis, index)
+    print(render_preview(args.output, png, axis, index))
+    return 0

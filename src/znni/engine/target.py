@@ -1,0 +1,171 @@
+"""Where a run's blocks land: a plain Zarr array, or an OME-Zarr image with its pyramid.
+
+The format is `--output-format` when given (it must match an existing output), else
+the existing output's, else OME-Zarr exactly when the input is OME-Zarr. An OME-Zarr
+output is an NGFF 0.5 image group (Zarr format 3) with arrays `0` .. `K` of
+(c, z, y, x), `dimension_names` set, the input level's voxel size, offset and units,
+and the pyramid kept by `pyramid.PyramidBuilder`. Both formats carry the run's
+provenance under the `znni` attribute (`provenance.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from znni.engine.geometry import Block, Box, Triple
+from znni.engine.job import SegmentJob
+from znni.engine.ome import is_group, ome_level, output_metadata
+from znni.engine.provenance import ATTR, provenance
+from znni.engine.pyramid import Factors, PyramidBuilder, cumulative, level_shapes, level_steps
+from znni.engine.volume import InputVolume, open_or_create_output
+
+FORMATS = ("zarr", "ome-zarr")
+DIMENSIONS = ("c", "z", "y", "x")
+
+
+def existing_format(path: str) -> str | None:
+    """'ome-zarr' for an existing group, 'zarr' for anything else there, None when absent."""
+    p = Path(path)
+    if not p.is_dir() or not any(p.iterdir()):
+        return None
+    return "ome-zarr" if is_group(p) else "zarr"
+
+
+def output_plan(job: SegmentJob, volume: InputVolume, out_shape: tuple[int, ...]) -> tuple[
+        str, Factors]:
+    """(output format, pyramid halving steps) of a job, checked against an existing output;
+    raises ValueError, writes nothing."""
+    fmt, existing = job.output_format, existing_format(job.output_path)
+    if fmt is not None and fmt not in FORMATS:
+        raise ValueError(f"output format {fmt!r} is not one of {', '.join(FORMATS)}")
+    if fmt is None:
+        fmt = existing or ("ome-zarr" if volume.ome is not None else "zarr")
+    elif existing is not None and existing != fmt:
+        kind = "an OME-Zarr image" if existing == "ome-zarr" else "a plain Zarr array"
+        raise ValueError(
+            f"existing output {job.output_path} is {kind}, not {fmt}; remove it or choose "
+            "another output path"
+        )
+    if fmt == "zarr":
+        if job.pyramid:
+            raise ValueError("--pyramid applies to OME-Zarr outputs (--output-format ome-zarr)")
+        return fmt, []
+    levels = job.pyramid
+    if levels is None and existing is not None:
+        levels = ome_level(job.output_path, 0).levels - 1
+    voxel = volume.ome.scale if volume.ome is not None else (1.0, 1.0, 1.0)
+    steps = level_steps(volume.shape, voxel, levels)
+    if existing is not None:
+        _check_levels(job, out_shape, steps)
+    return fmt, steps
+
+
+def _check_levels(job: SegmentJob, out_shape: tuple[int, ...], steps: Factors) -> None:
+    """An existing OME-Zarr output must hold exactly the levels this run would write."""
+    import zarr
+
+    path = job.output_path
+    first = ome_level(path, 0)
+    if first.levels != len(steps) + 1:
+        raise ValueError(
+            f"existing output {path} has {first.levels - 1} pyramid levels, this run writes "
+            f"{len(steps)}; give --pyramid {first.levels - 1}, remove it or choose another path"
+        )
+    for k, shape in enumerate(level_shapes(volume_shape(out_shape), steps)):
+        array_path = ome_level(path, k).array_path
+        try:
+            arr = zarr.open_array(array_path, mode="r")
+        except Exception as e:  # zarr raises several unrelated types for "not an array"
+            raise ValueError(f"existing output {path} has no level {k} array ({e})") from e
+        want = (out_shape[0], *shape)
+        if tuple(arr.shape) != want or np.dtype(arr.dtype) != np.dtype(job.dtype):
+            raise ValueError(
+                f"existing output {path} level {k} is {tuple(arr.shape)} {arr.dtype}, expected "
+                f"{want} {job.dtype}; remove it or choose another output path"
+            )
+
+
+def volume_shape(out_shape: tuple[int, ...]) -> Triple:
+    return (out_shape[1], out_shape[2], out_shape[3])
+
+
+@dataclass
+class OutputTarget:
+    """The opened output: level 0 for the block writers, the pyramid levels for the builder."""
+
+    path: str
+    format: str
+    level0: Any
+    level0_path: str
+    levels: list[Any]
+    steps: Factors
+    dtype: str
+    builder: PyramidBuilder | None = None
+
+    def worker_job(self, job: SegmentJob) -> SegmentJob:
+        """The job as block workers see it: writing straight into the level-0 array."""
+        return replace(job, output_path=self.level0_path)
+
+    def track(self, blocks: Sequence[Block], done: frozenset[str],
+              record: Callable[[Block], None]) -> Callable[[Block], None]:
+        """The sweep's on_done: `record` at once without a pyramid, else after the block's
+        levels are updated (so the ledger covers every level)."""
+        if not self.steps:
+            return record
+        shape = volume_shape(tuple(self.level0.shape))
+        self.builder = PyramidBuilder(self.level0, self.levels, self.steps, shape, self.dtype,
+                                      blocks, done, record)
+        return self.builder.land
+
+    def close(self) -> None:
+        """Let the pyramid finish every landed block whose footprint is complete."""
+        if self.builder is not None:
+            self.builder.close()
+
+    def check(self) -> None:
+        """Raise a pyramid update's failure, if one happened."""
+        if self.builder is not None:
+            self.builder.check()
+
+
+def open_target(job: SegmentJob, volume: InputVolume, out_shape: tuple[int, ...],
+                chunks: Triple, region: Box, plan: dict[str, Any] | None) -> OutputTarget:
+    """Create or open the job's output and record this run's provenance on it."""
+    fmt, steps = output_plan(job, volume, out_shape)
+    record = provenance(job, volume, region, plan)
+    if fmt == "zarr":
+        array = open_or_create_output(job.output_path, out_shape, job.dtype, chunks)
+        array.attrs.update({ATTR: record})
+        return OutputTarget(job.output_path, fmt, array, job.output_path, [], [], job.dtype)
+    arrays = _open_ome(job, volume, out_shape, chunks, steps, record)
+    return OutputTarget(job.output_path, fmt, arrays[0], ome_level(job.output_path, 0).array_path,
+                        arrays[1:], steps, job.dtype)
+
+
+def _open_ome(job: SegmentJob, volume: InputVolume, out_shape: tuple[int, ...], chunks: Triple,
+              steps: Factors, record: dict[str, Any]) -> list[Any]:
+    """The level arrays of an OME-Zarr output, creating the image when it is new."""
+    import zarr
+
+    path = job.output_path
+    if existing_format(path) is not None:
+        group = zarr.open_group(path, mode="r+")
+        group.attrs.update({ATTR: record})
+        return [zarr.open_array(ome_level(path, k).array_path, mode="r+")
+                for k in range(len(steps) + 1)]
+    meta = output_metadata(cumulative(steps), volume.ome, Path(path).name)
+    group = zarr.create_group(store=path, zarr_format=3, overwrite=True,
+                              attributes={"ome": meta, ATTR: record})
+    arrays = []
+    for k, shape in enumerate(level_shapes(volume.shape, steps)):
+        level_chunks = tuple(min(c, n) for c, n in zip(chunks, shape, strict=True))
+        arrays.append(group.create_array(
+            str(k), shape=(out_shape[0], *shape), chunks=(out_shape[0], *level_chunks),
+            dtype=job.dtype, fill_value=0, dimension_names=DIMENSIONS,
+        ))
+    return arrays
