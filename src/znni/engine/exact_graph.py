@@ -19,13 +19,10 @@ import numpy as np
 
 from znni.engine.borders import read_with_border
 from znni.engine.geometry import Block, Box, Triple
-from znni.engine.graph_forward import run_graph
+from znni.engine.graph_forward import make_graph_backend, run_graph
 from znni.engine.volume import encode_output, open_input, write_box
 from znni.model.onnx_model import OnnxModel
 from znni.primitives.base import Backend
-
-WORKSPACE_FACTOR = 3  # conv workspaces and node temporaries on top of the live tensors
-MAX_TILE = 192  # input voxels per axis; larger tiles gain little and plan slowly
 
 
 @dataclass(frozen=True)
@@ -39,6 +36,8 @@ class ExactGraphSpec:
     dtype: str
     tile: Triple  # input size of one tile
     backend_name: str = "cpu"
+    primitives: tuple[tuple[str, str], ...] = ()  # conv node -> the planner's primitive
+    spectra_bytes: int = 0  # kernel spectra the fft-keep convs keep between tiles
 
 
 def tile_output(model: OnnxModel, tile: Triple) -> Triple:
@@ -70,12 +69,12 @@ class ExactGraphWorker:
     ) -> None:
         import zarr
 
-        from znni.primitives.backends import make_backend
 
         self.spec = spec
         self.volume = open_input(spec.input_path, spec.model.in_channels)
-        self.backend = backend if backend is not None else make_backend(spec.backend_name)
+        self.backend = backend or make_graph_backend(spec.backend_name, spec.spectra_bytes)
         self.graph = spec.model.graph(spec.tile)
+        self.primitives = dict(spec.primitives)
         self.out = tile_output(spec.model, spec.tile)
         self.output = (
             output_array
@@ -119,43 +118,18 @@ class ExactGraphWorker:
                     src = tuple(slice(r, r + t) for r, t in zip(rel, tile, strict=True))
                     dst = tuple(slice(r, r + o) for r, o in zip(rel, out, strict=True))
                     window = x[(slice(None), *src)][None]  # (1, C, TZ, TY, TX)
-                    y[(slice(None), *dst)] = run_graph(self.graph, window, self.backend)[0]
+                    y[(slice(None), *dst)] = self._run(window)
         keep = tuple(
             slice(block.write.lo[a] - origin[a], block.write.hi[a] - origin[a]) for a in range(3)
         )
         return encode_output(y[(slice(None), *keep)], self.spec.dtype)
+
+    def _run(self, window: np.ndarray) -> np.ndarray:
+        """(1, C, *tile) -> (Cout, *tile output) with the planned primitives."""
+        return run_graph(self.graph, window, self.backend, self.primitives)[0]
 
     def write(self, block: Block, values: np.ndarray) -> None:
         write_box(self.output, block.write, values)
 
     def run(self, block: Block) -> None:
         self.write(block, self.compute(block, self.read(block)))
-
-
-def choose_tile(model: OnnxModel, budget_bytes: int, region: Triple) -> Triple:
-    """The largest tile (the same number k of grid steps on every axis, each axis capped by
-    the region plus context and MAX_TILE) whose pass fits `budget_bytes`."""
-    if model.fixed_window is not None:
-        return model.fixed_window
-    m, f, c = model.min_window, model.size_factor, model.context
-
-    def tile_for(k: int) -> Triple:
-        cap = [max(m[a], min(MAX_TILE, region[a] + c[a] + f[a])) for a in range(3)]
-        t = [min(m[a] + k * f[a], m[a] + (cap[a] - m[a]) // f[a] * f[a]) for a in range(3)]
-        while any(t[a] - c[a] < f[a] for a in range(3)):  # a tile must cover one grid step
-            t = [t[a] + (f[a] if t[a] - c[a] < f[a] else 0) for a in range(3)]
-        return (t[0], t[1], t[2])
-
-    def peak(t: Triple) -> int:
-        return WORKSPACE_FACTOR * model.graph(t).peak_tensor_bytes()
-
-    best = tile_for(0)
-    if peak(best) > budget_bytes:
-        raise ValueError(
-            f"the smallest tile {best} of model {model.name!r} needs "
-            f"{peak(best):,} bytes, more than the {budget_bytes:,} budget"
-        )
-    k = 1
-    while tile_for(k) != best and peak(tile_for(k)) <= budget_bytes:
-        best, k = tile_for(k), k + 1
-    return best

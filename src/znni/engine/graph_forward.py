@@ -11,7 +11,7 @@ conv's call where the backend supports it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -22,8 +22,17 @@ from znni.primitives.base import Activation, Backend
 FUSABLE = {"relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh", "leaky_relu": "leaky_relu"}
 
 
-def run_graph(graph: Graph, x: np.ndarray, backend: Backend) -> np.ndarray:
-    """(N, C, *graph.window) -> (N, graph.out_channels, *graph.out_window), float32."""
+def run_graph(
+    graph: Graph,
+    x: np.ndarray,
+    backend: Backend,
+    primitives: Mapping[str, str] | None = None,
+) -> np.ndarray:
+    """(N, C, *graph.window) -> (N, graph.out_channels, *graph.out_window), float32.
+
+    `primitives`: conv node name -> CPU primitive the planner chose (planner.graph_search);
+    used on the CPU backend, where a conv without one is left to the backend's choice."""
+    chosen = primitives if primitives is not None and backend.name == "cpu" else {}
     if x.ndim != 5 or x.shape[1] != graph.in_channels or tuple(x.shape[2:]) != graph.window:
         raise ValueError(
             f"graph {graph.name!r} runs on (N, {graph.in_channels}, {graph.window}) windows, "
@@ -42,7 +51,7 @@ def run_graph(graph: Graph, x: np.ndarray, backend: Backend) -> np.ndarray:
         if on_host and node.op in INPLACE and _dies_here(node.inputs[0], i, last, env, graph):
             y = INPLACE[node.op](node.params, args[0])
         else:
-            y = run_node(node, args, backend, fused)
+            y = run_node(node, args, backend, fused, chosen.get(node.name))
         if fused is not None:  # the activation node's output is the conv's
             i += 1
             node = Node(node.name, node.op, node.inputs, nodes[i].outputs, node.params)
@@ -52,6 +61,15 @@ def run_graph(graph: Graph, x: np.ndarray, backend: Backend) -> np.ndarray:
                 env.pop(t, None)
         i += 1
     return env[graph.output]
+
+
+def make_graph_backend(name: str, spectra_bytes: int = 0) -> Backend:
+    """A backend by name; the CPU one with a spectra cache sized for the planned fft-keep convs."""
+    from znni.primitives.backends import make_backend
+
+    if name == "cpu":
+        return make_backend("cpu", spectra_cache_bytes=max(1, spectra_bytes))
+    return make_backend(name)
 
 
 def _dies_here(
@@ -125,7 +143,11 @@ def _fast_conv(node: Node) -> bool:
 
 
 def run_node(
-    node: Node, args: list[np.ndarray], backend: Backend, fused: Activation | None = None
+    node: Node,
+    args: list[np.ndarray],
+    backend: Backend,
+    fused: Activation | None = None,
+    primitive: str | None = None,
 ) -> np.ndarray:
     """One node on its input arrays: fast convs on `backend.conv3d`, the rest on
     `backend.graph_op` when it has one (a device), else on the host kernels."""
@@ -133,7 +155,7 @@ def run_node(
     if graph_op is not None and not (node.op == "conv" and _fast_conv(node)):
         return _checked(node, lambda: graph_op(node.op, node.params, *args))
     if node.op == "conv":
-        return _conv(node, args[0], backend, fused)
+        return _conv(node, args[0], backend, fused, primitive)
     run = KERNELS.get(node.op)
     if run is None:
         raise ValueError(f"node {node.name!r}: no kernel for op {node.op!r}")
@@ -148,7 +170,9 @@ def _checked(node: Node, call: Callable[[], np.ndarray]) -> np.ndarray:
         raise ValueError(f"node {node.name!r} ({node.op}): {e}") from e
 
 
-def _conv(node: Node, x: np.ndarray, backend: Backend, fused: Activation | None) -> np.ndarray:
+def _conv(
+    node: Node, x: np.ndarray, backend: Backend, fused: Activation | None, primitive: str | None
+) -> np.ndarray:
     from znni.primitives.cpu import graph_ops
 
     p = node.params
@@ -166,7 +190,7 @@ def _conv(node: Node, x: np.ndarray, backend: Backend, fused: Activation | None)
     if any(pads):
         x = np.pad(x, ((0, 0), (0, 0), *((pads[i], pads[i + 3]) for i in range(3))))
     bias = p["bias"] if p["bias"] is not None else np.zeros(p["weight"].shape[0], np.float32)
-    return backend.conv3d(np.ascontiguousarray(x), p["weight"], bias, fused)
+    return backend.conv3d(np.ascontiguousarray(x), p["weight"], bias, fused, primitive)
 
 
 def _slice(p: dict[str, Any], x: np.ndarray) -> np.ndarray:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from znni.engine.exact_graph import choose_tile, tile_output
+from znni.engine.exact_graph import tile_output
+from znni.engine.graph_choice import choose
 from znni.engine.layout import PLAN_FRACTION, memory_budget_bytes
-from znni.engine.windowed import WORKSPACE_FACTOR, choose_window
 from znni.model.graph import window_dependence
 from znni.model.onnx_model import OnnxModel
 
-UNBOUNDED = (10**6, 10**6, 10**6)  # no region: the window is bounded by memory only
+UNBOUNDED = (512, 512, 512)  # no region given: plan for a 512^3 volume
 EXACT_REASON = (
     "window-independent: valid convolutions and pools, crops, upsampling and merges; "
     "tiled on its downsampling grid, equal to one run over the border-extended volume"
@@ -32,24 +32,17 @@ def graph_plan(
         "fixed_window": list(model.fixed_window) if model.fixed_window else None,
         "memory_budget_bytes": budget,
     }
-    if model.mode == "exact":
-        tile = choose_tile(model, budget, region)
-        return {
-            "mode": "exact",
-            "reason": EXACT_REASON,
-            **common,
-            "context": list(model.context),
-            "window": list(tile),
-            "tile_output": list(tile_output(model, tile)),
-            "window_peak_bytes": WORKSPACE_FACTOR * model.graph(tile).peak_tensor_bytes(),
-        }
-    window = choose_window(model, budget, region)
-    graph = model.graph(window)
-    reason = window_dependence(graph) or "its output has the window's own size"
-    return {
-        "mode": "windowed",
-        "reason": reason,
-        **common,
-        "window": list(window),
-        "window_peak_bytes": WORKSPACE_FACTOR * graph.peak_tensor_bytes(),
+    choice = choose(model, budget, region)
+    planned = {
+        "window": list(choice.window),
+        "window_peak_bytes": choice.plan.peak_bytes,
+        "predicted_window_s": choice.plan.predicted_window_s,
+        "predicted_voxels_per_second": choice.predicted_voxels_per_second,
+        "primitives": choice.plan.primitives,
     }
+    if model.mode == "exact":
+        return {"mode": "exact", "reason": EXACT_REASON, **common,
+                "context": list(model.context),
+                "tile_output": list(tile_output(model, choice.window)), **planned}
+    reason = window_dependence(model.graph(choice.window)) or "its output has the window's size"
+    return {"mode": "windowed", "reason": reason, **common, **planned}

@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from znni.engine.blockwork import BlockSpec
-from znni.engine.exact_graph import ExactGraphSpec, choose_tile, tile_output
+from znni.engine.exact_graph import ExactGraphSpec, tile_output
 from znni.engine.execution import check_device, execution_for, plan_job
 from znni.engine.geometry import Block, Box, Halo, Triple, split_blocks
+from znni.engine.graph_choice import GraphChoice, choose, plan_window
 from znni.engine.job import ProgressEvent, SegmentJob, SegmentReport
 from znni.engine.layout import PLAN_FRACTION, choose_block_shape, memory_budget_bytes
 from znni.engine.ledger import (
@@ -40,7 +41,6 @@ from znni.engine.volume import (
 from znni.engine.windowed import (
     WindowedSpec,
     check_window_options,
-    choose_window,
     make_worker,
 )
 from znni.engine.windows import WindowGrid
@@ -69,7 +69,8 @@ class PreparedRun:
     block_shape: Triple
     primitives: tuple[str | None, ...] | None
     plan: Plan | None  # the planner's plan this run follows (None: windowed)
-    window: Triple | None = None  # windowed runs: the window W
+    window: Triple | None = None  # graph models: the window W (windowed) or tile (exact)
+    choice: GraphChoice | None = None  # graph models: the planned window and its plan
 
 
 def check_and_plan(job: SegmentJob, plan: Plan | None = None) -> Plan | None:
@@ -98,9 +99,10 @@ def prepare_run(job: SegmentJob, plan: Plan | None = None) -> PreparedRun:
     )
     header, done = read_ledger(job.output_path) if existing else (None, set())
     budget = memory_budget_bytes(job.memory_limit_bytes)
-    window = None
+    window, choice = None, None
     if isinstance(net, OnnxModel):
-        window = _window_for(job, net, header, budget, region)
+        choice = _window_for(job, net, header, budget, region)
+        window = choice.window
         parts = _windowed_parts(parts, window, job) if net.mode == "windowed" else {
             **parts, "mode": "exact"}
     resume = header is not None and header.get("fingerprint") == fingerprint(parts)
@@ -117,6 +119,7 @@ def prepare_run(job: SegmentJob, plan: Plan | None = None) -> PreparedRun:
         return PreparedRun(
             job, volume, region, out_shape, chunks, parts, resume,
             frozenset(done) if resume else frozenset(), window, block, None, None, window,
+            choice,
         )
     if plan is None:  # the patch pass gets PLAN_FRACTION; block buffers live in the rest
         plan = plan_job(net, job.device, int(budget * PLAN_FRACTION), region.shape)
@@ -137,21 +140,19 @@ def prepare_run(job: SegmentJob, plan: Plan | None = None) -> PreparedRun:
 
 def _window_for(
     job: SegmentJob, model: OnnxModel, header: dict[str, Any] | None, budget: int, region: Box
-) -> Triple:
-    """--window, else the window the output's ledger recorded for this model, else the
-    largest that fits the budget; checked against the model before anything is written."""
+) -> GraphChoice:
+    """--window, else the window the output's ledger recorded for this model (windowed), else
+    the planner's best within the budget; planned and checked before anything is written."""
     recorded = (header or {}).get("parts", {})
+    pass_budget = int(budget * PLAN_FRACTION)
     if job.window is not None:
-        window = job.window
-    elif model.mode == "exact":
-        window = choose_tile(model, int(budget * PLAN_FRACTION), region.shape)
-    elif recorded.get("mode") == "windowed" and recorded.get("network") == model.digest:
+        window: Triple = job.window
+    elif model.mode == "windowed" and recorded.get("mode") == "windowed" \
+            and recorded.get("network") == model.digest:
         window = tuple(int(v) for v in recorded["window"])  # type: ignore[assignment]
     else:
-        window = choose_window(model, int(budget * PLAN_FRACTION), region.shape)
-    model.check_window(window)
-    model.graph(window)
-    return window
+        return choose(model, pass_budget, region.shape, job.overlap)
+    return plan_window(model, window, pass_budget, region.shape, job.overlap)
 
 
 def _windowed_parts(parts: dict[str, Any], window: Triple, job: SegmentJob) -> dict[str, Any]:
@@ -277,21 +278,21 @@ def segment(
 def _blocks_and_spec(job: SegmentJob, prep: PreparedRun) -> tuple[list[Block], Any]:
     """The job's blocks and the picklable description a worker computes them from."""
     net = job.network
-    if isinstance(net, OnnxModel) and net.mode == "exact":
-        assert prep.window is not None
-        blocks = split_blocks(prep.region, prep.block_shape, prep.chunks, Halo((0,) * 3, (0,) * 3),
-                              (1, 1, 1))
-        return blocks, ExactGraphSpec(net, job.input_path, job.output_path, job.border,
-                                      job.dtype, prep.window,
-                                      execution_for(None, "cpu").cpu_backend)
     if isinstance(net, OnnxModel):
-        assert prep.window is not None
+        assert prep.window is not None and prep.choice is not None
         none = (0, 0, 0)
         blocks = split_blocks(prep.region, prep.block_shape, prep.chunks, Halo(none, none),
                               (1, 1, 1))
+        plan = prep.choice.plan
+        planned = {"backend_name": execution_for(None, "cpu").cpu_backend,
+                   "primitives": tuple(sorted(plan.primitives.items())),
+                   "spectra_bytes": plan.spectra_bytes}
+        if net.mode == "exact":
+            return blocks, ExactGraphSpec(net, job.input_path, job.output_path, job.border,
+                                          job.dtype, prep.window, **planned)
         grid = WindowGrid.for_volume(prep.volume.shape, prep.window, job.overlap)
         return blocks, WindowedSpec(net, job.input_path, job.output_path, job.dtype, grid,
-                                    job.blend, execution_for(None, "cpu").cpu_backend)
+                                    job.blend, **planned)
     assert prep.plan is not None
     blocks = split_blocks(
         prep.region, prep.block_shape, prep.chunks, Halo.for_fov(net.fov), net.pool_product
@@ -304,14 +305,21 @@ def _blocks_and_spec(job: SegmentJob, prep: PreparedRun) -> tuple[list[Block], A
 
 
 def _windowed_summary(job: SegmentJob, prep: PreparedRun) -> dict[str, Any]:
-    assert prep.window is not None and isinstance(job.network, OnnxModel)
-    if job.network.mode == "exact":
+    """The report's plan for a graph model: mode, window or tile, predictions, primitives."""
+    model, choice = job.network, prep.choice
+    assert prep.window is not None and choice is not None and isinstance(model, OnnxModel)
+    predicted = {
+        "predicted_window_s": choice.plan.predicted_window_s,
+        "predicted_voxels_per_second": choice.predicted_voxels_per_second,
+        "peak_bytes": choice.plan.peak_bytes,
+        "primitives": choice.plan.primitives,
+        "block_shape": list(prep.block_shape),
+    }
+    if model.mode == "exact":
         return {"mode": "exact", "tile": list(prep.window),
-                "tile_output": list(tile_output(job.network, prep.window)),
-                "context": list(job.network.context),
-                "size_factor": list(job.network.size_factor),
-                "block_shape": list(prep.block_shape)}
+                "tile_output": list(tile_output(model, prep.window)),
+                "context": list(model.context), "size_factor": list(model.size_factor),
+                **predicted}
     grid = WindowGrid.for_volume(prep.volume.shape, prep.window, job.overlap)
     return {"mode": "windowed", "window": list(prep.window), "overlap": job.overlap,
-            "blend": job.blend, "windows": grid.num_windows,
-            "block_shape": list(prep.block_shape)}
+            "blend": job.blend, "windows": grid.num_windows, **predicted}

@@ -17,15 +17,13 @@ import numpy as np
 from znni.engine.blockwork import BlockSpec, BlockWorker
 from znni.engine.exact_graph import ExactGraphSpec, ExactGraphWorker
 from znni.engine.geometry import Block, Box, Triple
-from znni.engine.graph_forward import run_graph
+from znni.engine.graph_forward import make_graph_backend, run_graph
 from znni.engine.volume import encode_output, open_input, write_box
 from znni.engine.windows import BlendMode, WindowGrid, blend_box, windows_touching
 from znni.model.onnx_model import OnnxModel
 from znni.primitives.base import Backend
 
 BLEND_MODES = ("gaussian", "constant")
-WORKSPACE_FACTOR = 3  # conv workspaces and node temporaries on top of the live tensors
-MAX_WINDOW = 160  # per axis; larger windows gain little and plan slowly
 
 
 @dataclass(frozen=True)
@@ -39,6 +37,8 @@ class WindowedSpec:
     grid: WindowGrid
     blend: str
     backend_name: str = "cpu"
+    primitives: tuple[tuple[str, str], ...] = ()  # conv node -> the planner's primitive
+    spectra_bytes: int = 0  # kernel spectra the fft-keep convs keep between windows
 
 
 class WindowedWorker:
@@ -49,12 +49,12 @@ class WindowedWorker:
     ) -> None:
         import zarr
 
-        from znni.primitives.backends import make_backend
 
         self.spec = spec
         self.volume = open_input(spec.input_path, spec.model.in_channels)
-        self.backend = backend if backend is not None else make_backend(spec.backend_name)
+        self.backend = backend or make_graph_backend(spec.backend_name, spec.spectra_bytes)
         self.graph = spec.model.graph(spec.grid.window)
+        self.primitives = dict(spec.primitives)
         self.output = (
             output_array
             if output_array is not None
@@ -85,7 +85,7 @@ class WindowedWorker:
 
         def run_window(start: Triple) -> np.ndarray:
             window = _window_input(x, origin, start, grid)  # (C, WZ, WY, WX)
-            return run_graph(self.graph, window[None], self.backend)[0]
+            return run_graph(self.graph, window[None], self.backend, self.primitives)[0]
 
         mode: BlendMode = self.spec.blend  # type: ignore[assignment]
         out = blend_box(grid, block.write.lo, block.write.hi, run_window, mode, model.out_channels)
@@ -128,42 +128,6 @@ def check_window_options(overlap: float, blend: str) -> None:
         raise ValueError(f"overlap {overlap} must be in [0, 1)")
     if blend not in BLEND_MODES:
         raise ValueError(f"blend mode {blend!r} is not one of {', '.join(BLEND_MODES)}")
-
-
-def window_peak_bytes(model: OnnxModel, window: Triple) -> int:
-    """Host bytes one window's pass needs: live tensors (graph lifetimes) plus workspaces."""
-    return WORKSPACE_FACTOR * model.graph(window).peak_tensor_bytes()
-
-
-def choose_window(model: OnnxModel, budget_bytes: int, region: Triple) -> Triple:
-    """The largest window (the same multiple k of the size factor on every axis, each axis
-    capped by the region and MAX_WINDOW) whose pass fits `budget_bytes`."""
-    if model.fixed_window is not None:
-        return model.fixed_window
-    f, m = model.size_factor, model.min_window
-
-    def window_for(k: int) -> Triple:
-        w = [max(m[i], min(f[i] * k, _cap(region[i], f[i]))) for i in range(3)]
-        return (w[0], w[1], w[2])
-
-    best = window_for(1)
-    if window_peak_bytes(model, best) > budget_bytes:
-        raise ValueError(
-            f"the smallest window {best} of model {model.name!r} needs "
-            f"{window_peak_bytes(model, best):,} bytes, more than the {budget_bytes:,} budget"
-        )
-    k = 2
-    while window_for(k) != best:
-        w = window_for(k)
-        if window_peak_bytes(model, w) > budget_bytes:
-            break
-        best, k = w, k + 1
-    return best
-
-
-def _cap(extent: int, factor: int) -> int:
-    """The region's extent rounded up to the factor, at most MAX_WINDOW (a factor multiple)."""
-    return min(-(-extent // factor) * factor, max(factor, MAX_WINDOW // factor * factor))
 
 
 Worker = BlockWorker | WindowedWorker | ExactGraphWorker

@@ -83,9 +83,7 @@ def check_submission(
     job = segment_job(net, str(input_path), str(output_path), params, scheduler=scheduler)
     check_overwrite(output_path, bool(params.get("overwrite", False)), output)
     try:
-        check_and_plan(job)
-        if isinstance(net, OnnxModel) and job.window is not None:
-            check_window_memory(net, job.window, job.memory_limit_bytes)
+        check_and_plan(job)  # plans graph windows too: one too large for the budget fails
     except (ValueError, TypeError, FileNotFoundError, NotADirectoryError) as e:
         raise ValueError(api_words(relative_to_root(data_root, str(e)))) from e
     return net, job
@@ -105,20 +103,6 @@ def check_window_fields(net: Model, name: str, params: dict[str, Any]) -> None:
             f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to windowed models "
             f"only; network {name!r} runs in exact mode (its {what} computes every voxel "
             "independently of where windows lie)"
-        )
-
-
-def check_window_memory(model: OnnxModel, window: tuple[int, int, int], limit: int | None) -> None:
-    """A window given by the client must fit the memory budget the planner would use."""
-    from znni.engine.layout import PLAN_FRACTION, memory_budget_bytes
-    from znni.engine.windowed import window_peak_bytes
-
-    budget = int(memory_budget_bytes(limit) * PLAN_FRACTION)
-    need = window_peak_bytes(model, window)
-    if need > budget:
-        raise ValueError(
-            f"window {tuple(window)} needs {need:,} bytes per pass, more than the "
-            f"{budget:,}-byte budget; choose a smaller window or a larger memory_limit_bytes"
         )
 
 

@@ -1,0 +1,104 @@
+"""The graph planner's predictions against measurements, on MONAI U-Nets exported to ONNX.
+
+    .venv/bin/python benchmarks/graph_planner.py [--windows 64,96] [--reps 3]
+                                                 [--limit 8GiB]
+
+For each network and window: the planner's per-window time and peak memory
+(planner.graph_search on this machine's calibrated profile; `znni plan` calibrates
+once) against the measured median time of `--reps` passes with the planned
+primitives, and the measured peak of traced allocations over a first pass in a fresh
+backend (tracemalloc sees numpy's buffers, kept kernel spectra included). Also the
+time with the backend's own per-layer choice, for comparison. Goals: time within
+±25%, peak within ±15%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import print_table  # noqa: E402
+
+NETWORKS = {
+    "BasicUNet(16,16,32,64,128,16)": ("basic", (16, 16, 32, 64, 128, 16)),
+    "UNet(16,32,64,128; res 2; batch)": ("unet", (16, 32, 64, 128)),
+}
+
+
+def export(kind: str, features: tuple[int, ...], folder: Path) -> Path:
+    import torch
+    from monai.networks.nets import BasicUNet, UNet
+
+    torch.manual_seed(0)
+    if kind == "basic":
+        net = BasicUNet(spatial_dims=3, in_channels=1, out_channels=2, features=features)
+    else:
+        net = UNet(spatial_dims=3, in_channels=1, out_channels=2, channels=features,
+                   strides=(2,) * (len(features) - 1), num_res_units=2, norm="batch")
+    path = folder / f"{kind}.onnx"
+    torch.onnx.export(net.eval(), (torch.zeros(1, 1, 32, 32, 32),), path, input_names=["x"],
+                      dynamo=False, dynamic_axes={"x": {2: "z", 3: "y", 4: "x"}})
+    return path
+
+
+def measure(graph, plan, reps: int) -> tuple[float, float, int]:  # type: ignore[no-untyped-def]
+    """(planned-primitives time, backend-choice time, traced peak bytes of a first pass)."""
+    from znni.engine.graph_forward import make_graph_backend, run_graph
+
+    x = np.random.default_rng(0).random((1, 1, *graph.window), dtype=np.float32)
+    tracemalloc.start()
+    backend = make_graph_backend("cpu", plan.spectra_bytes)
+    run_graph(graph, x, backend, plan.primitives)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    own = make_graph_backend("cpu", plan.spectra_bytes)
+    run_graph(graph, x, own)  # the backend chooses (and times) its primitives once
+    times: dict[str, list[float]] = {"plan": [], "own": []}
+    for _ in range(reps):
+        for key, be, prims in (("plan", backend, plan.primitives), ("own", own, None)):
+            t0 = time.perf_counter()
+            run_graph(graph, x, be, prims)
+            times[key].append(time.perf_counter() - t0)
+    return statistics.median(times["plan"]), statistics.median(times["own"]), peak
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--windows", default="64,96")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--limit", default="8GiB")
+    args = ap.parse_args()
+    from znni.engine.units import parse_bytes
+    from znni.model.onnx_import import load_onnx
+    from znni.planner.detect import detect_machine
+    from znni.planner.graph_search import plan_graph
+
+    machine = detect_machine()
+    limit = parse_bytes(args.limit)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, (kind, features) in NETWORKS.items():
+            path = export(kind, features, Path(tmp))
+            for w in (int(v) for v in args.windows.split(",")):
+                graph = load_onnx(path, (w, w, w))
+                plan = plan_graph(graph, machine, limit)
+                t_plan, t_own, peak = measure(graph, plan, args.reps)
+                rows.append([label, f"{w}^3", f"{plan.predicted_window_s:.3f}", f"{t_plan:.3f}",
+                             f"{t_plan / plan.predicted_window_s:.2f}", f"{t_own:.3f}",
+                             f"{plan.peak_bytes / 2**20:.0f}", f"{peak / 2**20:.0f}",
+                             f"{peak / plan.peak_bytes:.2f}"])
+    print(f"machine {machine.name} (calibrated: {machine.calibrated}), limit {args.limit}")
+    print_table(["network", "window", "pred s", "meas s", "meas/pred", "own-choice s",
+                 "pred MiB", "meas MiB", "meas/pred"], rows)
+
+
+if __name__ == "__main__":
+    main()

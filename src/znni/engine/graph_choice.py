@@ -1,0 +1,100 @@
+"""Choosing the window (windowed) or tile (exact) of a graph model with the planner.
+
+Every candidate (the same number of grid steps on each axis, within the region and a
+per-axis cap) is planned (planner.graph_search: a primitive per conv, a predicted
+time and peak); among those whose peak fits the budget, the one with the most
+predicted output voxels per second over the region wins. That weighs a window's
+cost against the recomputed overlap: windowed runs compute MONAI's scan of windows
+(more, smaller windows overlap more), exact runs one tile per grid step of output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import ceil, prod
+
+from znni.engine.exact_graph import tile_output
+from znni.engine.execution import planning_machine
+from znni.engine.windows import WindowGrid
+from znni.model.onnx_model import OnnxModel
+from znni.planner.graph_search import GraphPlan, plan_graph
+
+Triple = tuple[int, int, int]
+MAX_WINDOW = 160  # windowed: per axis; larger windows gain little and plan slowly
+MAX_TILE = 192  # exact: input voxels per axis
+
+
+@dataclass(frozen=True)
+class GraphChoice:
+    """The chosen window or tile, its plan, and the predicted throughput over the region."""
+
+    window: Triple
+    plan: GraphPlan
+    passes: int  # windows or tiles over the region
+    predicted_voxels_per_second: float
+
+
+def plan_window(model: OnnxModel, window: Triple, budget_bytes: int, region: Triple,
+                overlap: float = 0.25) -> GraphChoice:
+    """The plan of one given window or tile; ValueError when it does not fit the budget."""
+    model.check_window(window)
+    try:
+        plan = plan_graph(model.graph(window), planning_machine(), budget_bytes)
+        need = plan.peak_bytes
+    except ValueError:  # no primitive fits beside the window's tensors
+        plan, need = None, model.graph(window).peak_tensor_bytes()
+    if plan is None or need > budget_bytes:
+        raise ValueError(
+            f"window {tuple(window)} of model {model.name!r} needs {need:,} bytes or more per "
+            f"pass, beyond the {budget_bytes:,}-byte memory budget; choose a smaller window or "
+            "a larger memory limit"
+        )
+    n = _passes(model, window, region, overlap)
+    return GraphChoice(window, plan, n, prod(region) / max(1e-12, n * plan.predicted_window_s))
+
+
+def choose(model: OnnxModel, budget_bytes: int, region: Triple,
+           overlap: float = 0.25) -> GraphChoice:
+    """The candidate with the most predicted voxels/s whose pass fits the budget."""
+    candidates = [model.fixed_window] if model.fixed_window else _candidates(model, region)
+    best: GraphChoice | None = None
+    errors = []
+    for window in candidates:
+        try:
+            choice = plan_window(model, window, budget_bytes, region, overlap)
+        except ValueError as e:
+            errors.append(str(e))
+            break  # larger candidates need more memory still
+        if best is None or choice.predicted_voxels_per_second > best.predicted_voxels_per_second:
+            best = choice
+    if best is None:
+        raise ValueError(errors[0] if errors else f"model {model.name!r} has no window")
+    return best
+
+
+def _candidates(model: OnnxModel, region: Triple) -> list[Triple]:
+    m, f, c = model.min_window, model.size_factor, model.context
+    if model.mode == "exact":  # the tile's output no larger than the region (plus a step)
+        cap = [max(m[a], min(MAX_TILE, region[a] + c[a] + f[a])) for a in range(3)]
+    else:  # the window no larger than the region rounded up to the grid
+        cap = [max(m[a], min(MAX_WINDOW, m[a] + ceil((region[a] - m[a]) / f[a]) * f[a]))
+               for a in range(3)]
+    out: list[Triple] = []
+    for k in range(0, 64):
+        w = [min(m[a] + k * f[a], m[a] + (cap[a] - m[a]) // f[a] * f[a]) for a in range(3)]
+        if model.mode == "exact":  # a tile must cover at least one grid step of output
+            w = [w[a] + f[a] * max(0, ceil((f[a] - (w[a] - c[a])) / f[a])) for a in range(3)]
+        window = (w[0], w[1], w[2])
+        if out and window == out[-1]:
+            break
+        out.append(window)
+    return out
+
+
+def _passes(model: OnnxModel, window: Triple, region: Triple, overlap: float) -> int:
+    if model.mode == "windowed":
+        return WindowGrid.for_volume(region, window, overlap).num_windows
+    out = tile_output(model, window)
+    f = model.size_factor
+    steps = [max(f[a], out[a] // f[a] * f[a]) for a in range(3)]
+    return prod(ceil(region[a] / steps[a]) + (1 if region[a] % f[a] else 0) for a in range(3))

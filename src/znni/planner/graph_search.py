@@ -1,0 +1,151 @@
+"""The planner for graph networks: per conv node a primitive, per window a time and a peak.
+
+For each stride-1 conv the fastest CPU primitive (direct, FFT kept, FFT recomputed)
+whose workspace fits beside the tensors alive in the window, costed with the same
+calibrated model as sequential layers (costs.layer_seconds: ZNNi's FFT and direct
+work counts over this machine's rates). Other nodes are costed by the element-wise
+traffic they stream (as costs.other_work), plus the multiply-adds of the general and
+transposed conv paths. Peak memory follows the executor's order and tensor lifetimes
+(Graph.peak_tensor_bytes) plus the largest conv workspace (memory.conv_workspace_bytes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+from znni.model.graph import Graph, Node
+from znni.model.network import FLOAT_BYTES, LayerShape
+from znni.planner.costs import CPU_CONV_PRIMITIVES, Work, cpu_seconds, layer_seconds
+from znni.planner.machine import MachineProfile
+from znni.planner.memory import conv_workspace_bytes, kernel_spectra_bytes
+
+GEMM_OPS = ("conv", "conv_transpose")  # general convs run as GEMMs over kernel offsets
+NODE_OVERHEAD_S = 5e-5  # Python dispatch and one allocation per node
+# graph_ops' strided and transposed convs (GEMMs per kernel offset over strided views) ran at
+# ~1/2.75 of the calibrated direct-conv GEMM rate (MONAI UNet 64^3 per-op breakdown, this
+# machine kind, 2026-11-23; see docs/benchmarks.md "Graph planner")
+GENERAL_GEMM_SLOWDOWN = 2.75
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """One node: its primitive (fast convs only), predicted seconds and workspace bytes."""
+
+    name: str
+    op: str
+    primitive: str | None
+    predicted_s: float
+    workspace_bytes: int
+
+
+@dataclass(frozen=True)
+class GraphPlan:
+    """What one window (or exact tile) of a graph costs on a machine."""
+
+    network: str
+    window: tuple[int, int, int]
+    nodes: tuple[NodePlan, ...]
+    predicted_window_s: float
+    peak_bytes: int  # live tensors at their peak, kept spectra, the largest conv workspace
+    spectra_bytes: int = 0  # kernel spectra the fft-keep convs keep (the backend's cache bound)
+
+    @property
+    def primitives(self) -> dict[str, str]:
+        """Node name -> chosen conv primitive, for the executor."""
+        return {n.name: n.primitive for n in self.nodes if n.primitive is not None}
+
+
+def fast_conv(node: Node) -> bool:
+    """A conv the fast primitives run: stride 1, no dilation, one group."""
+    if node.op != "conv":
+        return False
+    p = node.params
+    return p["strides"] == (1, 1, 1) and p["dilations"] == (1, 1, 1) and p["group"] == 1
+
+
+def conv_layer(graph: Graph, i: int, node: Node) -> LayerShape:
+    """The conv node as a sequential layer shape: padded input -> output, batch 1."""
+    _, cin, *size = graph.shapes[node.inputs[0]]
+    pads = node.params["pads"]
+    padded = (size[0] + pads[0] + pads[3], size[1] + pads[1] + pads[4], size[2] + pads[2] + pads[5])
+    _, cout, *out = graph.shapes[node.outputs[0]]
+    w = node.params["weight"].shape
+    return LayerShape(i, "conv", 1, cin, padded, 1, cout, (out[0], out[1], out[2]),
+                      (int(w[2]), int(w[3]), int(w[4])))
+
+
+def other_seconds(graph: Graph, node: Node, machine: MachineProfile) -> float:
+    """Element-wise traffic of every input and output, plus GEMM flops of general convs."""
+    moved = sum(prod(graph.shapes[t][1:]) for t in (*node.inputs, *node.outputs))
+    work = Work(memory_bytes=float(2 * moved * FLOAT_BYTES))
+    if node.op in GEMM_OPS:
+        w = node.params["weight"]
+        big = node.inputs[0] if node.op == "conv_transpose" else node.outputs[0]
+        flops = 2.0 * prod(graph.shapes[big][2:]) * w.size * GENERAL_GEMM_SLOWDOWN
+        work = work + Work(direct_flops=flops)
+    return cpu_seconds(work, machine) + NODE_OVERHEAD_S
+
+
+def _conv_options(
+    graph: Graph, machine: MachineProfile, tensors: int, limit: int
+) -> dict[int, list[tuple[float, int, int, str]]]:
+    """Per fast conv node index: (seconds, workspace, kept spectra, primitive) of each
+    primitive whose workspace fits beside the window's tensors, fastest first."""
+    out = {}
+    for i, node in enumerate(graph.nodes):
+        if not fast_conv(node):
+            continue
+        layer = conv_layer(graph, i, node)
+        options = []
+        for prim in CPU_CONV_PRIMITIVES:
+            work = conv_workspace_bytes(layer, prim, machine.cores)
+            spectra = kernel_spectra_bytes(layer) if prim == "fft-keep" else 0
+            if tensors + spectra + work <= limit:
+                options.append((layer_seconds(layer, prim, machine), work, spectra, prim))
+        if not options:
+            raise ValueError(f"no conv primitive for node {node.name!r} fits in {limit:,} bytes "
+                             f"beside the window's {tensors:,} bytes of tensors")
+        out[i] = sorted(options)
+    return out
+
+
+def _peak(tensors: int, picks: dict[int, tuple[float, int, int, str]]) -> int:
+    """Kept spectra stay across windows, so every conv's workspace meets all of them."""
+    kept = sum(p[2] for p in picks.values())
+    return tensors + kept + max((p[1] for p in picks.values()), default=0)
+
+
+def plan_graph(
+    graph: Graph, machine: MachineProfile, memory_limit_bytes: int | None = None
+) -> GraphPlan:
+    """Each fast conv's fastest primitive; while the steady-state peak (tensors, all kept
+    spectra, the largest workspace) is over the limit, the kept spectra that cost least
+    time per byte to give up are dropped. ValueError where nothing fits."""
+    tensors = graph.peak_tensor_bytes()
+    limit = memory_limit_bytes if memory_limit_bytes is not None else machine.memory_bytes
+    options = _conv_options(graph, machine, tensors, limit)
+    picks = {i: opts[0] for i, opts in options.items()}
+    while _peak(tensors, picks) > limit:
+        keeping = [i for i, p in picks.items() if p[2] and len(options[i]) > 1]
+        if not keeping:
+            raise ValueError(f"graph {graph.name!r} needs {_peak(tensors, picks):,} bytes per "
+                             f"window, more than {limit:,}")
+
+        def loss(i: int) -> float:
+            alt = next(o for o in options[i] if not o[2])
+            return (alt[0] - picks[i][0]) / picks[i][2]
+
+        i = min(keeping, key=loss)
+        picks[i] = next(o for o in options[i] if not o[2])
+    plans = [
+        NodePlan(node.name, node.op, picks[i][3], picks[i][0], picks[i][1]) if i in picks
+        else NodePlan(node.name, node.op, None, other_seconds(graph, node, machine), 0)
+        for i, node in enumerate(graph.nodes)
+    ]
+    return GraphPlan(
+        network=graph.name, window=graph.window, nodes=tuple(plans),
+        predicted_window_s=sum(n.predicted_s for n in plans),
+        peak_bytes=_peak(tensors, picks),
+        spectra_bytes=sum(p[2] for p in picks.values()),
+    )

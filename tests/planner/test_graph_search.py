@@ -1,0 +1,87 @@
+"""The graph planner: a primitive per fast conv within the memory limit, lifetimes-based
+peaks, and the window choice (costs only: nothing here is timed)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from znni.engine.graph_choice import choose, plan_window
+from znni.engine.graph_forward import run_graph
+from znni.model.loading import load_model
+from znni.planner.costs import CPU_CONV_PRIMITIVES
+from znni.planner.graph_search import fast_conv, plan_graph
+from znni.planner.machine import MachineProfile
+from znni.primitives.backends import make_backend
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    from monai.networks.nets import BasicUNet
+
+    torch.manual_seed(0)
+    net = BasicUNet(spatial_dims=3, in_channels=1, out_channels=2,
+                    features=(8, 8, 16, 16, 32, 8)).eval()
+    path = Path(tmp_path_factory.mktemp("gs")) / "bu.onnx"
+    torch.onnx.export(net, (torch.zeros(1, 1, 32, 32, 32),), path, input_names=["x"],
+                      dynamo=False, dynamic_axes={"x": {2: "z", 3: "y", 4: "x"}})
+    return load_model(path)
+
+
+def test_every_fast_conv_gets_a_primitive_and_the_peak_counts_lifetimes(model) -> None:
+    machine = MachineProfile.load("ci-2core")
+    graph = model.graph((32, 32, 32))
+    plan = plan_graph(graph, machine)
+    for node, p in zip(graph.nodes, plan.nodes, strict=True):
+        assert (p.primitive in CPU_CONV_PRIMITIVES) == fast_conv(node)
+        assert p.predicted_s > 0
+    assert plan.predicted_window_s == pytest.approx(sum(n.predicted_s for n in plan.nodes))
+    biggest = max(n.workspace_bytes for n in plan.nodes)
+    assert plan.peak_bytes == graph.peak_tensor_bytes() + plan.spectra_bytes + biggest
+
+
+def test_a_tight_limit_drops_kept_spectra_and_then_refuses(model) -> None:
+    ci = MachineProfile.load("ci-2core")  # with slow GEMMs, so FFTs (and kept spectra) win
+    machine = replace(ci, cpu_rates={**ci.cpu_rates, "direct_flops_per_s": 1e8})
+    graph = model.graph((64, 64, 64))
+    roomy = plan_graph(graph, machine, 2**34)
+    tensors = graph.peak_tensor_bytes()
+    tight = plan_graph(graph, machine, tensors + 64 * 2**20)
+    assert tight.peak_bytes <= tensors + 64 * 2**20
+    assert roomy.spectra_bytes > tight.spectra_bytes  # the roomy plan keeps spectra it could not
+    with pytest.raises(ValueError, match="fits in"):
+        plan_graph(graph, machine, tensors // 2)
+
+
+def test_the_chosen_window_is_the_fastest_that_fits(model) -> None:
+    budget = 200 * 2**20
+    region = (96, 96, 96)
+    best = choose(model, budget, region)
+    assert best.plan.peak_bytes <= budget
+    for k in range(1, 6):
+        window = tuple(16 * k for _ in range(3))
+        try:
+            other = plan_window(model, window, budget, region)
+        except ValueError:
+            continue
+        assert other.predicted_voxels_per_second <= best.predicted_voxels_per_second
+    with pytest.raises(ValueError, match="memory budget"):
+        plan_window(model, (96, 96, 96), 2**20, region)
+
+
+def test_the_executor_runs_the_planned_primitives(model) -> None:
+    graph = model.graph((16, 16, 16))
+    x = np.random.default_rng(0).random((1, 1, 16, 16, 16), dtype=np.float32)
+    conv = next(n.name for n in graph.nodes if fast_conv(n))
+    with pytest.raises(ValueError, match="unknown CPU conv primitive 'nope'"):
+        run_graph(graph, x, make_backend("cpu"), {conv: "nope"})
+    ref = run_graph(graph, x, make_backend("reference"))
+    for prim in CPU_CONV_PRIMITIVES:
+        prims = {n.name: prim for n in graph.nodes if fast_conv(n)}
+        got = run_graph(graph, x, make_backend("cpu"), prims)
+        assert np.abs(got - ref).max() <= 1e-4 * max(1.0, np.abs(ref).max())
