@@ -188,7 +188,7 @@ def _conv(
         )
     pads = p["pads"]
     if any(pads):
-        x = np.pad(x, ((0, 0), (0, 0), *((pads[i], pads[i + 3]) for i in range(3))))
+        x = graph_ops.pad_constant(x, pads)
     bias = p["bias"] if p["bias"] is not None else np.zeros(p["weight"].shape[0], np.float32)
     return backend.conv3d(np.ascontiguousarray(x), p["weight"], bias, fused, primitive)
 

@@ -21,7 +21,7 @@ from znni.primitives.cpu.graph_ops.normalization import (
     group_norm,
     instance_norm,
 )
-from znni.primitives.cpu.graph_ops.padding import pad3d
+from znni.primitives.cpu.graph_ops.padding import pad3d, pad_constant
 from znni.primitives.cpu.graph_ops.pooling_general import avg_pool3d, max_pool3d
 from znni.primitives.cpu.graph_ops.resize import resize3d
 
@@ -38,6 +38,7 @@ __all__ = [
     "leaky_relu",
     "max_pool3d",
     "pad3d",
+    "pad_constant",
     "prelu",
     "resize3d",
     "selu",

@@ -29,6 +29,7 @@ from znni.primitives.cpu.graph_ops._args import (
     six,
     triple,
 )
+from znni.primitives.cpu.graph_ops.padding import pad_constant
 
 COLUMN_BYTES = 4 * 2**20  # column buffer per block: a few MB keeps gather and GEMM in cache
 DEPTHWISE_BYTES = 2 * 2**20  # depthwise accumulator block (2 MB measured best on 2 cores)
@@ -74,8 +75,7 @@ def pad_zero(x: np.ndarray, pads: Six) -> np.ndarray:
     """Zero-pad the spatial axes of (N, C, Z, Y, X); no copy when all pads are 0."""
     if not any(pads):
         return x
-    width = ((0, 0), (0, 0)) + tuple((pads[i], pads[i + 3]) for i in range(3))
-    return np.pad(x, width)
+    return pad_constant(x, pads)
 
 
 def windows(
