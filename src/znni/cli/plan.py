@@ -58,15 +58,9 @@ def run(args: argparse.Namespace) -> int:
 
     limit = parse_bytes(args.memory_limit) if args.memory_limit else None
     if Path(args.network).suffix.lower() == ".onnx":
-        from znni.model.loading import load_model
+        from znni.cli.segment import model_from_args
 
-        network = load_model(
-            args.network,
-            args.weights,
-            output_name=args.output_name,
-            scale=args.scale,
-            shift=args.shift,
-        )
+        network = model_from_args(args)
     else:
         network = network_for_planning(args.network, args.weights)
     if isinstance(network, OnnxModel):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from znni.engine.job import SegmentJob
@@ -51,15 +51,8 @@ def job_from_args(args: argparse.Namespace) -> SegmentJob:
     from znni.engine.job import SegmentJob
     from znni.engine.ome import level_path
     from znni.engine.units import parse_bytes, parse_roi, parse_triple
-    from znni.model.loading import load_model
 
-    network = load_model(
-        args.network,
-        args.weights,
-        output_name=args.output_name,
-        scale=args.scale,
-        shift=args.shift,
-    )
+    network = model_from_args(args)
     return SegmentJob(
         network=network,
         input_path=args.input if args.level is None else level_path(args.input, args.level),
@@ -78,6 +71,16 @@ def job_from_args(args: argparse.Namespace) -> SegmentJob:
         blend=args.blend,
         output_format=args.output_format,
         pyramid=args.pyramid,
+    )
+
+
+def model_from_args(args: argparse.Namespace) -> Any:
+    """The network file with the ONNX options given (a Network or an OnnxModel)."""
+    from znni.model.loading import load_model
+
+    return load_model(
+        args.network, args.weights, output_name=args.output_name, scale=args.scale,
+        shift=args.shift,
     )
 
 

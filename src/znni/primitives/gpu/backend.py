@@ -34,22 +34,18 @@ from znni.primitives.gpu.layers import (
     resolve_primitive,
     upload_params,
 )
-from znni.primitives.gpu.streaming import Chunk, batch_chunks, stream_bytes, stream_chunks
+from znni.primitives.gpu.streaming import (
+    Chunk,
+    batch_chunks,
+    chunk_sizes,
+    stream_bytes,
+    stream_chunks,
+)
 from znni.primitives.gpu.workspace import Workspace
 from znni.primitives.reference import maxpool_reference
 
 Shape = tuple[int, ...]
 MAX_FFT_BATCH_BYTES = 64 * 2**20
-
-
-def _sub_batches(total: int) -> list[int]:
-    """Candidate sub-batch sizes, largest first, each giving a distinct chunk count."""
-    sizes: list[int] = []
-    for n in range(1, total + 1):
-        size = ceil(total / n)
-        if not sizes or size < sizes[-1]:
-            sizes.append(size)
-    return sizes
 
 
 class GpuBackend:
@@ -174,7 +170,7 @@ class GpuBackend:
     def _largest_fit(self, total: int, need: Any) -> int | None:
         """Largest sub-batch `sub` with need(sub, chunks) within the free device memory."""
         free = self._free_bytes()
-        for sub in _sub_batches(total):
+        for sub in chunk_sizes(total):
             if need(sub, ceil(total / sub)) <= free:
                 return sub
         return None
@@ -245,7 +241,7 @@ class GpuBackend:
         out_shape = dop.out_shape(x.shape)
         factor = dop.batch_factor
         chunk_bytes = None
-        for g in _sub_batches(c):
+        for g in chunk_sizes(c):
             sh = (1, g, *x.shape[2:])
             n = s * ceil(c / g)
             need = self._segment_bytes([dop], sh, n)
@@ -309,7 +305,7 @@ class GpuBackend:
     def _conv_fit(self, dop: DeviceOp, shape: Shape) -> tuple[int, int] | None:
         """(sub-batch, output channels per group) that fit, fewest groups first."""
         cout = dop.op.out_channels  # type: ignore[union-attr]
-        for g in _sub_batches(cout):
+        for g in chunk_sizes(cout):
 
             def need(sub: int, n: int, g: int = g) -> int:
                 sh = (sub, *shape[1:])

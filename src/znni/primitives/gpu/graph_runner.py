@@ -10,7 +10,7 @@ channels (graph_split.py), each written into its part of the host result.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from math import ceil, prod
+from math import prod
 from typing import Any
 
 import numpy as np
@@ -24,19 +24,10 @@ from znni.primitives.gpu.graph_split import (
     out_shape,
     workspace_bytes,
 )
+from znni.primitives.gpu.streaming import chunk_sizes
 
 Range = tuple[int, int]
 Chunk = tuple[Range, Range]  # (samples, output channels)
-
-
-def _sizes(total: int) -> list[int]:
-    """Chunk sizes, largest first, each giving a distinct number of chunks."""
-    sizes: list[int] = []
-    for n in range(1, total + 1):
-        size = ceil(total / n)
-        if not sizes or size < sizes[-1]:
-            sizes.append(size)
-    return sizes
 
 
 class GraphOps:
@@ -82,11 +73,11 @@ class GraphOps:
         channels per chunk; ValueError when even one sample of the smallest part does not."""
         free = self.device.memory_cap_bytes - self.device.in_use_bytes
         unit = channel_unit(op, p, out)
-        for per in _sizes(out[1]):
+        for per in chunk_sizes(out[1]):
             ranges = channel_ranges(out[1], unit, per)
             if ranges is None:
                 continue
-            for sub in _sizes(out[0]):
+            for sub in chunk_sizes(out[0]):
                 need = max(
                     self._bytes(op, *chunk_inputs(op, p, xs, (0, sub), c))[0] for c in ranges
                 )

@@ -14,13 +14,24 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from math import prod
+from math import ceil, prod
 from typing import Any
 
 import numpy as np
 
 from znni.primitives.gpu.device import Device
 from znni.primitives.gpu.workspace import Workspace
+
+
+def chunk_sizes(total: int) -> list[int]:
+    """Candidate chunk sizes for `total` items, largest first, each giving a distinct
+    number of chunks (the sub-batches and channel groups tried under a memory cap)."""
+    sizes: list[int] = []
+    for n in range(1, total + 1):
+        size = ceil(total / n)
+        if not sizes or size < sizes[-1]:
+            sizes.append(size)
+    return sizes
 
 Index = tuple[slice, ...]
 
