@@ -105,3 +105,20 @@ def test_plan_for_a_network(server) -> None:
             "/v1/plan", json={"network": "tiny", "memory_limit_bytes": 2**20, "device": "cpu"}
         )
         assert r.status_code == 422 and "fits in 1,048,576 bytes" in r.json()["detail"]
+
+
+def test_preview_of_a_finished_job_is_a_png(server, site) -> None:
+    with server.client() as client:
+        r = client.post("/v1/jobs", json={"network": "tiny", "input": "small.zarr",
+                                          "output": "out/preview.zarr"})
+        assert r.status_code == 201, r.text
+        job_id = r.json()["id"]
+        wait_job(client, job_id, ("succeeded",))
+        png = client.get(f"/v1/jobs/{job_id}/preview.png", params={"axis": "y", "index": 6})
+        assert png.status_code == 200, png.text
+        assert png.headers["content-type"] == "image/png"
+        assert png.content[:8] == b"\x89PNG\r\n\x1a\n" and len(png.content) > 1000
+        bad = client.get(f"/v1/jobs/{job_id}/preview.png", params={"index": 99})
+        assert bad.status_code == 422 and "99" in bad.json()["detail"]
+        missing = client.get("/v1/jobs/999999/preview.png")
+        assert missing.status_code == 404

@@ -29,6 +29,7 @@ EXPECTED = [
     "GET /v1/jobs",
     "GET /v1/jobs/{job_id}",
     "POST /v1/jobs/{job_id}/cancel",
+    "GET /v1/jobs/{job_id}/preview.png",
     "GET /v1/networks",
     "GET /v1/networks/{name}",
     "POST /v1/plan",

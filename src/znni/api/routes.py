@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -41,6 +41,7 @@ from znni.api.security import token_matches
 from znni.api.views import JobJsonCache, job_read
 from znni.jobs.catalogue import NetworkCatalogue, UnknownNetworkError, describe
 from znni.jobs.events import log_event
+from znni.jobs.paths import relative_to_root
 from znni.jobs.settings import Settings
 from znni.jobs.store import JobStore, OutputBusyError
 from znni.jobs.submission import check_submission
@@ -183,6 +184,42 @@ def _cancel_job(job_id: int, state: ServerState) -> JobRead:
     if before.status != "cancelled":
         log_event("job.cancel_requested", job_id, status=record.status)
     return job_read(record, state.settings.data_root)
+
+
+@router.get(
+    "/jobs/{job_id}/preview.png",
+    response_class=Response,
+    responses={200: {"content": {"image/png": {}}, "description": "a PNG of one slice"}},
+)
+async def job_preview(
+    job_id: JobId,
+    state: StateDep,
+    axis: Annotated[Literal["z", "y", "x"], Query()] = "z",
+    index: Annotated[int | None, Query(ge=0, le=2**31)] = None,
+) -> Response:
+    """One slice of a running or finished job's output over its input (done blocks only
+    hold values; the rest read as zero). Rendering runs in the thread pool."""
+    return await run_in_threadpool(_job_preview, job_id, state, axis, index)
+
+
+def _job_preview(job_id: int, state: ServerState, axis: str, index: int | None) -> Response:
+    from znni.engine.preview import preview_png
+
+    record = state.store.get(job_id)
+    if record is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no job with id {job_id}")
+    if record.status not in ("running", "succeeded") and record.started_at is None:
+        raise HTTPException(status.HTTP_409_CONFLICT,
+                            detail=f"job {job_id} is {record.status} and has no output yet")
+    try:
+        png = preview_png(record.output_path, axis, index)
+    except FileNotFoundError as e:  # started, but no output array yet
+        detail = relative_to_root(state.settings.data_root, str(e))
+        raise HTTPException(status.HTTP_409_CONFLICT, detail=detail) from e
+    except ValueError as e:  # e.g. a slice index outside the volume
+        detail = relative_to_root(state.settings.data_root, str(e))
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=detail) from e
+    return Response(png, media_type="image/png")
 
 
 @router.get("/networks", response_model=NetworkList)

@@ -77,6 +77,17 @@ def read_slice(output_path: str, axis: str = "z", index: int | None = None) -> S
 def render_preview(output_path: str, png_path: str, axis: str = "z",
                    index: int | None = None) -> str:
     """Write the PNG of one slice (default: the middle z) to `png_path`; returns the path."""
+    png = preview_png(output_path, axis, index)
+    Path(png_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(png_path).write_bytes(png)
+    return png_path
+
+
+def preview_png(output_path: str, axis: str = "z", index: int | None = None) -> bytes:
+    """The PNG bytes of one slice, the output drawn over the input (blocks not yet done
+    read as the output's fill value, zero)."""
+    from io import BytesIO
+
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -97,9 +108,9 @@ def render_preview(output_path: str, png_path: str, axis: str = "z",
     ax.set_xlabel(cols)
     ax.set_ylabel(rows)
     ax.set_title(_title(output_path, s, rows, cols), fontsize=9)
-    Path(png_path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png_path, format="png")
-    return png_path
+    buf = BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
 
 
 def default_png(output_path: str, axis: str, index: int) -> str:
