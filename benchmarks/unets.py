@@ -12,6 +12,8 @@ sigma_scale=0.125)` on the same volume in memory with torch on all cores. Runs
 alternate; medians of `--reps`. Also per window (one W^3 window, medians of 5,
 alternated): znni's graph executor, PyTorch eager and onnxruntime, all on all cores.
 The outputs are compared (max relative difference) so a fast wrong run shows.
+Also the same windows and blending (engine.windows) driven through onnxruntime and
+OpenVINO, one whole window per call, where they are installed.
 """
 
 from __future__ import annotations
@@ -62,6 +64,41 @@ def run_monai(model, vol: np.ndarray, window: int, overlap: float) -> tuple[floa
         y = sliding_window_inference(x, (window,) * 3, 1, model, overlap=overlap,
                                      mode="gaussian", sigma_scale=0.125)
     return time.perf_counter() - t0, y[0].numpy()
+
+
+def runtime_predictors(onnx_path: Path) -> dict[str, object]:
+    """Whole-window predictors of the ONNX file in other runtimes (those installed)."""
+    out: dict[str, object] = {}
+    try:
+        import onnxruntime as ort
+
+        session = ort.InferenceSession(str(onnx_path))
+        out["onnxruntime"] = lambda x: session.run(None, {"x": x})[0]
+    except ImportError:
+        pass
+    try:
+        import openvino as ov
+
+        compiled = ov.Core().compile_model(str(onnx_path), "CPU")
+        out["openvino"] = lambda x: compiled(x)[0]
+    except ImportError:
+        pass
+    return out
+
+
+def run_runtime(predict, vol: np.ndarray, window: int, overlap: float) -> float:  # type: ignore[no-untyped-def]
+    """The same windows and blending as znni (engine.windows), each window by `predict`."""
+    from znni.engine.windows import WindowGrid, blend_box, read_window_input
+
+    x = (vol[None].astype(np.float32) / 255)  # (1, Z, Y, X)
+    grid = WindowGrid.for_volume(vol.shape, (window,) * 3, overlap)
+    t0 = time.perf_counter()
+
+    def run_window(start):  # type: ignore[no-untyped-def]
+        return predict(read_window_input(x, grid, start)[None])[0]
+
+    blend_box(grid, (0, 0, 0), vol.shape, run_window, "gaussian", 2)
+    return time.perf_counter() - t0
 
 
 def per_window(model, onnx_path: Path, window: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
@@ -115,10 +152,14 @@ def main() -> None:
         zarr.create_array(inp, data=vol, chunks=(64, 64, 64))
         out = folder / "out.zarr"
         z_times, m_times = [], []
+        others = runtime_predictors(onnx_path)
+        o_times: dict[str, list[float]] = {k: [] for k in others}
         for _ in range(args.reps):
             z_times.append(run_znni(onnx_path, inp, out, args.window, args.overlap))
             t, ref = run_monai(model, vol, args.window, args.overlap)
             m_times.append(t)
+            for name, predict in others.items():
+                o_times[name].append(run_runtime(predict, vol, args.window, args.overlap))
         got = zarr.open_array(str(out), mode="r")[:]
         err = float(np.abs(got - ref).max() / max(1.0, float(np.abs(ref).max())))
         w = per_window(model, onnx_path, args.window)
@@ -128,6 +169,10 @@ def main() -> None:
           f"{args.overlap}, gaussian; {os.cpu_count()} cores; medians of {args.reps}")
     print(f"znni segment (end to end)      {zm:8.2f} s  {vox / zm:12,.0f} voxels/s")
     print(f"MONAI sliding_window_inference {mm:8.2f} s  {vox / mm:12,.0f} voxels/s")
+    for name, ts in o_times.items():
+        t = statistics.median(ts)
+        print(f"{name + ' (same windows, blend)':30s} {t:8.2f} s  {vox / t:12,.0f} voxels/s"
+              f"   znni / {name}: {t / zm:.2f}x")
     print(f"znni / MONAI speed: {mm / zm:.2f}x   max relative difference {err:.1e}")
     print(f"one {args.window}^3 window: znni {w['znni']:.3f} s, torch {w['torch']:.3f} s, "
           f"onnxruntime {w['onnxruntime']:.3f} s (torch/znni {w['torch'] / w['znni']:.2f}, "
