@@ -79,15 +79,19 @@ def runtime_predictors(onnx_path: Path) -> dict[str, object]:
     try:
         import openvino as ov
 
-        compiled = ov.Core().compile_model(str(onnx_path), "CPU")
+        # f32: OpenVINO's CPU default may compute in bf16 (relative errors ~2e-3 here)
+        compiled = ov.Core().compile_model(
+            str(onnx_path), "CPU", {"INFERENCE_PRECISION_HINT": "f32"}
+        )
         out["openvino"] = lambda x: compiled(x)[0]
     except ImportError:
         pass
     return out
 
 
-def run_runtime(predict, vol: np.ndarray, window: int, overlap: float) -> float:  # type: ignore[no-untyped-def]
-    """The same windows and blending as znni (engine.windows), each window by `predict`."""
+def run_runtime(predict, vol: np.ndarray, window: int, overlap: float) -> tuple[float, np.ndarray]:  # type: ignore[no-untyped-def]
+    """The same windows and blending as znni (engine.windows), each window by `predict`:
+    (seconds, output)."""
     from znni.engine.windows import WindowGrid, blend_box, read_window_input
 
     x = (vol[None].astype(np.float32) / 255)  # (1, Z, Y, X)
@@ -97,8 +101,8 @@ def run_runtime(predict, vol: np.ndarray, window: int, overlap: float) -> float:
     def run_window(start):  # type: ignore[no-untyped-def]
         return predict(read_window_input(x, grid, start)[None])[0]
 
-    blend_box(grid, (0, 0, 0), vol.shape, run_window, "gaussian", 2)
-    return time.perf_counter() - t0
+    y = blend_box(grid, (0, 0, 0), vol.shape, run_window, "gaussian", 2)
+    return time.perf_counter() - t0, y
 
 
 def per_window(model, onnx_path: Path, window: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
@@ -154,12 +158,15 @@ def main() -> None:
         z_times, m_times = [], []
         others = runtime_predictors(onnx_path)
         o_times: dict[str, list[float]] = {k: [] for k in others}
+        o_err: dict[str, float] = {}
         for _ in range(args.reps):
             z_times.append(run_znni(onnx_path, inp, out, args.window, args.overlap))
             t, ref = run_monai(model, vol, args.window, args.overlap)
             m_times.append(t)
             for name, predict in others.items():
-                o_times[name].append(run_runtime(predict, vol, args.window, args.overlap))
+                t_other, y_other = run_runtime(predict, vol, args.window, args.overlap)
+                o_times[name].append(t_other)
+                o_err[name] = float(np.abs(y_other - ref).max() / max(1.0, np.abs(ref).max()))
         got = zarr.open_array(str(out), mode="r")[:]
         err = float(np.abs(got - ref).max() / max(1.0, float(np.abs(ref).max())))
         w = per_window(model, onnx_path, args.window)
@@ -172,7 +179,7 @@ def main() -> None:
     for name, ts in o_times.items():
         t = statistics.median(ts)
         print(f"{name + ' (same windows, blend)':30s} {t:8.2f} s  {vox / t:12,.0f} voxels/s"
-              f"   znni / {name}: {t / zm:.2f}x")
+              f"   znni / {name}: {t / zm:.2f}x, max rel. diff {o_err[name]:.1e}")
     print(f"znni / MONAI speed: {mm / zm:.2f}x   max relative difference {err:.1e}")
     print(f"one {args.window}^3 window: znni {w['znni']:.3f} s, torch {w['torch']:.3f} s, "
           f"onnxruntime {w['onnxruntime']:.3f} s (torch/znni {w['torch'] / w['znni']:.2f}, "

@@ -38,7 +38,7 @@ def test_every_fast_conv_gets_a_primitive_and_the_peak_counts_lifetimes(model) -
     graph = model.graph((32, 32, 32))
     plan = plan_graph(graph, machine)
     for node, p in zip(graph.nodes, plan.nodes, strict=True):
-        assert (p.primitive in CPU_CONV_PRIMITIVES) == fast_conv(node)
+        assert (p.primitive in (*CPU_CONV_PRIMITIVES, "openvino")) == fast_conv(node)
         assert p.predicted_s > 0
     assert plan.predicted_window_s == pytest.approx(sum(n.predicted_s for n in plan.nodes))
     biggest = max(n.workspace_bytes for n in plan.nodes)
@@ -47,7 +47,8 @@ def test_every_fast_conv_gets_a_primitive_and_the_peak_counts_lifetimes(model) -
 
 def test_a_tight_limit_drops_kept_spectra_and_then_refuses(model) -> None:
     ci = MachineProfile.load("ci-2core")  # with slow GEMMs, so FFTs (and kept spectra) win
-    machine = replace(ci, cpu_rates={**ci.cpu_rates, "direct_flops_per_s": 1e8})
+    slow = {"direct_flops_per_s": 1e8, "openvino_flops_per_s": 1e8}
+    machine = replace(ci, cpu_rates={**ci.cpu_rates, **slow})
     graph = model.graph((64, 64, 64))
     roomy = plan_graph(graph, machine, 2**34)
     tensors = graph.peak_tensor_bytes()
@@ -81,7 +82,10 @@ def test_the_executor_runs_the_planned_primitives(model) -> None:
     with pytest.raises(ValueError, match="unknown CPU conv primitive 'nope'"):
         run_graph(graph, x, make_backend("cpu"), {conv: "nope"})
     ref = run_graph(graph, x, make_backend("reference"))
-    for prim in CPU_CONV_PRIMITIVES:
+    from znni.primitives.cpu.openvino_conv import openvino_available
+
+    extra = ("openvino",) if openvino_available() else ()
+    for prim in (*CPU_CONV_PRIMITIVES, *extra):
         prims = {n.name: prim for n in graph.nodes if fast_conv(n)}
         got = run_graph(graph, x, make_backend("cpu"), prims)
         assert np.abs(got - ref).max() <= 1e-4 * max(1.0, np.abs(ref).max())

@@ -17,7 +17,7 @@ from math import prod
 from znni.model.graph import Graph, Node
 from znni.model.network import FLOAT_BYTES, LayerShape
 from znni.planner.costs import CPU_CONV_PRIMITIVES, Work, cpu_seconds, layer_seconds
-from znni.planner.machine import MachineProfile
+from znni.planner.machine import DEFAULT_CPU_RATES, MachineProfile
 from znni.planner.memory import conv_workspace_bytes, kernel_spectra_bytes
 
 GEMM_OPS = ("conv", "conv_transpose")  # general convs run as GEMMs over kernel offsets
@@ -26,6 +26,7 @@ NODE_OVERHEAD_S = 5e-5  # Python dispatch and one allocation per node
 # ~1/2.75 of the calibrated direct-conv GEMM rate (MONAI UNet 64^3 per-op breakdown, this
 # machine kind, 2026-11-23; see docs/benchmarks.md "Graph planner")
 GENERAL_GEMM_SLOWDOWN = 2.75
+OPENVINO_CALL_S = 5e-4  # per call: input copy in, blocked reorders, output copy out
 
 
 @dataclass(frozen=True)
@@ -103,11 +104,28 @@ def _conv_options(
             spectra = kernel_spectra_bytes(layer) if prim == "fft-keep" else 0
             if tensors + spectra + work <= limit:
                 options.append((layer_seconds(layer, prim, machine), work, spectra, prim))
+        if openvino_ready():
+            work = layer.in_bytes + layer.out_bytes  # its blocked copies of input and output
+            if tensors + work <= limit:
+                options.append((openvino_seconds(layer, machine), work, 0, "openvino"))
         if not options:
             raise ValueError(f"no conv primitive for node {node.name!r} fits in {limit:,} bytes "
                              f"beside the window's {tensors:,} bytes of tensors")
         out[i] = sorted(options)
     return out
+
+
+def openvino_ready() -> bool:
+    """The optional OpenVINO conv primitive can run in this environment."""
+    from znni.primitives.cpu.openvino_conv import openvino_available
+
+    return openvino_available()
+
+
+def openvino_seconds(layer: LayerShape, machine: MachineProfile) -> float:
+    """Multiply-adds at the OpenVINO conv rate, plus a fixed cost per call."""
+    rate = machine.cpu_rates.get("openvino_flops_per_s", DEFAULT_CPU_RATES["openvino_flops_per_s"])
+    return layer.direct_flops / rate + OPENVINO_CALL_S
 
 
 def _peak(tensors: int, picks: dict[int, tuple[float, int, int, str]]) -> int:

@@ -24,6 +24,10 @@ DEFAULT_CPU_RATES: dict[str, float] = {
     "madd_flops_per_s": 60e9,  # complex frequency-domain matmul, compute-bound (S > 1)
     "madd_bytes_per_s": 15e9,  # the same, memory-bound at S = 1 (spectra read once)
     "direct_flops_per_s": 40e9,  # direct conv as GEMMs
+    # one Conv3d compiled with OpenVINO 2026.4 at f32: 124-205 GFLOP/s alone (16-128
+    # channels, 8^3-64^3), ~100 inside U-Net windows (BasicUNet 64^3/96^3), CI kind,
+    # 2026-11-23; not calibrated per machine yet
+    "openvino_flops_per_s": 100e9,
     "gather_bytes_per_s": 30e9,  # direct conv: filling and reading the column buffers
     "memory_bytes_per_s": 10e9,  # element-wise passes: crop, bias, activation, MPF
     "pack_bytes_per_s": 5e9,  # multiply-add: input spectra gathered per output-channel chunk

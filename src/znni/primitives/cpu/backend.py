@@ -28,6 +28,7 @@ from znni.primitives.cpu.fft_conv import (
     spectrum_shape,
 )
 from znni.primitives.cpu.fftw_plans import PlanCache
+from znni.primitives.cpu.openvino_conv import OpenVinoConvs, openvino_available
 from znni.primitives.cpu.pooling import maxpool, mpf
 from znni.primitives.cpu.spectra_cache import SpectraCache, spectra_key
 from znni.primitives.cpu.threads import warn_if_blas_forced
@@ -43,6 +44,7 @@ from znni.primitives.cpu.tiling import (
 from znni.primitives.fft_sizes import padded_shape
 
 CONV_PRIMITIVES = ("direct", "fft-keep", "fft-recompute")
+OPTIONAL_PRIMITIVES = ("openvino",)  # only when chosen explicitly (the graph planner)
 
 
 def usable_cores() -> int:
@@ -93,6 +95,7 @@ class CpuBackend:
         self.spectra = SpectraCache(spectra_cache_bytes)
         self.chooser = PrimitiveChooser(persist=persist_choices)
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="znni-cpu")
+        self._ov: OpenVinoConvs | None = None
         warn_if_blas_forced()
 
     def close(self) -> None:
@@ -112,9 +115,10 @@ class CpuBackend:
         x, weight, bias = self._check_conv(x, weight, bias)
         if primitive is None:
             primitive = self.choose(x, weight, bias, activation)
-        elif primitive not in CONV_PRIMITIVES:
+        elif primitive not in CONV_PRIMITIVES + OPTIONAL_PRIMITIVES:
             raise ValueError(
-                f"unknown CPU conv primitive {primitive!r}; expected one of {CONV_PRIMITIVES}"
+                f"unknown CPU conv primitive {primitive!r}; expected one of "
+                f"{CONV_PRIMITIVES + OPTIONAL_PRIMITIVES}"
             )
         return self._run(primitive, x, weight, bias, activation)
 
@@ -128,7 +132,18 @@ class CpuBackend:
     ) -> np.ndarray:
         if primitive == "direct":
             return direct_conv3d(self._pool, x, weight, bias, activation)
+        if primitive == "openvino":
+            return self._openvino().conv3d(x, weight, bias, activation)
         return self._run_fft(primitive == "fft-keep", x, weight, bias, activation)
+
+    def _openvino(self) -> OpenVinoConvs:
+        """The OpenVINO layer cache; ValueError naming the fix when it is not installed."""
+        if self._ov is None:
+            if not openvino_available():
+                raise ValueError("conv primitive 'openvino' needs the optional openvino "
+                                 "package: pip install openvino")
+            self._ov = OpenVinoConvs(self.threads)
+        return self._ov
 
     def _run_fft(
         self,

@@ -1,0 +1,46 @@
+"""The optional OpenVINO conv primitive against the naive reference (skipped without it)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from naive import close, naive_activation, naive_conv
+
+from znni.primitives.backends import make_backend
+from znni.primitives.base import Activation
+
+pytest.importorskip("openvino")
+
+
+@pytest.mark.parametrize("cin, cout, kernel, size, act", [
+    (1, 3, (3, 2, 4), (7, 9, 8), None),
+    (4, 5, (3, 3, 3), (9, 6, 11), "relu"),
+    (6, 2, (1, 3, 3), (5, 8, 7), "leaky_relu"),
+    (3, 4, (2, 2, 2), (6, 5, 9), "sigmoid"),
+    (2, 2, (1, 1, 1), (4, 3, 5), "elu"),
+])
+def test_openvino_conv_equals_naive(cin, cout, kernel, size, act) -> None:
+    rng = np.random.default_rng(cin * 10 + cout)
+    x = rng.standard_normal((2, cin, *size)).astype(np.float32)  # a batch of two
+    w = (rng.standard_normal((cout, cin, *kernel)) / np.sqrt(cin * np.prod(kernel))).astype(
+        np.float32)
+    b = rng.standard_normal(cout).astype(np.float32)
+    activation = Activation(act, 0.1) if act else None
+    got = make_backend("cpu").conv3d(x, w, b, activation, "openvino")
+    for s in range(2):
+        ref = naive_conv(x[s], w, b)
+        if act:
+            ref = naive_activation(ref, act, 0.1)
+        assert close(got[s], ref)
+
+
+def test_compiled_layers_are_reused_and_bounded() -> None:
+    from znni.primitives.cpu.openvino_conv import MAX_COMPILED, OpenVinoConvs
+
+    convs = OpenVinoConvs(threads=1)
+    x = np.ones((1, 1, 4, 4, 4), np.float32)
+    b = np.zeros(1, np.float32)
+    for i in range(MAX_COMPILED + 3):
+        w = np.full((1, 1, 1, 1, 1), float(i), np.float32)
+        assert convs.conv3d(x, w, b, None)[0, 0, 0, 0, 0] == i
+    assert len(convs._compiled) == MAX_COMPILED
