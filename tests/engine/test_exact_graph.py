@@ -105,3 +105,13 @@ def test_tile_off_the_grid_is_refused(setup, capsys) -> None:
     assert main(args) == 2
     assert "not on the grid" in capsys.readouterr().err
     assert not Path(out).exists()
+
+
+@pytest.mark.slow
+def test_dask_cluster_equals_the_whole_run(setup) -> None:
+    out = setup["tmp"] / "dask.zarr"
+    job = SegmentJob(setup["model"], setup["inp"], str(out), chunks=(5, 8, 8),
+                     block=(5, 16, 8), scheduler="local:2")
+    report = segment(job)
+    assert report.blocks_computed == report.blocks_total > 1
+    assert close(zarr.open_array(str(out))[...], _whole_run(setup, "reflect"))
