@@ -1,0 +1,259 @@
+"""Winograd minimal filtering F(m, 3) in 3D: valid cross-correlation with 3x3x3 kernels.
+
+Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks" (CVPR 2016): an output
+tile of m^3 voxels is Y = A^T [(G w G^T) . (B^T d B)] A applied on each axis, from an input
+tile d of alpha^3 voxels, alpha = m + 2. Summed over input channels, the element-wise
+products become alpha^3 independent (Cout x Cin) @ (Cin x T) GEMMs over T tiles: 216/64 =
+3.4 multiplies per output and input channel for F(4,3) instead of 27.
+
+The transforms follow the Toom-Cook construction (Lavin & Gray, sec. 4; the `wincnn`
+generator): with points p_j plus the point at infinity, G and A evaluate the kernel and
+output polynomials at the points, B^T is the transposed interpolation (inverse
+Vandermonde) matrix, the Lagrange denominators moved into G. F(4,3) uses the points
+0, 1, -1, 1/2, -2 (Barabasz, Anderson, Soodhalter & Gregg, "Error analysis and improving
+the accuracy of Winograd convolution for deep neural networks", ACM TOMS 2020): in float32
+with 32 channels and N(0,1) inputs, max|error| / max|ref| is 5e-6 there against 2.6e-5
+with 0, +-1, +-1/2 (both within the 1e-4 bound). F(2,3) uses 0, 1, -1.
+
+Layout: a chunk of tiles (one sample, a range of z-tile rows and y-tile rows, every x
+tile) is transformed axis by axis (x, then y, then z) as GEMMs with the 6x6 B^T on strided
+windows of the previous pass (x windows gathered first), ending in V (alpha^3, Cin, T);
+one batched matmul with the kernel transform U (alpha^3, Cout, Cin) gives M (alpha^3,
+Cout, T); three GEMMs with A^T give (m^3, Cout, T), which gets the bias and activation
+and is scattered into the output.
+Chunks hold about `chunk_bytes` of V + M, and run on the thread pool with BLAS
+single-threaded inside, like direct_conv.py. Inputs whose output is not a multiple of m
+on some axis are zero-padded (one copy of the input) and the output cropped (one copy).
+
+The kernel transform (8 ms for 128 x 128 channels) is cached in an LRU bounded in bytes,
+keyed by id(weight) and checked against a kept copy, so an in-place change is never stale.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from znni.primitives.activations import apply_activation
+from znni.primitives.base import Activation
+from znni.primitives.cpu.threads import blas_single_thread
+
+FLOAT_BYTES = 4
+CHUNK_BYTES = 2**23  # V (alpha^3, Cin, T) + M (alpha^3, Cout, T) per chunk of T tiles
+POINTS: dict[int, tuple[float, ...]] = {2: (0.0, 1.0, -1.0), 4: (0.0, 1.0, -1.0, 0.5, -2.0)}
+# kernel transforms kept (with a copy of their weight): every conv of a U-Net window comes
+# back each window, so the bound is bytes (BasicUNet(16..128): 52 MB), not a few entries
+CACHE_BYTES = 256 * 2**20
+SHORT_ROW = 16  # floats: shorter window rows are gathered before their B^T GEMM
+
+Chunk = tuple[int, int, int, int, int]  # (sample, z-tile 0, z-tile 1, y-tile 0, y-tile 1)
+
+_cache: OrderedDict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+@cache
+def transforms(m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(A^T (m, alpha), G (alpha, 3), B^T (alpha, alpha)) in float64 for F(m, 3)."""
+    if m not in POINTS:
+        raise ValueError(f"Winograd tile size m must be one of {sorted(POINTS)}, got {m}")
+    pts = np.array(POINTS[m])
+    alpha = m + 2
+
+    def evaluate(n: int) -> np.ndarray:  # (alpha, n): a degree n-1 polynomial at each point
+        e = np.zeros((alpha, n))
+        e[:-1] = pts[:, None] ** np.arange(n)
+        e[-1, -1] = 1.0  # the point at infinity: the leading coefficient
+        return e
+
+    denom = np.ones(alpha)
+    for j, p in enumerate(pts):
+        denom[j] = np.prod([p - q for i, q in enumerate(pts) if i != j])
+    g = evaluate(3) / denom[:, None]
+    bt = np.linalg.inv(evaluate(alpha)).T * denom[:, None]
+    return evaluate(m).T, g, bt
+
+
+def kernel_transform(weight: np.ndarray, m: int = 4) -> np.ndarray:
+    """U = G w G^T on each axis, (alpha^3, Cout, Cin) float32, computed in float64."""
+    _, g, _ = transforms(m)
+    cout, cin = int(weight.shape[0]), int(weight.shape[1])
+    u = np.tensordot(g, weight.astype(np.float64), axes=([1], [2]))  # (az, Cout, Cin, 3, 3)
+    u = np.tensordot(g, u, axes=([1], [3]))  # (ay, az, Cout, Cin, 3)
+    u = np.tensordot(g, u, axes=([1], [4]))  # (ax, ay, az, Cout, Cin)
+    u = u.transpose(2, 1, 0, 3, 4).reshape(-1, cout, cin)  # (A3, Cout, Cin)
+    return np.ascontiguousarray(u, dtype=np.float32)
+
+
+def cached_kernel_transform(weight: np.ndarray, m: int) -> np.ndarray:
+    """`kernel_transform`, reused while the same unchanged weight array comes back."""
+    key = (id(weight), m)
+    with _cache_lock:
+        hit = _cache.get(key)
+        if hit is not None and hit[0].shape == weight.shape and np.array_equal(hit[0], weight):
+            _cache.move_to_end(key)
+            return hit[1]
+    u = kernel_transform(weight, m)
+    with _cache_lock:
+        _cache[key] = (np.array(weight, copy=True), u)
+        while len(_cache) > 1 and _cached_bytes() > CACHE_BYTES:
+            _cache.popitem(last=False)
+    return u
+
+
+def _cached_bytes() -> int:
+    return sum(w.nbytes + u.nbytes for w, u in _cache.values())
+
+
+def _windows(a: np.ndarray, axis: int, count: int, alpha: int, m: int) -> np.ndarray:
+    """View of `a` with `axis` replaced by (count, alpha): overlapping windows at stride m."""
+    shape = a.shape[:axis] + (count, alpha) + a.shape[axis + 1 :]
+    st = a.strides
+    strides = st[:axis] + (m * st[axis], st[axis]) + st[axis + 1 :]
+    return as_strided(a, shape, strides, writeable=False)
+
+
+def _transform_axis(bt: np.ndarray, win: np.ndarray) -> np.ndarray:
+    """B^T along the window axis of `win` (B, t, alpha, L) -> (alpha', B, t, L). Short rows
+    (L < SHORT_ROW) are gathered first into one big GEMM: small per-window GEMMs cost 4x
+    more there (64^2 channels, tx = 8), while gathering costs 2x more on long rows."""
+    alpha = bt.shape[0]
+    out = np.empty((alpha, *win.shape[:2], win.shape[3]), np.float32)  # (alpha', B, t, L)
+    if win.shape[3] >= SHORT_ROW:
+        np.matmul(bt, win, out=out.transpose(1, 2, 0, 3))  # per-window GEMMs, no copy
+        return out
+    np.copyto(out.transpose(1, 2, 0, 3), win)  # (alpha, B, t, L) gathered windows
+    return np.matmul(bt, out.reshape(alpha, -1)).reshape(out.shape)
+
+
+def input_transform(slab: np.ndarray, bt: np.ndarray, m: int) -> np.ndarray:
+    """V = B^T d B on each axis of every tile of `slab` (Cin, tz*m+2, ty*m+2, tx*m+2)
+    -> (alpha^3, Cin, T), alpha order (z, y, x), tiles in (tz, ty, tx) order."""
+    alpha = m + 2
+    cin, zs, ys, xs = slab.shape
+    tz, ty, tx = (zs - 2) // m, (ys - 2) // m, (xs - 2) // m
+    g = np.empty((alpha, cin, zs, ys, tx), np.float32)  # (ax, Cin, zs, ys, tx)
+    np.copyto(g, _windows(slab, 3, tx, alpha, m).transpose(4, 0, 1, 2, 3))
+    p1 = np.matmul(bt, g.reshape(alpha, -1))  # (ax', Cin*zs*ys*tx)
+    del g
+    w1 = _windows(p1.reshape(alpha * cin * zs, ys, tx), 1, ty, alpha, m)  # (., ty, ay, tx)
+    p2 = _transform_axis(bt, w1)  # (ay', ax'*Cin*zs, ty, tx)
+    del p1, w1
+    w2 = _windows(p2.reshape(alpha * alpha * cin, zs, ty * tx), 1, tz, alpha, m)
+    v = _transform_axis(bt, w2)  # (az', ay'*ax'*Cin, tz, ty*tx)
+    return v.reshape(alpha**3, cin, tz * ty * tx)  # (A3, Cin, T), alpha order (z, y, x)
+
+
+def output_transform(mt: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Y = A^T M A on each axis: (alpha^3, Cout, T) -> (m^3, Cout, T), order (z, y, x)."""
+    m, alpha = at.shape
+    rest = mt.shape[1] * mt.shape[2]
+    y = np.matmul(at, mt.reshape(alpha, alpha * alpha * rest))  # (mz, ay*ax*Cout*T)
+    y = np.matmul(at, y.reshape(m, alpha, alpha * rest))  # (mz, my, ax*Cout*T)
+    y = np.matmul(at, y.reshape(m * m, alpha, rest))  # (mz*my, mx, Cout*T)
+    return y.reshape(m**3, mt.shape[1], mt.shape[2])  # (m^3, Cout, T)
+
+
+def chunks(s: int, tiles: tuple[int, int, int], per_chunk: int, workers: int) -> list[Chunk]:
+    """(sample, z0, z1, y0, y1) tile ranges of about `per_chunk` tiles, every x tile each,
+    halved while there are fewer than 2 per worker and more than one tile row to split."""
+    tz, ty, tx = tiles
+    per_chunk = max(1, per_chunk)
+    if ty * tx <= per_chunk:
+        zb, yb = max(1, min(tz, per_chunk // (ty * tx))), ty
+    else:
+        zb, yb = 1, max(1, min(ty, per_chunk // tx))
+    while s * -(-tz // zb) * -(-ty // yb) < 2 * workers and (zb > 1 or yb > 1):
+        zb, yb = (zb // 2, yb) if zb > 1 else (zb, yb // 2)
+    return [(si, z0, min(tz, z0 + zb), y0, min(ty, y0 + yb))
+            for si in range(s) for z0 in range(0, tz, zb) for y0 in range(0, ty, yb)]
+
+
+def run_shared(
+    pool: ThreadPoolExecutor | None, items: list[Chunk], fn: Callable[[Chunk], None]
+) -> None:
+    """fn on every item, pulled from a shared queue by each pool worker (BLAS single-threaded
+    inside), so a busy core takes fewer; without a pool, in the calling thread."""
+    todo = iter(items)
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                item = next(todo, None)
+            if item is None:
+                return
+            fn(item)
+
+    if pool is None:
+        worker()
+        return
+    with blas_single_thread():
+        futures = [pool.submit(worker) for _ in range(min(pool._max_workers, len(items)))]
+        for f in futures:
+            f.result()
+
+
+def _check(x: np.ndarray, weight: np.ndarray, m: int) -> None:
+    if weight.ndim != 5 or tuple(weight.shape[2:]) != (3, 3, 3):
+        raise ValueError(f"Winograd conv takes 3x3x3 kernels only, got weight {weight.shape}")
+    if x.ndim != 5 or x.shape[1] != weight.shape[1] or min(x.shape[2:]) < 3:
+        raise ValueError(f"input {x.shape} does not fit weight {weight.shape}")
+    transforms(m)  # ValueError for an unsupported m
+
+
+def winograd_conv3d(
+    x: np.ndarray,
+    weight: np.ndarray,
+    bias: np.ndarray,
+    activation: Activation | None = None,
+    *,
+    pool: ThreadPoolExecutor | None = None,
+    m: int = 4,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> np.ndarray:
+    """Valid cross-correlation (S, Cin, n) x (Cout, Cin, 3, 3, 3) -> (S, Cout, n - 2), fused
+    bias/activation, float32. Chunks run on `pool` with BLAS single-threaded inside; with
+    no pool, in the calling thread (BLAS threads left as they are)."""
+    _check(x, weight, m)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    weight = np.ascontiguousarray(weight, dtype=np.float32)
+    s, cin = int(x.shape[0]), int(x.shape[1])
+    cout = int(weight.shape[0])
+    out_size = tuple(int(n) - 2 for n in x.shape[2:])
+    tz, ty, tx = (-(-o // m) for o in out_size)
+    tiles = (tz, ty, tx)
+    pad = [t * m - o for t, o in zip(tiles, out_size, strict=True)]
+    if any(pad):
+        x = np.pad(x, [(0, 0), (0, 0)] + [(0, p) for p in pad])  # (S, Cin, t*m + 2 ...)
+    at, _, bt = (t.astype(np.float32) for t in transforms(m))
+    u = cached_kernel_transform(weight, m)  # (A3, Cout, Cin)
+    b2 = np.asarray(bias, dtype=np.float32).reshape(1, cout, 1)
+    out = np.empty((s, cout, *(t * m for t in tiles)), np.float32)  # (S, Cout, t*m ...)
+    tiled = out.reshape(s, cout, tz, m, ty, m, tx, m)  # a view
+    per_chunk = chunk_bytes // (FLOAT_BYTES * (m + 2) ** 3 * (cin + cout))
+    workers = pool._max_workers if pool is not None else 1
+
+    def run_chunk(c: Chunk) -> None:
+        si, z0, z1, y0, y1 = c
+        slab = x[si, :, z0 * m : z1 * m + 2, y0 * m : y1 * m + 2]  # (Cin, zs, ys, xs) a view
+        mt = np.matmul(u, input_transform(slab, bt, m))  # (A3, Cout, T)
+        y = output_transform(mt, at)  # (m^3, Cout, T)
+        del mt
+        y += b2
+        if activation is not None:
+            apply_activation(y, activation)
+        y7 = y.reshape(m, m, m, cout, z1 - z0, y1 - y0, tx)  # (mz, my, mx, Cout, tz, ty, tx)
+        tiled[si, :, z0:z1, :, y0:y1] = y7.transpose(3, 4, 0, 5, 1, 6, 2)
+
+    run_shared(pool, chunks(s, tiles, per_chunk, workers), run_chunk)
+    if any(pad):
+        oz, oy, ox = out_size
+        return np.ascontiguousarray(out[:, :, :oz, :oy, :ox])
+    return out

@@ -1,0 +1,126 @@
+"""Winograd F(4,3) / F(2,3) conv against float64 references (scipy and a plain einsum)."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from naive import naive_activation, naive_conv
+from numpy.lib.stride_tricks import sliding_window_view
+
+from znni.primitives.base import Activation
+from znni.primitives.cpu.winograd import chunks, transforms, winograd_conv3d
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with ThreadPoolExecutor(2) as p:
+        yield p
+
+
+def _scipy_ref(x, w, b):
+    return np.stack([naive_conv(x[i], w, b) for i in range(x.shape[0])])
+
+
+def _einsum_ref(x, w, b):
+    """float64 valid correlation via windows: (S, Cin, n) x (Cout, Cin, 3^3) -> (S, Cout, n-2)."""
+    win = sliding_window_view(x.astype(np.float64), (3, 3, 3), axis=(2, 3, 4))
+    out = np.einsum("sczyxijk,ocijk->sozyx", win, w.astype(np.float64), optimize=True)
+    return out + b.astype(np.float64)[None, :, None, None, None]
+
+
+def _rel_err(out, ref):
+    return float(np.abs(out - ref).max() / max(1.0, np.abs(ref).max()))
+
+
+def _layer(rng, s, cin, cout, size, dist="normal"):
+    x = rng.random((s, cin, *size)) if dist == "uniform" else rng.standard_normal((s, cin, *size))
+    w = rng.standard_normal((cout, cin, 3, 3, 3)) / np.sqrt(cin * 27)
+    b = rng.standard_normal(cout)
+    return x.astype(np.float32), w.astype(np.float32), b.astype(np.float32)
+
+
+@pytest.mark.parametrize("m", [2, 4])
+@pytest.mark.parametrize(
+    ("s", "cin", "cout", "out_size", "act"),
+    [
+        (2, 1, 3, (5, 7, 9), Activation("relu")),
+        (2, 16, 16, (13, 6, 11), Activation("leaky_relu", 0.1)),
+        (1, 32, 8, (9, 9, 9), Activation("tanh")),
+        (1, 3, 4, (1, 2, 3), None),  # smaller than one tile on every axis
+        (1, 2, 3, (6, 5, 66), Activation("elu")),  # long x rows: per-window B^T GEMMs
+    ],
+)
+def test_matches_scipy_with_bias_and_activation(pool, m, s, cin, cout, out_size, act):
+    rng = np.random.default_rng(cin * 100 + cout + m)
+    x, w, b = _layer(rng, s, cin, cout, tuple(o + 2 for o in out_size))
+    ref = _scipy_ref(x, w, b)
+    if act is not None:
+        ref = naive_activation(ref, act.kind, act.slope)
+    out = winograd_conv3d(x, w, b, act, pool=pool, m=m)
+    assert out.shape == (s, cout, *out_size) and out.dtype == np.float32
+    assert out.flags.c_contiguous
+    assert _rel_err(out, ref) <= 1e-4
+
+
+@pytest.mark.parametrize("dist", ["uniform", "normal"])
+@pytest.mark.parametrize(("cin", "cout"), [(128, 128), (64, 32)])
+def test_f43_accuracy_bound_on_unet_statistics(pool, dist, cin, cout):
+    rng = np.random.default_rng(cin + cout + len(dist))
+    x, w, b = _layer(rng, 1, cin, cout, (15, 14, 13), dist)
+    err = _rel_err(winograd_conv3d(x, w, b, pool=pool), _einsum_ref(x, w, b))
+    assert err <= 1e-4
+    assert err <= 2e-5  # the chosen points (0, +-1, 1/2, -2) keep a 5x margin
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 2**15, 2**30])  # tile rows, planes, everything
+def test_chunk_sizes_and_serial_run_agree(pool, chunk_bytes):
+    rng = np.random.default_rng(7)
+    x, w, b = _layer(rng, 2, 4, 5, (11, 14, 10))
+    ref = _scipy_ref(x, w, b)
+    for p in (pool, None):
+        out = winograd_conv3d(x, w, b, pool=p, chunk_bytes=chunk_bytes)
+        assert _rel_err(out, ref) <= 1e-5
+
+
+@pytest.mark.parametrize("per_chunk", [1, 5, 30, 10**6])
+def test_chunks_cover_every_tile_once(per_chunk):
+    s, tiles = 2, (3, 5, 4)
+    seen = np.zeros((s, *tiles[:2]), np.int32)
+    for si, z0, z1, y0, y1 in chunks(s, tiles, per_chunk, 2):
+        seen[si, z0:z1, y0:y1] += 1
+    assert (seen == 1).all()
+
+
+def test_kernel_transform_cache_sees_in_place_changes(pool):
+    rng = np.random.default_rng(3)
+    x, w, b = _layer(rng, 1, 3, 2, (8, 8, 8))
+    first = winograd_conv3d(x, w, b, pool=pool)
+    assert np.array_equal(first, winograd_conv3d(x, w, b, pool=pool))
+    w *= 2.0  # same array object, new values: the cached transform must not be reused
+    assert _rel_err(winograd_conv3d(x, w, b, pool=pool), _scipy_ref(x, w, b)) <= 1e-5
+
+
+def test_transforms_reproduce_1d_correlation():
+    rng = np.random.default_rng(0)
+    for m in (2, 4):
+        at, g, bt = transforms(m)
+        d, k = rng.standard_normal(m + 2), rng.standard_normal(3)
+        assert np.allclose(at @ ((g @ k) * (bt @ d)), np.correlate(d, k, "valid"), atol=1e-12)
+
+
+@pytest.mark.parametrize("kernel", [(1, 1, 1), (5, 5, 5), (3, 3, 1)])
+def test_other_kernels_are_refused(kernel):
+    x = np.zeros((1, 2, 8, 8, 8), np.float32)
+    w = np.zeros((2, 2, *kernel), np.float32)
+    with pytest.raises(ValueError, match="3x3x3"):
+        winograd_conv3d(x, w, np.zeros(2, np.float32))
+
+
+def test_bad_tile_size_and_shapes_are_refused():
+    x, w, b = np.zeros((1, 2, 8, 8, 8), np.float32), np.zeros((2, 2, 3, 3, 3)), np.zeros(2)
+    with pytest.raises(ValueError, match="tile size"):
+        winograd_conv3d(x, w, b, m=3)
+    with pytest.raises(ValueError, match="does not fit"):
+        winograd_conv3d(x[:, :1], w, b)
