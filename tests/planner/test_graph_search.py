@@ -38,7 +38,7 @@ def test_every_fast_conv_gets_a_primitive_and_the_peak_counts_lifetimes(model) -
     graph = model.graph((32, 32, 32))
     plan = plan_graph(graph, machine)
     for node, p in zip(graph.nodes, plan.nodes, strict=True):
-        assert (p.primitive in (*CPU_CONV_PRIMITIVES, "openvino")) == fast_conv(node)
+        assert (p.primitive in (*CPU_CONV_PRIMITIVES, "openvino", "winograd")) == fast_conv(node)
         assert p.predicted_s > 0
     assert plan.predicted_window_s == pytest.approx(sum(n.predicted_s for n in plan.nodes))
     biggest = max(n.workspace_bytes for n in plan.nodes)
@@ -47,7 +47,8 @@ def test_every_fast_conv_gets_a_primitive_and_the_peak_counts_lifetimes(model) -
 
 def test_a_tight_limit_drops_kept_spectra_and_then_refuses(model) -> None:
     ci = MachineProfile.load("ci-2core")  # with slow GEMMs, so FFTs (and kept spectra) win
-    slow = {"direct_flops_per_s": 1e8, "openvino_flops_per_s": 1e8}
+    slow = {"direct_flops_per_s": 1e8, "openvino_flops_per_s": 1e8,
+            "winograd_flops_per_s": 1e8}
     machine = replace(ci, cpu_rates={**ci.cpu_rates, **slow})
     graph = model.graph((64, 64, 64))
     roomy = plan_graph(graph, machine, 2**34)
@@ -89,3 +90,11 @@ def test_the_executor_runs_the_planned_primitives(model) -> None:
         prims = {n.name: prim for n in graph.nodes if fast_conv(n)}
         got = run_graph(graph, x, make_backend("cpu"), prims)
         assert np.abs(got - ref).max() <= 1e-4 * max(1.0, np.abs(ref).max())
+    cubic = {n.name: "winograd" for n in graph.nodes
+             if fast_conv(n) and n.params["weight"].shape[2:] == (3, 3, 3)}
+    assert cubic
+    got = run_graph(graph, x, make_backend("cpu"), cubic)
+    assert np.abs(got - ref).max() <= 1e-4 * max(1.0, np.abs(ref).max())
+    one = next(n.name for n in graph.nodes if fast_conv(n) and n.params["weight"].shape[2] == 1)
+    with pytest.raises(ValueError, match="3x3x3 kernels only"):
+        run_graph(graph, x, make_backend("cpu"), {one: "winograd"})

@@ -1,6 +1,7 @@
 """The planner for graph networks: per conv node a primitive, per window a time and a peak.
 
-For each stride-1 conv the fastest CPU primitive (direct, FFT kept, FFT recomputed)
+For each stride-1 conv the fastest CPU primitive (direct, FFT kept, FFT recomputed,
+Winograd F(4,3) for 3^3 kernels, and OpenVINO's conv where installed)
 whose workspace fits beside the tensors alive in the window, costed with the same
 calibrated model as sequential layers (costs.layer_seconds: ZNNi's FFT and direct
 work counts over this machine's rates). Other nodes are costed by the element-wise
@@ -27,6 +28,13 @@ NODE_OVERHEAD_S = 5e-5  # Python dispatch and one allocation per node
 # machine kind, 2026-11-23; see docs/benchmarks.md "Graph planner")
 GENERAL_GEMM_SLOWDOWN = 2.75
 OPENVINO_CALL_S = 5e-4  # per call: input copy in, blocked reorders, output copy out
+# Winograd F(4, 3) (primitives/cpu/winograd.py): tiles of 4^3 outputs from 6^3 inputs
+WINOGRAD_M, WINOGRAD_ALPHA3 = 4, 216
+# its axis passes stream V and M about 2.7 times at the element-wise rate (least squares with
+# winograd_flops_per_s on benchmarks/winograd.py's five U-Net layers, CI kind, 2026-11-23:
+# within 25% on four, 16 ms measured against 10 predicted on 128->128 at 16^3)
+WINOGRAD_PASSES = 2.7
+WINOGRAD_CHUNK_BYTES = 2**23  # V + M per chunk, one chunk per worker thread
 
 
 @dataclass(frozen=True)
@@ -104,6 +112,10 @@ def _conv_options(
             spectra = kernel_spectra_bytes(layer) if prim == "fft-keep" else 0
             if tensors + spectra + work <= limit:
                 options.append((layer_seconds(layer, prim, machine), work, spectra, prim))
+        if node.params["weight"].shape[2:] == (3, 3, 3):
+            work = winograd_workspace_bytes(layer, machine.cores)
+            if tensors + work <= limit:
+                options.append((winograd_seconds(layer, machine), work, 0, "winograd"))
         if openvino_ready():
             work = layer.in_bytes + layer.out_bytes  # its blocked copies of input and output
             if tensors + work <= limit:
@@ -123,9 +135,40 @@ def openvino_ready() -> bool:
 
 
 def openvino_seconds(layer: LayerShape, machine: MachineProfile) -> float:
-    """Multiply-adds at the OpenVINO conv rate, plus a fixed cost per call."""
+    """Multiply-adds at the OpenVINO conv rate, the copies of input and output into and
+    out of its blocked layout (read and written: few-channel layers are bound by them),
+    plus a fixed cost per call."""
     rate = machine.cpu_rates.get("openvino_flops_per_s", DEFAULT_CPU_RATES["openvino_flops_per_s"])
-    return layer.direct_flops / rate + OPENVINO_CALL_S
+    copies_bytes = 2 * (layer.in_bytes + layer.out_bytes)
+    return (layer.direct_flops / rate + copies_bytes / machine.rate("memory_bytes_per_s")
+            + OPENVINO_CALL_S)
+
+
+def winograd_tiles(layer: LayerShape) -> int:
+    """T: output tiles of 4^3 voxels over the batch (edges padded up to whole tiles)."""
+    return layer.batch_in * prod(-(-o // WINOGRAD_M) for o in layer.size_out)
+
+
+def winograd_seconds(layer: LayerShape, machine: MachineProfile) -> float:
+    """Lavin & Gray (CVPR 2016) work counts: 216 (Cout x Cin) @ (Cin x T) GEMMs, plus
+    the transforms' traffic over V (216, Cin, T) and M (216, Cout, T) float32."""
+    t = winograd_tiles(layer)
+    gemm_flops = 2.0 * WINOGRAD_ALPHA3 * layer.channels_in * layer.channels_out * t
+    moved_bytes = (WINOGRAD_PASSES * WINOGRAD_ALPHA3 * t
+                   * (layer.channels_in + layer.channels_out) * FLOAT_BYTES)
+    rate = machine.cpu_rates.get("winograd_flops_per_s",
+                                 DEFAULT_CPU_RATES["winograd_flops_per_s"])
+    return (gemm_flops / rate + moved_bytes / machine.rate("memory_bytes_per_s")
+            + machine.rate("layer_overhead_s"))
+
+
+def winograd_workspace_bytes(layer: LayerShape, cores: int) -> int:
+    """One chunk per worker, the cached kernel transform, and the padded input and
+    cropped output copies where an output side is not a multiple of 4."""
+    u_bytes = WINOGRAD_ALPHA3 * layer.channels_in * layer.channels_out * FLOAT_BYTES
+    ragged = any(o % WINOGRAD_M for o in layer.size_out)
+    copies = layer.in_bytes + layer.out_bytes if ragged else 0
+    return cores * WINOGRAD_CHUNK_BYTES + u_bytes + copies
 
 
 def _peak(tensors: int, picks: dict[int, tuple[float, int, int, str]]) -> int:

@@ -28,6 +28,10 @@ DEFAULT_CPU_RATES: dict[str, float] = {
     # channels, 8^3-64^3), ~100 inside U-Net windows (BasicUNet 64^3/96^3), CI kind,
     # 2026-11-23; not calibrated per machine yet
     "openvino_flops_per_s": 100e9,
+    # Winograd F(4,3): the alpha^3 = 216 batched (Cout, Cin) @ (Cin, T) GEMMs, fitted with
+    # planner/graph_search.WINOGRAD_PASSES on benchmarks/winograd.py's five U-Net layers
+    # (16-128 channels, 16^3-64^3 outputs, CI kind, 2026-11-23)
+    "winograd_flops_per_s": 75e9,
     "gather_bytes_per_s": 30e9,  # direct conv: filling and reading the column buffers
     "memory_bytes_per_s": 10e9,  # element-wise passes: crop, bias, activation, MPF
     "pack_bytes_per_s": 5e9,  # multiply-add: input spectra gathered per output-channel chunk

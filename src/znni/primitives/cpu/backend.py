@@ -41,10 +41,13 @@ from znni.primitives.cpu.tiling import (
     tile_geometry,
     tile_origins,
 )
+from znni.primitives.cpu.winograd import winograd_conv3d
 from znni.primitives.fft_sizes import padded_shape
 
 CONV_PRIMITIVES = ("direct", "fft-keep", "fft-recompute")
-OPTIONAL_PRIMITIVES = ("openvino",)  # only when chosen explicitly (the graph planner)
+# only when chosen explicitly (the graph planner): OpenVINO is an optional dependency,
+# Winograd F(4,3) runs 3x3x3 kernels only
+OPTIONAL_PRIMITIVES = ("openvino", "winograd")
 
 
 def usable_cores() -> int:
@@ -134,6 +137,8 @@ class CpuBackend:
             return direct_conv3d(self._pool, x, weight, bias, activation)
         if primitive == "openvino":
             return self._openvino().conv3d(x, weight, bias, activation)
+        if primitive == "winograd":
+            return winograd_conv3d(x, weight, bias, activation, pool=self._pool)
         return self._run_fft(primitive == "fft-keep", x, weight, bias, activation)
 
     def _openvino(self) -> OpenVinoConvs:
