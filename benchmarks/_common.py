@@ -56,3 +56,13 @@ def print_table(header: list[str], rows: list[list[str]]) -> None:
     print("-+-".join("-" * w for w in widths))
     for r in rows:
         print(" | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set (VmHWM, Linux). Unlike a child's ru_maxrss, which
+    counts the parent's pages at fork, it starts afresh at exec."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise OSError("no VmHWM in /proc/self/status (peak RSS needs Linux)")

@@ -1,39 +1,53 @@
 """U-Nets: whole `znni segment MODEL.onnx` vs MONAI sliding_window_inference, same run.
 
     .venv/bin/python benchmarks/unets.py [--size 128] [--window 64] [--overlap 0.25]
-                                         [--reps 3] [--features 16,16,32,64,128,16]
+        [--reps 3] [--features 16,16,32,64,128,16] [--memory-limit 8GiB] [--no-auto]
 
 MONAI `BasicUNet(features=...)` (instance norm, LeakyReLU, transposed-conv
 upsampling, padded 3^3 convs), exported to ONNX with dynamic spatial axes. A
 random uint8 volume of size^3 is written as Zarr; znni segments it end to end
 (reading, windows, blending, writing, ledger) and MONAI runs
 `sliding_window_inference(x, W, sw_batch_size=1, overlap, mode="gaussian",
-sigma_scale=0.125)` on the same volume in memory with torch on all cores. Runs
-alternate; medians of `--reps`. Also per window (one W^3 window, medians of 5,
-alternated): znni's graph executor, PyTorch eager and onnxruntime, all on all cores.
-The outputs are compared (max relative difference) so a fast wrong run shows.
-Also the same windows and blending (engine.windows) driven through onnxruntime and
-OpenVINO, one whole window per call, where they are installed.
+sigma_scale=0.125)` on the same volume in memory with torch on all cores. The
+same windows and blending (engine.windows) are also driven through onnxruntime and
+OpenVINO (f32), one whole window per call, where installed. Unless --no-auto, znni
+also runs with the window its planner picks (no --window).
+
+Every run is its own child process, so each reports its own peak RSS (VmHWM);
+runs alternate, medians of `--reps`. Outputs are compared with MONAI's (max relative
+difference) so a fast wrong run shows. Last, one W^3 window (medians
+of 5, alternated in this process): znni's graph executor with the planner's
+primitives, PyTorch eager, onnxruntime and OpenVINO.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import peak_rss_bytes  # noqa: E402
+
+RUNTIMES = ("onnxruntime", "openvino")
+
 
 def build(folder: Path, features: tuple[int, ...], window: int):  # type: ignore[no-untyped-def]
+    """The torch model (seeded), its ONNX export and its weights for the child runs."""
     import torch
     from monai.networks.nets import BasicUNet
 
     torch.manual_seed(0)
     model = BasicUNet(spatial_dims=3, in_channels=1, out_channels=2, features=features).eval()
+    torch.save(model.state_dict(), folder / "basicunet.pt")
     path = folder / "basicunet.onnx"
     torch.onnx.export(model, (torch.zeros(1, 1, window, window, window),), path,
                       input_names=["x"], dynamo=False,
@@ -41,60 +55,66 @@ def build(folder: Path, features: tuple[int, ...], window: int):  # type: ignore
     return model, path
 
 
-def run_znni(onnx_path: Path, inp: str, out: Path, window: int, overlap: float) -> float:
+def run_znni(folder: Path, window: int | None, overlap: float, limit: int) -> dict:
+    import zarr
+
     from znni.engine.job import SegmentJob
     from znni.engine.segment import segment
     from znni.model.loading import load_model
 
-    model = load_model(onnx_path, scale=1 / 255)
-    job = SegmentJob(model, inp, str(out), window=(window,) * 3, overlap=overlap,
-                     overwrite=True)
+    model = load_model(folder / "basicunet.onnx", scale=1 / 255)
+    out = folder / f"znni-{window or 'auto'}.zarr"
+    job = SegmentJob(model, str(folder / "in.zarr"), str(out), overwrite=True, overlap=overlap,
+                     window=(window,) * 3 if window else None, memory_limit_bytes=limit)
     t0 = time.perf_counter()
     segment(job, quiet=True)
-    return time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    arr = zarr.open_array(str(out), mode="r")
+    np.save(folder / f"znni-{window or 'auto'}.npy", arr[:])
+    chosen = arr.attrs["znni"]["window"]["window"]
+    return {"seconds": seconds, "window": chosen}
 
 
-def run_monai(model, vol: np.ndarray, window: int, overlap: float) -> tuple[float, np.ndarray]:  # type: ignore[no-untyped-def]
+def run_monai(folder: Path, features: tuple[int, ...], window: int, overlap: float) -> dict:
     import torch
     from monai.inferers import sliding_window_inference
+    from monai.networks.nets import BasicUNet
 
+    torch.set_num_threads(os.cpu_count() or 1)
+    model = BasicUNet(spatial_dims=3, in_channels=1, out_channels=2, features=features).eval()
+    model.load_state_dict(torch.load(folder / "basicunet.pt"))
+    vol = np.load(folder / "in.npy")
     x = torch.from_numpy(vol[None, None].astype(np.float32) / 255)
     t0 = time.perf_counter()
     with torch.inference_mode():
         y = sliding_window_inference(x, (window,) * 3, 1, model, overlap=overlap,
                                      mode="gaussian", sigma_scale=0.125)
-    return time.perf_counter() - t0, y[0].numpy()
+    seconds = time.perf_counter() - t0
+    np.save(folder / "monai.npy", y[0].numpy())
+    return {"seconds": seconds}
 
 
-def runtime_predictors(onnx_path: Path) -> dict[str, object]:
-    """Whole-window predictors of the ONNX file in other runtimes (those installed)."""
-    out: dict[str, object] = {}
-    try:
+def runtime_predictor(name: str, onnx_path: Path):  # type: ignore[no-untyped-def]
+    """One whole window through onnxruntime or OpenVINO (f32)."""
+    if name == "onnxruntime":
         import onnxruntime as ort
 
         session = ort.InferenceSession(str(onnx_path))
-        out["onnxruntime"] = lambda x: session.run(None, {"x": x})[0]
-    except ImportError:
-        pass
-    try:
-        import openvino as ov
+        return lambda x: session.run(None, {"x": x})[0]
+    import openvino as ov
 
-        # f32: OpenVINO's CPU default may compute in bf16 (relative errors ~2e-3 here)
-        compiled = ov.Core().compile_model(
-            str(onnx_path), "CPU", {"INFERENCE_PRECISION_HINT": "f32"}
-        )
-        out["openvino"] = lambda x: compiled(x)[0]
-    except ImportError:
-        pass
-    return out
+    # f32: OpenVINO's CPU default may compute in bf16 (relative errors ~2e-3 here)
+    compiled = ov.Core().compile_model(str(onnx_path), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    return lambda x: compiled(x)[0]
 
 
-def run_runtime(predict, vol: np.ndarray, window: int, overlap: float) -> tuple[float, np.ndarray]:  # type: ignore[no-untyped-def]
-    """The same windows and blending as znni (engine.windows), each window by `predict`:
-    (seconds, output)."""
+def run_runtime(folder: Path, name: str, window: int, overlap: float) -> dict:
+    """The same windows and blending as znni (engine.windows), each window by the runtime."""
     from znni.engine.windows import WindowGrid, blend_box, read_window_input
 
-    x = (vol[None].astype(np.float32) / 255)  # (1, Z, Y, X)
+    predict = runtime_predictor(name, folder / "basicunet.onnx")
+    vol = np.load(folder / "in.npy")
+    x = vol[None].astype(np.float32) / 255  # (1, Z, Y, X)
     grid = WindowGrid.for_volume(vol.shape, (window,) * 3, overlap)
     t0 = time.perf_counter()
 
@@ -102,37 +122,128 @@ def run_runtime(predict, vol: np.ndarray, window: int, overlap: float) -> tuple[
         return predict(read_window_input(x, grid, start)[None])[0]
 
     y = blend_box(grid, (0, 0, 0), vol.shape, run_window, "gaussian", 2)
-    return time.perf_counter() - t0, y
+    seconds = time.perf_counter() - t0
+    np.save(folder / f"{name}.npy", y)
+    return {"seconds": seconds}
 
 
-def per_window(model, onnx_path: Path, window: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    import onnxruntime as ort
+def child(args: argparse.Namespace) -> None:
+    folder, features = Path(args.folder), _features(args.features)
+    if args.child == "znni":
+        result = run_znni(folder, args.window, args.overlap, args.memory_limit_bytes)
+    elif args.child == "znni-auto":
+        result = run_znni(folder, None, args.overlap, args.memory_limit_bytes)
+    elif args.child == "monai":
+        result = run_monai(folder, features, args.window, args.overlap)
+    else:
+        result = run_runtime(folder, args.child, args.window, args.overlap)
+    print(json.dumps({**result, "rss_bytes": peak_rss_bytes()}))
+
+
+def spawn(name: str, folder: Path, args: argparse.Namespace) -> dict:
+    """One run in a child process: its result plus its peak RSS in bytes."""
+    cmd = [sys.executable, __file__, "--child", name, "--folder", str(folder),
+           "--window", str(args.window), "--overlap", str(args.overlap),
+           "--features", args.features, "--memory-limit", args.memory_limit]
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the {name} run failed (exit {done.returncode})")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def per_window(model, onnx_path: Path, window: int, limit: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
     import torch
 
-    from znni.engine.graph_forward import run_graph
+    from znni.engine.execution import planning_machine
+    from znni.engine.graph_forward import make_graph_backend, run_graph
     from znni.model.onnx_import import load_onnx
-    from znni.primitives.backends import make_backend
+    from znni.planner.graph_search import plan_graph
 
     x = np.random.default_rng(1).random((1, 1, window, window, window), dtype=np.float32)
-    graph, backend = load_onnx(onnx_path, (window,) * 3), make_backend("cpu")
-    session = ort.InferenceSession(str(onnx_path))
+    graph = load_onnx(onnx_path, (window,) * 3)
+    plan = plan_graph(graph, planning_machine(), limit)
+    backend = make_graph_backend("cpu", plan.spectra_bytes)
     tx = torch.from_numpy(x)
 
     def torch_run() -> None:
         with torch.inference_mode():
             model(tx)
 
-    runs = {"znni": lambda: run_graph(graph, x, backend), "torch": torch_run,
-            "onnxruntime": lambda: session.run(None, {"x": x})}
+    runs = {"znni": lambda: run_graph(graph, x, backend, plan.primitives), "torch": torch_run}
+    for name in RUNTIMES:
+        try:
+            predict = runtime_predictor(name, onnx_path)
+        except ImportError:
+            continue
+        runs[name] = lambda predict=predict: predict(x)
     times: dict[str, list[float]] = {k: [] for k in runs}
     for fn in runs.values():
-        fn()  # warm: plans, primitive choices, oneDNN kernels
+        fn()  # warm: plans, kernel transforms, oneDNN kernels
     for _ in range(5):
         for name, fn in runs.items():
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
+    out = {k: statistics.median(v) for k, v in times.items()}
+    out["predicted"] = plan.predicted_window_s
+    return out
+
+
+def _features(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in text.split(","))
+
+
+def _installed(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+def _rel(a: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.abs(a - ref).max() / max(1.0, float(np.abs(ref).max())))
+
+
+def measure(args: argparse.Namespace, folder: Path) -> tuple[dict, dict, object, Path]:
+    import zarr
+
+    model, onnx_path = build(folder, _features(args.features), args.window)
+    vol = np.random.default_rng(0).integers(0, 256, (args.size,) * 3).astype(np.uint8)
+    np.save(folder / "in.npy", vol)
+    zarr.create_array(str(folder / "in.zarr"), data=vol, chunks=(64, 64, 64))
+    names = ["znni", "monai", *(n for n in RUNTIMES if _installed(n))]
+    if args.auto:
+        names.append("znni-auto")
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    for _ in range(args.reps):
+        for name in names:
+            runs[name].append(spawn(name, folder, args))
+    ref = np.load(folder / "monai.npy")
+    files = {"znni": f"znni-{args.window}.npy", "znni-auto": "znni-auto.npy"}
+    errors = {n: _rel(np.load(folder / files.get(n, f"{n}.npy")), ref) for n in names}
+    return runs, errors, model, onnx_path
+
+
+def report(args: argparse.Namespace, runs: dict, errors: dict, window: dict) -> None:
+    vox, gib = args.size**3, 2**30
+    med = {n: statistics.median(r["seconds"] for r in rs) for n, rs in runs.items()}
+    rss = {n: max(r["rss_bytes"] for r in rs) for n, rs in runs.items()}
+    print(f"BasicUNet{_features(args.features)}, {args.size}^3 uint8, window {args.window}^3, "
+          f"overlap {args.overlap}, gaussian; {os.cpu_count()} cores; medians of {args.reps}; "
+          f"znni memory limit {args.memory_limit_bytes / gib:.1f} GiB")
+    print(f"{'run':32s} {'seconds':>8s} {'voxels/s':>12s} {'peak RSS':>9s} {'MONAI/run':>9s} "
+          f"{'max rel. diff vs MONAI':>22s}")
+    auto = runs.get("znni-auto", [{}])[0].get("window")
+    labels = {"znni": "znni segment (same window)", "monai": "MONAI sliding_window_inference",
+              "onnxruntime": "onnxruntime (same windows)",
+              "openvino": "OpenVINO f32 (same windows)", "znni-auto": f"znni (planner: {auto})"}
+    for name, t in med.items():
+        print(f"{labels[name]:32s} {t:8.2f} {vox / t:12,.0f} {rss[name] / gib:7.2f}Gi "
+              f"{med['monai'] / t:8.2f}x {errors[name]:22.1e}")
+    for name in (n for n in RUNTIMES if n in med):
+        print(f"znni / {name}: {med[name] / med['znni']:.2f}x (same windows)")
+    print(f"one {args.window}^3 window: " + ", ".join(
+        f"{k} {v:.3f} s" for k, v in window.items()) +
+        f"; torch/znni {window['torch'] / window['znni']:.2f}x")
 
 
 def main() -> None:
@@ -142,48 +253,22 @@ def main() -> None:
     ap.add_argument("--overlap", type=float, default=0.25)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--features", default="16,16,32,64,128,16")
+    ap.add_argument("--memory-limit", default="8GiB", help="znni's --memory-limit")
+    ap.add_argument("--no-auto", dest="auto", action="store_false",
+                    help="skip the run with the planner's window")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--folder", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    import torch
-    import zarr
+    from znni.engine.units import parse_bytes
 
-    torch.set_num_threads(os.cpu_count() or 1)
-    features = tuple(int(v) for v in args.features.split(","))
+    args.memory_limit_bytes = parse_bytes(args.memory_limit)
+    if args.child:
+        child(args)
+        return
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
-        model, onnx_path = build(folder, features, args.window)
-        vol = np.random.default_rng(0).integers(0, 256, (args.size,) * 3).astype(np.uint8)
-        inp = str(folder / "in.zarr")
-        zarr.create_array(inp, data=vol, chunks=(64, 64, 64))
-        out = folder / "out.zarr"
-        z_times, m_times = [], []
-        others = runtime_predictors(onnx_path)
-        o_times: dict[str, list[float]] = {k: [] for k in others}
-        o_err: dict[str, float] = {}
-        for _ in range(args.reps):
-            z_times.append(run_znni(onnx_path, inp, out, args.window, args.overlap))
-            t, ref = run_monai(model, vol, args.window, args.overlap)
-            m_times.append(t)
-            for name, predict in others.items():
-                t_other, y_other = run_runtime(predict, vol, args.window, args.overlap)
-                o_times[name].append(t_other)
-                o_err[name] = float(np.abs(y_other - ref).max() / max(1.0, np.abs(ref).max()))
-        got = zarr.open_array(str(out), mode="r")[:]
-        err = float(np.abs(got - ref).max() / max(1.0, float(np.abs(ref).max())))
-        w = per_window(model, onnx_path, args.window)
-    zm, mm = statistics.median(z_times), statistics.median(m_times)
-    vox = args.size**3
-    print(f"BasicUNet{features}, {args.size}^3 uint8, window {args.window}^3, overlap "
-          f"{args.overlap}, gaussian; {os.cpu_count()} cores; medians of {args.reps}")
-    print(f"znni segment (end to end)      {zm:8.2f} s  {vox / zm:12,.0f} voxels/s")
-    print(f"MONAI sliding_window_inference {mm:8.2f} s  {vox / mm:12,.0f} voxels/s")
-    for name, ts in o_times.items():
-        t = statistics.median(ts)
-        print(f"{name + ' (same windows, blend)':30s} {t:8.2f} s  {vox / t:12,.0f} voxels/s"
-              f"   znni / {name}: {t / zm:.2f}x, max rel. diff {o_err[name]:.1e}")
-    print(f"znni / MONAI speed: {mm / zm:.2f}x   max relative difference {err:.1e}")
-    print(f"one {args.window}^3 window: znni {w['znni']:.3f} s, torch {w['torch']:.3f} s, "
-          f"onnxruntime {w['onnxruntime']:.3f} s (torch/znni {w['torch'] / w['znni']:.2f}, "
-          f"onnxruntime/znni {w['onnxruntime'] / w['znni']:.2f})")
+        runs, errors, model, onnx_path = measure(args, Path(tmp))
+        window = per_window(model, onnx_path, args.window, args.memory_limit_bytes)
+    report(args, runs, errors, window)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from znni.engine.graph_choice import choose, plan_window
 from znni.engine.graph_forward import run_graph
 from znni.model.loading import load_model
 from znni.planner.costs import CPU_CONV_PRIMITIVES
-from znni.planner.graph_search import fast_conv, plan_graph
+from znni.planner.graph_search import conv_layer, fast_conv, plan_graph, winograd_bytes
 from znni.planner.machine import MachineProfile
 from znni.primitives.backends import make_backend
 
@@ -42,7 +42,10 @@ def test_every_fast_conv_gets_a_primitive_and_the_peak_counts_lifetimes(model) -
         assert p.predicted_s > 0
     assert plan.predicted_window_s == pytest.approx(sum(n.predicted_s for n in plan.nodes))
     biggest = max(n.workspace_bytes for n in plan.nodes)
-    assert plan.peak_bytes == graph.peak_tensor_bytes() + plan.spectra_bytes + biggest
+    kept = sum(winograd_bytes(conv_layer(graph, i, n), machine.cores)[1]
+               for i, (n, p) in enumerate(zip(graph.nodes, plan.nodes, strict=True))
+               if p.primitive == "winograd")
+    assert plan.peak_bytes == graph.peak_tensor_bytes() + plan.spectra_bytes + kept + biggest
 
 
 def test_a_tight_limit_drops_kept_spectra_and_then_refuses(model) -> None:

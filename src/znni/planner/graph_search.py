@@ -56,7 +56,8 @@ class GraphPlan:
     window: tuple[int, int, int]
     nodes: tuple[NodePlan, ...]
     predicted_window_s: float
-    peak_bytes: int  # live tensors at their peak, kept spectra, the largest conv workspace
+    peak_bytes: int  # live tensors at their peak, kept spectra and transforms, the largest
+    # conv workspace
     spectra_bytes: int = 0  # kernel spectra the fft-keep convs keep (the backend's cache bound)
 
     @property
@@ -99,7 +100,7 @@ def other_seconds(graph: Graph, node: Node, machine: MachineProfile) -> float:
 def _conv_options(
     graph: Graph, machine: MachineProfile, tensors: int, limit: int
 ) -> dict[int, list[tuple[float, int, int, str]]]:
-    """Per fast conv node index: (seconds, workspace, kept spectra, primitive) of each
+    """Per fast conv node index: (seconds, workspace, kept bytes, primitive) of each
     primitive whose workspace fits beside the window's tensors, fastest first."""
     out = {}
     for i, node in enumerate(graph.nodes):
@@ -113,9 +114,9 @@ def _conv_options(
             if tensors + spectra + work <= limit:
                 options.append((layer_seconds(layer, prim, machine), work, spectra, prim))
         if node.params["weight"].shape[2:] == (3, 3, 3):
-            work = winograd_workspace_bytes(layer, machine.cores)
-            if tensors + work <= limit:
-                options.append((winograd_seconds(layer, machine), work, 0, "winograd"))
+            work, kept = winograd_bytes(layer, machine.cores)
+            if tensors + kept + work <= limit:
+                options.append((winograd_seconds(layer, machine), work, kept, "winograd"))
         if openvino_ready():
             work = layer.in_bytes + layer.out_bytes  # its blocked copies of input and output
             if tensors + work <= limit:
@@ -162,17 +163,21 @@ def winograd_seconds(layer: LayerShape, machine: MachineProfile) -> float:
             + machine.rate("layer_overhead_s"))
 
 
-def winograd_workspace_bytes(layer: LayerShape, cores: int) -> int:
-    """One chunk per worker, the cached kernel transform, and the padded input and
-    cropped output copies where an output side is not a multiple of 4."""
+def winograd_bytes(layer: LayerShape, cores: int) -> tuple[int, int]:
+    """(workspace, kept) bytes. Workspace: per worker a chunk of V + M and the transforms'
+    intermediates (about as much again), and the padded input and cropped output copies
+    where an output side is not a multiple of 4. Kept across windows: the kernel transform
+    U (216, Cout, Cin) and the weight copy it is checked against (primitives/cpu/winograd)."""
+    w_bytes = 27 * layer.channels_in * layer.channels_out * FLOAT_BYTES
     u_bytes = WINOGRAD_ALPHA3 * layer.channels_in * layer.channels_out * FLOAT_BYTES
     ragged = any(o % WINOGRAD_M for o in layer.size_out)
     copies = layer.in_bytes + layer.out_bytes if ragged else 0
-    return cores * WINOGRAD_CHUNK_BYTES + u_bytes + copies
+    return cores * 2 * WINOGRAD_CHUNK_BYTES + copies, u_bytes + w_bytes
 
 
 def _peak(tensors: int, picks: dict[int, tuple[float, int, int, str]]) -> int:
-    """Kept spectra stay across windows, so every conv's workspace meets all of them."""
+    """Kept spectra and kernel transforms stay across windows, so every conv's workspace
+    meets all of them."""
     kept = sum(p[2] for p in picks.values())
     return tensors + kept + max((p[1] for p in picks.values()), default=0)
 
@@ -181,14 +186,15 @@ def plan_graph(
     graph: Graph, machine: MachineProfile, memory_limit_bytes: int | None = None
 ) -> GraphPlan:
     """Each fast conv's fastest primitive; while the steady-state peak (tensors, all kept
-    spectra, the largest workspace) is over the limit, the kept spectra that cost least
-    time per byte to give up are dropped. ValueError where nothing fits."""
+    spectra and transforms, the largest workspace) is over the limit, the kept bytes that
+    cost least time per byte to give up are dropped. ValueError where nothing fits."""
     tensors = graph.peak_tensor_bytes()
     limit = memory_limit_bytes if memory_limit_bytes is not None else machine.memory_bytes
     options = _conv_options(graph, machine, tensors, limit)
     picks = {i: opts[0] for i, opts in options.items()}
     while _peak(tensors, picks) > limit:
-        keeping = [i for i, p in picks.items() if p[2] and len(options[i]) > 1]
+        keeping = [i for i, p in picks.items()
+                   if p[2] and any(not o[2] for o in options[i])]
         if not keeping:
             raise ValueError(f"graph {graph.name!r} needs {_peak(tensors, picks):,} bytes per "
                              f"window, more than {limit:,}")
@@ -208,5 +214,5 @@ def plan_graph(
         network=graph.name, window=graph.window, nodes=tuple(plans),
         predicted_window_s=sum(n.predicted_s for n in plans),
         peak_bytes=_peak(tensors, picks),
-        spectra_bytes=sum(p[2] for p in picks.values()),
+        spectra_bytes=sum(p[2] for p in picks.values() if p[3] == "fft-keep"),
     )
