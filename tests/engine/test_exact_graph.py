@@ -115,3 +115,41 @@ def test_dask_cluster_equals_the_whole_run(setup) -> None:
     report = segment(job)
     assert report.blocks_computed == report.blocks_total > 1
     assert close(zarr.open_array(str(out))[...], _whole_run(setup, "reflect"))
+
+
+@pytest.mark.slow
+def test_sigkill_mid_run_then_rerun_computes_only_the_rest(setup) -> None:
+    """Killed with SIGKILL after a few blocks landed: the rerun computes each unfinished
+    block once, none of the recorded ones, and the result equals the whole-volume run."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from znni.engine.blockwork import TRACE_ENV
+    from znni.engine.ledger import read_ledger
+
+    tmp = setup["tmp"]
+    out, trace1, trace2 = tmp / "killed.zarr", tmp / "trace1", tmp / "trace2"
+    cmd = [sys.executable, "-m", "znni.cli", "segment", str(setup["path"]), setup["inp"],
+           str(out), "--scale", str(1 / 255), "--chunks", "5,8,8", "--block", "5,8,8",
+           "--quiet"]
+    env = {**os.environ, "ZNNI_BACKEND": "reference", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, env={**env, TRACE_ENV: str(trace1)})
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if len(read_ledger(str(out))[1]) >= 4:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.01)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    _, done = read_ledger(str(out))
+    total = 3 * 4 * 3  # blocks of 5x8x8 over 13x29x22
+    assert 4 <= len(done) < total
+    assert subprocess.run(cmd, env={**env, TRACE_ENV: str(trace2)}).returncode == 0
+    again = [line.split()[1] for line in trace2.read_text().splitlines()]
+    assert not set(again) & done and len(again) == len(set(again)) == total - len(done)
+    assert len(read_ledger(str(out))[1]) == total
+    assert close(zarr.open_array(str(out))[...], _whole_run(setup, "reflect"))

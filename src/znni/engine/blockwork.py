@@ -98,7 +98,7 @@ class BlockWorker:
             out[(slice(None), *box.slices())] = y
         keep = Box((0, 0, 0), block.write.shape)
         result = encode_output(out[(slice(None), *keep.slices())], self.spec.dtype)
-        _trace(block)
+        trace_block(block)
         return result
 
     def _forward(self, patches: Iterator[np.ndarray]) -> Iterator[np.ndarray]:
@@ -134,7 +134,8 @@ def _stacked(patches: Iterator[np.ndarray], batch: int) -> Iterator[np.ndarray]:
         yield np.concatenate(group)
 
 
-def _trace(block: Block) -> None:
+def trace_block(block: Block) -> None:
+    """Append "PID BLOCK" to $ZNNI_ENGINE_TRACE when set (tests count computed blocks)."""
     path = os.environ.get(TRACE_ENV)
     if path:
         with open(path, "a") as f:  # one short O_APPEND write: safe across processes

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from znni.engine.blockwork import trace_block
 from znni.engine.borders import read_with_border
 from znni.engine.geometry import Block, Box, Triple
 from znni.engine.graph_forward import make_graph_backend, run_graph
@@ -122,6 +123,7 @@ class ExactGraphWorker:
         keep = tuple(
             slice(block.write.lo[a] - origin[a], block.write.hi[a] - origin[a]) for a in range(3)
         )
+        trace_block(block)
         return encode_output(y[(slice(None), *keep)], self.spec.dtype)
 
     def _run(self, window: np.ndarray) -> np.ndarray:

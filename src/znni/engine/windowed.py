@@ -8,13 +8,12 @@ both (the price of exact, independent blocks; blocks are several windows wide).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from znni.engine.blockwork import BlockSpec, BlockWorker
+from znni.engine.blockwork import BlockSpec, BlockWorker, trace_block
 from znni.engine.exact_graph import ExactGraphSpec, ExactGraphWorker
 from znni.engine.geometry import Block, Box, Triple
 from znni.engine.graph_forward import make_graph_backend, run_graph
@@ -89,7 +88,7 @@ class WindowedWorker:
 
         mode: BlendMode = self.spec.blend  # type: ignore[assignment]
         out = blend_box(grid, block.write.lo, block.write.hi, run_window, mode, model.out_channels)
-        _trace(block)
+        trace_block(block)
         return encode_output(out, self.spec.dtype)
 
     def write(self, block: Block, values: np.ndarray) -> None:
@@ -114,13 +113,6 @@ def _window_input(x: np.ndarray, origin: Triple, start: Triple, grid: WindowGrid
     dst = tuple(slice(max(0, -lo[i]), max(0, -lo[i]) + part.shape[1 + i]) for i in range(3))
     out[(slice(None), *dst)] = part
     return out
-
-
-def _trace(block: Block) -> None:
-    path = os.environ.get("ZNNI_ENGINE_TRACE")
-    if path:
-        with open(path, "a") as f:
-            f.write(f"{os.getpid()} {block.key}\n")
 
 
 def check_window_options(overlap: float, blend: str) -> None:
