@@ -1,7 +1,10 @@
-"""The graph planner's predictions against measurements, on MONAI U-Nets exported to ONNX.
+"""The graph planner's predictions against measurements, on U-Nets exported to ONNX.
 
     .venv/bin/python benchmarks/graph_planner.py [--windows 64,96] [--reps 3]
                                                  [--limit 8GiB]
+
+MONAI's BasicUNet and UNet (windows 64^3 and 96^3) and benchmarks/valid_unet.py's
+valid U-Net (exact-mode tiles 92^3 and 132^3).
 
 For each network and window: the planner's per-window time and peak memory
 (planner.graph_search on this machine's calibrated profile; `znni plan` calibrates
@@ -27,9 +30,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import print_table  # noqa: E402
 
-NETWORKS = {
-    "BasicUNet(16,16,32,64,128,16)": ("basic", (16, 16, 32, 64, 128, 16)),
-    "UNet(16,32,64,128; res 2; batch)": ("unet", (16, 32, 64, 128)),
+NETWORKS = {  # label: (kind, features, windows when --windows is not given)
+    "BasicUNet(16,16,32,64,128,16)": ("basic", (16, 16, 32, 64, 128, 16), (64, 96)),
+    "UNet(16,32,64,128; res 2; batch)": ("unet", (16, 32, 64, 128), (64, 96)),
+    "valid U-Net(12,24,48) (exact)": ("valid", (12, 24, 48), (92, 132)),
 }
 
 
@@ -38,13 +42,18 @@ def export(kind: str, features: tuple[int, ...], folder: Path) -> Path:
     from monai.networks.nets import BasicUNet, UNet
 
     torch.manual_seed(0)
-    if kind == "basic":
+    if kind == "valid":  # benchmarks/valid_unet.py's funkelab-style network
+        from valid_unet import make_net
+
+        net = make_net(features)
+    elif kind == "basic":
         net = BasicUNet(spatial_dims=3, in_channels=1, out_channels=2, features=features)
     else:
         net = UNet(spatial_dims=3, in_channels=1, out_channels=2, channels=features,
                    strides=(2,) * (len(features) - 1), num_res_units=2, norm="batch")
     path = folder / f"{kind}.onnx"
-    torch.onnx.export(net.eval(), (torch.zeros(1, 1, 32, 32, 32),), path, input_names=["x"],
+    size = 92 if kind == "valid" else 32
+    torch.onnx.export(net.eval(), (torch.zeros(1, 1, size, size, size),), path, input_names=["x"],
                       dynamo=False, dynamic_axes={"x": {2: "z", 3: "y", 4: "x"}})
     return path
 
@@ -72,7 +81,8 @@ def measure(graph, plan, reps: int) -> tuple[float, float, int]:  # type: ignore
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--windows", default="64,96")
+    ap.add_argument("--windows", default=None,
+                    help="windows for every network (default: 64,96; 92,132 for the valid one)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--limit", default="8GiB")
     args = ap.parse_args()
@@ -85,9 +95,9 @@ def main() -> None:
     limit = parse_bytes(args.limit)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for label, (kind, features) in NETWORKS.items():
+        for label, (kind, features, windows) in NETWORKS.items():
             path = export(kind, features, Path(tmp))
-            for w in (int(v) for v in args.windows.split(",")):
+            for w in ([int(v) for v in args.windows.split(",")] if args.windows else windows):
                 graph = load_onnx(path, (w, w, w))
                 plan = plan_graph(graph, machine, limit)
                 t_plan, t_own, peak = measure(graph, plan, args.reps)
