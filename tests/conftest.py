@@ -1,4 +1,5 @@
-"""Shared test set-up: makes tests/naive.py importable as `naive` from every test folder."""
+"""Shared test set-up: makes tests/naive.py importable as `naive` from every test folder,
+and the session's local S3-API server (`s3`)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+
+import pytest
 
 TESTS = Path(__file__).resolve().parent
 if str(TESTS) not in sys.path:
@@ -15,3 +18,20 @@ if str(TESTS) not in sys.path:
 # throw-away folder rather than the user's ~/.cache; subprocesses inherit both.
 os.environ.setdefault("ZNNI_FFT_EFFORT", "FFTW_ESTIMATE")
 os.environ.setdefault("XDG_CACHE_HOME", tempfile.mkdtemp(prefix="znni-test-cache-"))
+
+
+@pytest.fixture(scope="session")
+def s3():  # a s3_util.MotoS3
+    """One real S3-API server (moto, authentication on) for the whole session.
+
+    moto keeps its state and its authentication switch in this process, so one server
+    serves every test module; tests use fresh prefixes (`s3.prefix()`).
+    """
+    pytest.importorskip("moto.server")
+    from s3_util import MotoS3
+
+    server = MotoS3().start().setup()
+    try:
+        yield server
+    finally:
+        server.stop()

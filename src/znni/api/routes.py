@@ -115,6 +115,7 @@ def _create_job(body: JobCreate, state: ServerState) -> JobRead:
             output=body.output,
             params=body.model_dump(exclude={"network", "input", "output"}),
             scheduler=settings.scheduler,
+            allow_url=settings.allow_url,
         )
     except ValueError as e:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(e)) from e

@@ -5,7 +5,8 @@ imports the engine, the planner, zarr or pyFFTW only inside `run` (or, for the
 option vocabularies, inside `add_parser`), so `import znni.cli` stays cheap.
 
 Expected failures (bad input) print one sentence to stderr and exit 2, with
-no traceback; set ZNNI_DEBUG=1 to see the traceback anyway.
+no traceback; an object store that stays unreachable through its retries prints
+one sentence naming the URL and exits 1. ZNNI_DEBUG=1 shows the traceback anyway.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from znni.cli import bench, demo, plan, preview, segment, serve
 COMMANDS = (segment, plan, preview, serve, bench, demo)
 
 EXIT_BAD_INPUT = 2
+EXIT_STORE_DOWN = 1
+QUIET_LOGGERS = ("botocore", "aiobotocore", "s3fs", "fsspec", "urllib3", "gcsfs")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,6 +38,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _quiet_shutdown() -> None:
+    """After a failed store: reads still in flight in zarr's event loop are abandoned; keep
+    their teardown (pending tasks, ignored exceptions) off stderr, after our one sentence."""
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+    sys.unraisablehook = lambda unraisable: None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -42,6 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not args.verbose:  # object-store clients log every credential lookup at INFO
+        for name in QUIET_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
     try:
         return int(args.run(args) or 0)
     except (ValueError, TypeError, FileNotFoundError, NotADirectoryError) as e:
@@ -49,6 +62,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"znni {args.command}: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except RuntimeError as e:
+        from znni.engine.stores import StoreError
+
+        if not isinstance(e, StoreError) or os.environ.get("ZNNI_DEBUG"):
+            raise
+        print(f"znni {args.command}: error: {e}", file=sys.stderr)
+        _quiet_shutdown()
+        return EXIT_STORE_DOWN
     except KeyboardInterrupt:
         print(f"znni {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -12,11 +12,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     for axis in ("z", "y", "x"):
         where.add_argument(f"--{axis}", type=int, metavar="N", help=f"the {axis} slice to show")
     p.add_argument("-o", "--out", help="PNG path (default: OUTPUT-zN.png beside the output)")
+    p.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="s3:// and gs:// URLs: an fsspec option (as for segment); repeatable")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from znni.engine.preview import default_png, read_slice, render_preview
+    from znni.engine.stores import parse_storage_options, register
+
+    register((args.output,), parse_storage_options(args.storage_option))
 
     axis = next((a for a in ("z", "y", "x") if getattr(args, a) is not None), "z")
     index = getattr(args, axis)

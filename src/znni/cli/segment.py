@@ -21,8 +21,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("segment", help="run a network densely over a Zarr volume")
     p.add_argument("network", help="network spec JSON, or an ONNX model (MODEL.onnx)")
-    p.add_argument("input", help="input Zarr array or OME-Zarr image, e.g. data/em.zarr/raw")
-    p.add_argument("output", help="output Zarr array or OME-Zarr image (created when missing)")
+    p.add_argument("input", help="input Zarr array or OME-Zarr image, e.g. data/em.zarr/raw, "
+                   "or an s3://, gs:// or http(s):// URL")
+    p.add_argument("output", help="output Zarr array or OME-Zarr image (created when missing), "
+                   "or an s3:// or gs:// URL")
     p.add_argument("--level", type=int, help="OME-Zarr input: the level to run on (default 0)")
     p.add_argument("--output-format", choices=OUTPUT_FORMATS,
                    help="zarr or ome-zarr (default: ome-zarr for an OME-Zarr input)")
@@ -38,6 +40,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--memory-limit", help="host memory budget, e.g. 12GiB (default: available)")
     p.add_argument("--scheduler", help="Dask: tcp://HOST:PORT or local:N workers")
     p.add_argument("--overwrite", action="store_true", help="recompute into an existing output")
+    p.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="s3:// and gs:// URLs: an fsspec option, e.g. endpoint_url=http://h:9000 "
+                   "or anon=true (VALUE parsed as JSON when it parses); repeatable")
     add_model_options(p)
     p.add_argument("--window", help="windowed models: window z,y,x (default: planned)")
     p.add_argument("--overlap", type=float, default=0.25, help="windowed: overlap fraction")
@@ -50,9 +55,12 @@ def job_from_args(args: argparse.Namespace) -> SegmentJob:
     """Validate the command-line values and build the job; raises ValueError."""
     from znni.engine.job import SegmentJob
     from znni.engine.ome import level_path
+    from znni.engine.stores import parse_storage_options, register
     from znni.engine.units import parse_bytes, parse_roi, parse_triple
 
     network = model_from_args(args)
+    options = parse_storage_options(args.storage_option)
+    register((args.input, args.output), options)  # --level reads the input's metadata
     return SegmentJob(
         network=network,
         input_path=args.input if args.level is None else level_path(args.input, args.level),
@@ -71,6 +79,7 @@ def job_from_args(args: argparse.Namespace) -> SegmentJob:
         blend=args.blend,
         output_format=args.output_format,
         pyramid=args.pyramid,
+        storage_options=options,
     )
 
 

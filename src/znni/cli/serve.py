@@ -17,6 +17,7 @@ FLAGS = (
     "scheduler",
     "machine",
     "worker_nice",
+    "allow_url",
 )
 
 
@@ -41,6 +42,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=int,
         help="niceness 0-19 of the job workers (default 10: requests preempt compute)",
     )
+    p.add_argument("--allow-url", action="append", metavar="PREFIX",
+                   help="let jobs read and write URLs under PREFIX, e.g. s3://bucket/prefix "
+                   "(repeatable; credentials from this server's environment)")
     p.set_defaults(run=run)
 
 

@@ -19,7 +19,7 @@ from znni.engine.borders import read_with_border
 from znni.engine.cpu_gpu import run_patches_cpu_gpu
 from znni.engine.execution import Execution, build_backends, default_split_op, execution_for
 from znni.engine.geometry import Block, Box, Triple, patch_tiling
-from znni.engine.volume import encode_output, open_input, write_box
+from znni.engine.volume import encode_output, open_input, open_output_array, write_box
 from znni.model.network import Network
 from znni.primitives.base import Backend
 from znni.primitives.dense import dense_forward
@@ -52,8 +52,6 @@ class BlockWorker:
 
     def __init__(self, spec: BlockSpec, backend: Backend | None = None,
                  output_array: Any | None = None) -> None:
-        import zarr
-
         self.spec = spec
         self.network = spec.network
         self.volume = open_input(spec.input_path, spec.network.in_channels)
@@ -65,9 +63,8 @@ class BlockWorker:
             self.execution = Execution("cpu", backend.name)
         else:
             self.backend, self.gpu_backend = build_backends(execution)
-        self.output = output_array if output_array is not None else zarr.open_array(
-            spec.output_path, mode="r+"
-        )
+        self.output = output_array if output_array is not None else open_output_array(
+            spec.output_path)
 
     def read(self, block: Block) -> np.ndarray:
         """Raw (C, *block.read.shape) input of the block, border mode applied."""

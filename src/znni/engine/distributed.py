@@ -4,7 +4,9 @@ The `BlockSpec` (network and weights included) is scattered to every worker
 once; each worker process builds its `BlockWorker` (arrays opened, backend
 made) once per job and keeps it in a module-level cache. Workers read their
 input and write their block straight to the shared output; the client
-records a block in the ledger when its task has returned. A worker that
+records a block in the ledger when its task has returned. Object-store volumes
+are opened by each worker from their URLs, with the storage options the client
+registered (`stores.py`), so workers read and write the store directly. A worker that
 dies mid-block loses only that task, which the scheduler runs again
 elsewhere; chunks are block-aligned, so a rerun block rewrites exactly the
 chunks the dead one may have half written.
@@ -14,12 +16,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from znni.engine.geometry import Block
 from znni.engine.job import SegmentCancelled
 from znni.engine.progress import StageTimer
+from znni.engine.stores import is_url, restore
+from znni.engine.volume import open_output_array
 from znni.engine.windowed import Spec, Worker, make_worker
 
 TASK_RETRIES = 3  # task errors (not worker deaths, which the scheduler retries itself)
@@ -27,12 +31,17 @@ TASK_RETRIES = 3  # task errors (not worker deaths, which the scheduler retries 
 _WORKERS: dict[int, Worker] = {}
 
 
-def run_block_task(spec: Spec, block: Block) -> tuple[str, dict[str, float]]:
-    """Runs on a Dask worker: one block, with the stage times it took there."""
+def run_block_task(spec: Spec, block: Block,
+                   options: Mapping[str, Mapping[str, Any]] | None = None,
+                   ) -> tuple[str, dict[str, float]]:
+    """Runs on a Dask worker: one block, with the stage times it took there. `options`:
+    the client's storage options by bucket, for URL volumes."""
     worker = _WORKERS.get(id(spec))
     if worker is None or worker.spec is not spec:
         _WORKERS.clear()
-        worker = make_worker(spec)
+        restore(options or {})
+        url_output = open_output_array(spec.output_path) if is_url(spec.output_path) else None
+        worker = make_worker(spec, output_array=url_output)
         _WORKERS[id(spec)] = worker
     times: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -68,8 +77,10 @@ def run_dask(
     timer: StageTimer,
     scheduler: str,
     cancel: threading.Event | None = None,
+    options: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> None:
-    """Run `blocks` as tasks; `on_done` is called in this process as each one finishes."""
+    """Run `blocks` as tasks; `on_done` is called in this process as each one finishes.
+    `options`: storage options by bucket (`stores.registered()`) for the workers."""
     if not blocks:
         return
     from distributed import as_completed
@@ -79,7 +90,8 @@ def run_dask(
         [spec_future] = client.scatter([spec], broadcast=True, hash=False)
         by_key = {b.key: b for b in blocks}
         pending = {
-            client.submit(run_block_task, spec_future, b, pure=False, retries=TASK_RETRIES)
+            client.submit(run_block_task, spec_future, b, dict(options or {}), pure=False,
+                          retries=TASK_RETRIES)
             for b in blocks
         }
         finished = as_completed(list(pending))

@@ -7,7 +7,7 @@ and call `znni.engine.segment.segment(job, ...)`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:  # a pure description: the CLI reads its vocabularies without numpy
     from znni.model.network import Network
@@ -49,6 +49,8 @@ class SegmentJob:
     output_format: str | None = None  # "zarr" | "ome-zarr"; None: the existing output's, else
     # OME-Zarr exactly when the input is an OME-Zarr image
     pyramid: int | None = None  # OME-Zarr outputs: downsampled levels; None: coarsest <= 256
+    # s3:// and gs:// locations: fsspec options (--storage-option) on top of the environment's
+    storage_options: dict[str, Any] = field(default_factory=dict)
 
 
 class SegmentCancelled(Exception):

@@ -1,10 +1,18 @@
-"""The durable record of finished blocks, kept inside the output array directory.
+"""The durable record of finished blocks, kept inside the output array (for an OME-Zarr
+output, inside its level-0 array). `open_ledger(output)` gives one of two kinds behind one
+interface (`read`, `start`, `resume`, `record`):
 
-A JSON-lines file (in the level-0 array of an OME-Zarr output): the first line
-is the header (job fingerprint, its parts, the block shape), then one line per
-finished block, appended and fsync'ed after the block's output is written. A torn last line (a kill
-mid-append) is ignored, so the block is simply recomputed. A new header is
-written to a temporary file and atomically renamed into place.
+- `Ledger`, for local outputs: a JSON-lines file. The first line is the header (job
+  fingerprint, its parts, the block shape), then one line per finished block, appended and
+  fsync'ed after the block's output is written. A torn last line (a kill mid-append) is
+  ignored, so the block is simply recomputed. A new header is written to a temporary file
+  and atomically renamed into place.
+- `ObjectLedger`, for s3:// and gs:// outputs, whose objects can be neither appended to nor
+  renamed: `znni-ledger/header.json` (the header plus a random run id) and one small object
+  `znni-ledger/<run>/<block>` per finished block, put after the block's chunks. Each put is
+  atomic, so a kill leaves every block recorded or not, never half; recording a block twice
+  writes the same object. A new header (a new run id) makes earlier block objects stale;
+  they are deleted after it lands.
 """
 
 from __future__ import annotations
@@ -13,12 +21,24 @@ import hashlib
 import json
 import os
 import time
+import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from znni.engine.ome import is_group, ome_level
+from znni.engine.stores import (
+    is_url,
+    join,
+    list_names,
+    read_bytes,
+    remove_tree,
+    resolved,
+    write_bytes,
+)
 
 LEDGER_NAME = "znni-ledger.jsonl"
+OBJECT_LEDGER = "znni-ledger"  # the prefix of an object-store ledger
+HEADER_OBJECT = "header.json"
 LEDGER_VERSION = 1
 
 
@@ -29,7 +49,7 @@ def fingerprint_parts(
     """What determines the output values; a resume must agree on all of it."""
     return {
         "network": network_digest,
-        "input": str(Path(input_path).resolve()),
+        "input": resolved(input_path),
         "input_shape": list(input_shape),
         "input_dtype": input_dtype,
         "roi": region,
@@ -42,38 +62,51 @@ def fingerprint(parts: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
-def ledger_path(output_path: str) -> Path:
-    """Inside the output array; for an OME-Zarr output, inside its level-0 array, where
+def ledger_home(output_path: str) -> str:
+    """The array that holds the ledger: the output, or an OME-Zarr output's level 0, where
     listings of the image group (which warn about unknown files) do not see it."""
-    p = Path(output_path)
-    if is_group(p):
+    if is_group(output_path):
         try:
-            return Path(ome_level(output_path, 0).array_path) / LEDGER_NAME
+            return ome_level(output_path, 0).array_path
         except ValueError:
             pass
-    return p / LEDGER_NAME
+    return output_path
+
+
+def ledger_path(output_path: str) -> Path:
+    """The JSON-lines file of a local output's ledger."""
+    return Path(ledger_home(output_path)) / LEDGER_NAME
+
+
+class BlockLedger(Protocol):
+    """What `segment` needs of a ledger, whatever holds it."""
+
+    def read(self) -> tuple[dict[str, Any] | None, set[str]]: ...
+    def start(self, parts: dict[str, Any], block_shape: tuple[int, int, int]) -> None: ...
+    def resume(self) -> None: ...
+    def record(self, keys: list[str]) -> None: ...
+
+
+def open_ledger(output_path: str) -> BlockLedger:
+    """The ledger of an output: a JSON-lines file locally, objects in an object store."""
+    if is_url(output_path):
+        return ObjectLedger(output_path)
+    return Ledger(output_path)
 
 
 def read_ledger(output_path: str) -> tuple[dict[str, Any] | None, set[str]]:
     """(header or None, keys of finished blocks) of an output; tolerates a torn last line."""
-    path = ledger_path(output_path)
-    if not path.is_file():
-        return None, set()
-    header: dict[str, Any] | None = None
-    done: set[str] = set()
-    with open(path) as f:
-        for line in f:
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if not isinstance(entry, dict):
-                continue
-            if header is None and "fingerprint" in entry:
-                header = entry
-            elif "block" in entry:
-                done.add(str(entry["block"]))
-    return header, done
+    return open_ledger(output_path).read()
+
+
+def _header(parts: dict[str, Any], block_shape: tuple[int, int, int]) -> dict[str, Any]:
+    return {
+        "version": LEDGER_VERSION,
+        "fingerprint": fingerprint(parts),
+        "parts": parts,
+        "block_shape": list(block_shape),
+        "created": time.time(),
+    }
 
 
 def mismatch_sentence(output_path: str, header: dict[str, Any], parts: dict[str, Any]) -> str:
@@ -94,15 +127,28 @@ class Ledger:
     def __init__(self, output_path: str) -> None:
         self.path = ledger_path(output_path)
 
+    def read(self) -> tuple[dict[str, Any] | None, set[str]]:
+        if not self.path.is_file():
+            return None, set()
+        header: dict[str, Any] | None = None
+        done: set[str] = set()
+        with open(self.path) as f:
+            for line in f:
+                try:
+                    entry = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if not isinstance(entry, dict):
+                    continue
+                if header is None and "fingerprint" in entry:
+                    header = entry
+                elif "block" in entry:
+                    done.add(str(entry["block"]))
+        return header, done
+
     def start(self, parts: dict[str, Any], block_shape: tuple[int, int, int]) -> None:
         """Write a fresh header (atomically), forgetting any earlier blocks."""
-        header = {
-            "version": LEDGER_VERSION,
-            "fingerprint": fingerprint(parts),
-            "parts": parts,
-            "block_shape": list(block_shape),
-            "created": time.time(),
-        }
+        header = _header(parts, block_shape)
         tmp = self.path.with_name(self.path.name + ".tmp")
         with open(tmp, "w") as f:
             f.write(json.dumps(header) + "\n")
@@ -133,6 +179,61 @@ class Ledger:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+
+
+def _object_name(key: str) -> str:
+    """A block key ('0:16,16:32,0:20') as an object name ('0-16_16-32_0-20')."""
+    return key.replace(":", "-").replace(",", "_")
+
+
+def _block_key(name: str) -> str:
+    return name.replace("-", ":").replace("_", ",")
+
+
+class ObjectLedger:
+    """One object per finished block under `znni-ledger/<run>/`, named by `header.json`."""
+
+    def __init__(self, output_path: str) -> None:
+        self.prefix = join(ledger_home(output_path), OBJECT_LEDGER)
+        self.run: str | None = None
+
+    def _read_header(self) -> dict[str, Any] | None:
+        raw = read_bytes(join(self.prefix, HEADER_OBJECT), "output")
+        try:
+            header = json.loads(raw) if raw is not None else None
+        except ValueError:
+            return None
+        return header if isinstance(header, dict) and "fingerprint" in header else None
+
+    def read(self) -> tuple[dict[str, Any] | None, set[str]]:
+        header = self._read_header()
+        if header is None or not isinstance(header.get("run"), str):
+            return None, set()
+        self.run = header["run"]
+        return header, {_block_key(n) for n in list_names(join(self.prefix, self.run))}
+
+    def start(self, parts: dict[str, Any], block_shape: tuple[int, int, int]) -> None:
+        """Put a fresh header with a new run id (one atomic put), then drop stale runs."""
+        self.run = uuid.uuid4().hex
+        header = {**_header(parts, block_shape), "run": self.run}
+        write_bytes(join(self.prefix, HEADER_OBJECT), (json.dumps(header) + "\n").encode())
+        for name in list_names(self.prefix):
+            if name not in (HEADER_OBJECT, self.run):
+                remove_tree(join(self.prefix, name))
+
+    def resume(self) -> None:
+        """Continue the recorded run (puts are whole: there is nothing torn to repair)."""
+        if self.run is None:
+            self.read()
+        if self.run is None:
+            raise ValueError(f"output ledger {self.prefix} has no header to resume")
+
+    def record(self, keys: list[str]) -> None:
+        """Put one object per finished block; durable when this returns."""
+        assert self.run is not None, "start or resume the ledger first"
+        for key in keys:
+            body = json.dumps({"block": key, "t": time.time()}).encode()
+            write_bytes(join(self.prefix, self.run, _object_name(key)), body)
 
 
 def _fsync_dir(path: Path) -> None:

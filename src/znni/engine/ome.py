@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from znni.engine.stores import StoreError, basename, is_url, join, parent, read_bytes, zarr_store
+
 Float3 = tuple[float, float, float]
 Units = tuple[str | None, str | None, str | None]
 SUPPORTED_VERSIONS = ("0.4", "0.5")
@@ -38,26 +40,24 @@ class OmeLevel:
 
 
 def is_group(path: str | Path) -> bool:
-    """Whether `path` is a Zarr group directory (format 2 or 3)."""
-    p = Path(path)
-    if (p / ".zgroup").is_file():
+    """Whether `path` is a Zarr group (format 2 or 3): a directory or a URL."""
+    p = str(path)
+    if not is_url(p) and (Path(p) / ".zgroup").is_file():
         return True
+    raw = read_bytes(join(p, "zarr.json"))
+    if raw is None:
+        return is_url(p) and read_bytes(join(p, ".zgroup")) is not None
     try:
-        meta = json.loads((p / "zarr.json").read_text())
-    except (OSError, ValueError):
+        meta = json.loads(raw)
+    except ValueError:
         return False
     return isinstance(meta, dict) and meta.get("node_type") == "group"
 
 
-def _may_be_image(group: Path) -> bool:
+def _may_be_image(group: str) -> bool:
     """Cheap pre-check (no zarr): whether a group's attribute file mentions multiscales."""
-    for name in ("zarr.json", ".zattrs"):
-        try:
-            if b"multiscales" in (group / name).read_bytes():
-                return True
-        except OSError:
-            continue
-    return False
+    return any(b"multiscales" in (read_bytes(join(group, name)) or b"")
+               for name in ("zarr.json", ".zattrs"))
 
 
 def group_attrs(path: str | Path) -> dict[str, Any]:
@@ -65,7 +65,10 @@ def group_attrs(path: str | Path) -> dict[str, Any]:
     import zarr
 
     try:
-        return dict(zarr.open_group(str(path), mode="r").attrs.asdict())
+        store = zarr_store(str(path), read_only=True)
+        return dict(zarr.open_group(store=store, mode="r").attrs.asdict())
+    except StoreError:
+        raise
     except Exception as e:  # zarr raises several unrelated types for a bad group
         raise ValueError(f"{path} is not a readable Zarr group ({type(e).__name__}: {e})") from e
 
@@ -169,7 +172,7 @@ def ome_level(group_path: str, level: int) -> OmeLevel:
     scale = [gs[i] * s[i] for i in range(n)][-3:]
     shift = [gs[i] * t[i] + gt[i] for i in range(n)][-3:]
     return OmeLevel(
-        group_path, str(Path(group_path) / ds["path"]), level, len(datasets), version, has_c,
+        group_path, join(group_path, ds["path"]), level, len(datasets), version, has_c,
         names, units, (scale[0], scale[1], scale[2]), (shift[0], shift[1], shift[2]),
     )
 
@@ -177,18 +180,17 @@ def ome_level(group_path: str, level: int) -> OmeLevel:
 def find_ome(path: str) -> OmeLevel | None:
     """The OME level that `path` names: an image group (its level 0), or an array that is a
     dataset of the image group around it; None for an array outside any OME image."""
-    p = Path(path)
-    if is_group(p):
-        return ome_level(str(p), 0)
-    parent = p.parent
-    if p.name and _may_be_image(parent) and is_group(parent):
+    if is_group(path):
+        return ome_level(path, 0)
+    up, name = parent(path), basename(path)
+    if name and up != path and _may_be_image(up) and is_group(up):
         try:
-            _, ms = multiscale(group_attrs(parent), str(parent))
+            _, ms = multiscale(group_attrs(up), up)
         except ValueError:
             return None
         paths = [d.get("path") for d in ms["datasets"] if isinstance(d, dict)]
-        if p.name in paths:
-            return ome_level(str(parent), paths.index(p.name))
+        if name in paths:
+            return ome_level(up, paths.index(name))
     return None
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from znni.engine.ome import group_attrs, is_group, ome_level
 from znni.engine.provenance import read_provenance
+from znni.engine.stores import basename, exists, is_url
 from znni.engine.volume import open_zarr_array
 
 AXES = ("z", "y", "x")
@@ -41,17 +42,16 @@ def read_slice(output_path: str, axis: str = "z", index: int | None = None) -> S
     output, its provenance, its input or the slice is not there."""
     if axis not in AXES:
         raise ValueError(f"slice axis {axis!r} is not one of z, y, x")
-    p = Path(output_path)
-    if not p.exists():
+    if not exists(output_path):
         raise ValueError(f"output {output_path} does not exist")
-    if is_group(p):
-        attrs = group_attrs(p)
+    if is_group(output_path):
+        attrs = group_attrs(output_path)
         out = open_zarr_array(ome_level(output_path, 0).array_path, "output")
     else:
         out = open_zarr_array(output_path, "output")
         attrs = out.attrs.asdict()
     prov = read_provenance(attrs, output_path)
-    if not Path(prov["input_array"]).exists():
+    if not exists(prov["input_array"]):
         raise ValueError(
             f"input {prov['input_array']} named by the provenance of {output_path} does not exist"
         )
@@ -114,8 +114,9 @@ def preview_png(output_path: str, axis: str = "z", index: int | None = None) -> 
 
 
 def default_png(output_path: str, axis: str, index: int) -> str:
-    """`OUT` without its .zarr suffix, plus the slice: e.g. out/boundaries-z32.png."""
-    p = Path(output_path.rstrip("/"))
+    """`OUT` without its .zarr suffix, plus the slice: e.g. out/boundaries-z32.png (for a URL
+    output, in the current directory)."""
+    p = Path(basename(output_path)) if is_url(output_path) else Path(output_path.rstrip("/"))
     stem = p.name.removesuffix(".zarr").removesuffix(".ome")
     return str(p.with_name(f"{stem}-{axis}{index}.png"))
 

@@ -8,10 +8,10 @@ running job's output already says which network, input and plan fill it.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from znni.engine.geometry import Box
+from znni.engine.stores import resolved
 
 if TYPE_CHECKING:
     from znni.engine.job import SegmentJob
@@ -38,9 +38,8 @@ def provenance(
         "dtype": job.dtype,
         "roi": None if whole else [[a, b] for a, b in zip(region.lo, region.hi, strict=True)],
         "plan": plan,
-        "input": str(Path(job.input_path).resolve()),
-        "input_array": str(Path(volume.ome.array_path if volume.ome else job.input_path)
-                           .resolve()),
+        "input": resolved(job.input_path),
+        "input_array": resolved(volume.ome.array_path if volume.ome else job.input_path),
         "input_shape": [int(s) for s in volume.array.shape],
         "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

@@ -2,7 +2,8 @@
 
 `check_and_plan` does every check `segment` does before writing anything (and
 plans the run, as `segment` would), so a bad job fails with one ValueError and
-leaves the disk untouched.
+leaves the disk untouched (an object-store OUT is proven writable by a probe object
+that is put and deleted at once).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from znni.engine.blockwork import BlockSpec
@@ -22,14 +22,21 @@ from znni.engine.graph_choice import GraphChoice, choose, plan_window
 from znni.engine.job import ProgressEvent, SegmentJob, SegmentReport
 from znni.engine.layout import PLAN_FRACTION, choose_block_shape, memory_budget_bytes
 from znni.engine.ledger import (
-    Ledger,
     fingerprint,
     fingerprint_parts,
     mismatch_sentence,
+    open_ledger,
     read_ledger,
 )
 from znni.engine.pipeline import run_local
 from znni.engine.progress import Progress, StageTimer
+from znni.engine.stores import (
+    check_location,
+    check_output_location,
+    register,
+    registered,
+    resolved,
+)
 from znni.engine.target import open_target, output_plan
 from znni.engine.units import resolve_roi
 from znni.engine.volume import (
@@ -84,11 +91,14 @@ def prepare_run(job: SegmentJob, plan: Plan | None = None) -> PreparedRun:
     """Open and check the input, the output and its ledger, plan, choose blocks."""
     _check_options(job)
     net = job.network
+    check_location(job.input_path, "input")
+    register((job.input_path, job.output_path), job.storage_options)
     volume = open_input(job.input_path, net.in_channels)
     lo_hi = resolve_roi(job.roi, volume.shape) if job.roi else tuple((0, n) for n in volume.shape)
     region = Box(tuple(a for a, _ in lo_hi), tuple(b for _, b in lo_hi))  # type: ignore[arg-type]
-    if Path(job.output_path).resolve() == Path(job.input_path).resolve():
+    if resolved(job.output_path) == resolved(job.input_path):
         raise ValueError(f"output {job.output_path} is the input array; choose another path")
+    check_output_location(job.output_path)
     out_shape = (net.out_channels, *volume.shape)
     existing = check_existing_output(job.output_path, out_shape, job.dtype)
     output_plan(job, volume, out_shape)  # format and pyramid levels, checked
@@ -230,7 +240,7 @@ def segment(
     plan_dict = plan.to_dict() if plan is not None else _windowed_summary(job, prep)
     target = open_target(job, prep.volume, prep.out_shape, prep.chunks, prep.region, plan_dict)
     output = target.level0
-    ledger = Ledger(job.output_path)
+    ledger = open_ledger(job.output_path)
     if prep.resume:
         ledger.resume()
     else:
@@ -257,7 +267,7 @@ def segment(
         else:
             from znni.engine.distributed import run_dask
 
-            run_dask(spec, todo, on_done, timer, job.scheduler, cancel)
+            run_dask(spec, todo, on_done, timer, job.scheduler, cancel, registered())
     finally:
         target.close()
         meter.close()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,6 +21,7 @@ from znni.engine.job import SegmentJob
 from znni.engine.ome import is_group, ome_level, output_metadata
 from znni.engine.provenance import ATTR, provenance
 from znni.engine.pyramid import Factors, PyramidBuilder, cumulative, level_shapes, level_steps
+from znni.engine.stores import basename, holds_anything, zarr_store
 from znni.engine.volume import InputVolume, open_or_create_output
 
 FORMATS = ("zarr", "ome-zarr")
@@ -30,10 +30,9 @@ DIMENSIONS = ("c", "z", "y", "x")
 
 def existing_format(path: str) -> str | None:
     """'ome-zarr' for an existing group, 'zarr' for anything else there, None when absent."""
-    p = Path(path)
-    if not p.is_dir() or not any(p.iterdir()):
+    if not holds_anything(path):
         return None
-    return "ome-zarr" if is_group(p) else "zarr"
+    return "ome-zarr" if is_group(path) else "zarr"
 
 
 def output_plan(job: SegmentJob, volume: InputVolume, out_shape: tuple[int, ...]) -> tuple[
@@ -79,7 +78,7 @@ def _check_levels(job: SegmentJob, out_shape: tuple[int, ...], steps: Factors) -
     for k, shape in enumerate(level_shapes(volume_shape(out_shape), steps)):
         array_path = ome_level(path, k).array_path
         try:
-            arr = zarr.open_array(array_path, mode="r")
+            arr = zarr.open_array(store=zarr_store(array_path, read_only=True), mode="r")
         except Exception as e:  # zarr raises several unrelated types for "not an array"
             raise ValueError(f"existing output {path} has no level {k} array ({e})") from e
         want = (out_shape[0], *shape)
@@ -154,13 +153,13 @@ def _open_ome(job: SegmentJob, volume: InputVolume, out_shape: tuple[int, ...], 
 
     path = job.output_path
     if existing_format(path) is not None:
-        group = zarr.open_group(path, mode="r+")
+        group = zarr.open_group(store=zarr_store(path, read_only=False), mode="r+")
         group.attrs.update({ATTR: record})
-        return [zarr.open_array(ome_level(path, k).array_path, mode="r+")
-                for k in range(len(steps) + 1)]
-    meta = output_metadata(cumulative(steps), volume.ome, Path(path).name)
-    group = zarr.create_group(store=path, zarr_format=3, overwrite=True,
-                              attributes={"ome": meta, ATTR: record})
+        return [zarr.open_array(store=zarr_store(ome_level(path, k).array_path, read_only=False),
+                                mode="r+") for k in range(len(steps) + 1)]
+    meta = output_metadata(cumulative(steps), volume.ome, basename(path))
+    group = zarr.create_group(store=zarr_store(path, read_only=False), zarr_format=3,
+                              overwrite=True, attributes={"ome": meta, ATTR: record})
     arrays = []
     for k, shape in enumerate(level_shapes(volume.shape, steps)):
         level_chunks = tuple(min(c, n) for c, n in zip(chunks, shape, strict=True))

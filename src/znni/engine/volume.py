@@ -19,6 +19,16 @@ import numpy as np
 
 from znni.engine.geometry import Box, Triple
 from znni.engine.ome import OmeLevel, find_ome, is_group, ome_level
+from znni.engine.stores import (
+    StoreError,
+    check_readable,
+    holds_anything,
+    is_url,
+    join,
+    read_bytes,
+    refusal,
+    zarr_store,
+)
 
 DEFAULT_CHUNK = 64
 METADATA_FILES = ("zarr.json", ".zarray", ".zattrs")  # all an opened array's fields come from
@@ -45,6 +55,8 @@ def open_zarr_array(path: str, what: str) -> Any:
     """
     import zarr
 
+    if is_url(path):
+        return _open_url_array(path, what)
     p = Path(path)
     if not p.exists():
         raise ValueError(f"{what} {path} does not exist")
@@ -63,6 +75,22 @@ def open_zarr_array(path: str, what: str) -> Any:
             while len(_OPENED) > OPEN_CACHE_ENTRIES:
                 _OPENED.popitem(last=False)
     return arr
+
+
+def _open_url_array(url: str, what: str) -> Any:
+    """An array at a URL, read-only (not cached: its metadata is a request away)."""
+    import zarr
+
+    if all(read_bytes(join(url, n), what) is None for n in METADATA_FILES[:2]):
+        raise ValueError(f"{what} {url} does not exist (no zarr.json or .zarray there)")
+    try:
+        return zarr.open_array(store=zarr_store(url, read_only=True), mode="r")
+    except (PermissionError, FileNotFoundError) as e:
+        raise refusal(e, url, what) from e
+    except StoreError:
+        raise
+    except Exception as e:  # zarr raises several unrelated types for "not an array"
+        raise ValueError(f"{what} {url} is not a Zarr array ({type(e).__name__}: {e})") from e
 
 
 def _metadata_bytes(p: Path) -> tuple[bytes | None, ...]:
@@ -104,7 +132,8 @@ class InputVolume:
 
 def open_input(path: str, in_channels: int) -> InputVolume:
     """Open and check the input volume against the network's input channels."""
-    ome = find_ome(path) if Path(path).is_dir() else None
+    check_readable(path, "input")
+    ome = find_ome(path) if is_url(path) or Path(path).is_dir() else None
     arr = open_zarr_array(ome.array_path if ome else path, "input")
     shape = tuple(int(s) for s in arr.shape)
     dtype = np.dtype(arr.dtype)
@@ -170,12 +199,9 @@ def default_chunks(shape: Triple) -> Triple:
 
 def check_existing_output(path: str, shape: tuple[int, ...], dtype: str) -> Triple | None:
     """Spatial chunks of an existing compatible output, None when there is none; else ValueError."""
-    p = Path(path)
-    if not p.exists():
-        return None
-    if not p.is_dir():
+    if not is_url(path) and Path(path).exists() and not Path(path).is_dir():
         raise ValueError(f"output {path} exists and is not a directory (a Zarr array)")
-    if not any(p.iterdir()):
+    if not holds_anything(path):
         return None
     arr = open_zarr_array(output_array_path(path), "existing output")
     found = tuple(int(s) for s in arr.shape)
@@ -198,9 +224,9 @@ def open_or_create_output(path: str, shape: tuple[int, ...], dtype: str, chunks:
     import zarr
 
     if check_existing_output(path, shape, dtype) is not None:
-        return zarr.open_array(path, mode="r+")
+        return open_output_array(path)
     return zarr.create_array(
-        store=path,
+        store=zarr_store(path, read_only=False),
         shape=shape,
         chunks=(shape[0], *chunks),
         dtype=dtype,
@@ -209,6 +235,13 @@ def open_or_create_output(path: str, shape: tuple[int, ...], dtype: str, chunks:
         dimension_names=("c", "z", "y", "x"),
         overwrite=True,
     )
+
+
+def open_output_array(path: str) -> Any:
+    """An existing output array (level 0 of an image: its array's path), for writing."""
+    import zarr
+
+    return zarr.open_array(store=zarr_store(path, read_only=False), mode="r+")
 
 
 def encode_output(values: np.ndarray, dtype: str) -> np.ndarray:

@@ -1,8 +1,56 @@
-"""Confining user-given paths to the data root (after resolving symlinks)."""
+"""Confining user-given paths to the data root (after resolving symlinks), and URLs to the
+prefixes the operator allows (`znni serve --allow-url`)."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
+
+URL_RE = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*)://([^/?#\s]+)(/[^?#\s]*)?")
+URL_SCHEMES = ("s3", "gs", "gcs", "http", "https")
+
+
+def looks_like_url(user_path: str) -> bool:
+    return isinstance(user_path, str) and "://" in user_path
+
+
+def check_url_prefix(prefix: str) -> str:
+    """An operator's --allow-url prefix, checked and without a trailing slash."""
+    m = URL_RE.fullmatch(prefix.strip())
+    if m is None or m.group(1).lower() not in URL_SCHEMES:
+        raise ValueError(
+            f"allowed URL prefix {prefix!r} is not an s3://, gs:// or http(s):// URL "
+            "(e.g. s3://bucket/prefix)"
+        )
+    parts = (m.group(3) or "").split("/")
+    if ".." in parts or "." in parts:
+        raise ValueError(f"allowed URL prefix {prefix!r} contains '.' or '..'")
+    return prefix.strip().rstrip("/")
+
+
+def confine_url(allowed: Sequence[str], user_url: str, what: str) -> str:
+    """`user_url` when it lies under one of the `allowed` prefixes (whole path segments);
+    else ValueError. Refused: queries, fragments, '.' or '..' segments, empty segments."""
+    m = URL_RE.fullmatch(user_url)
+    if "\x00" in user_url or m is None or m.group(1).lower() not in URL_SCHEMES:
+        raise ValueError(
+            f"{what} {user_url!r} is not a path under the data root nor an s3://, gs:// or "
+            "http(s):// URL"
+        )
+    segments = (m.group(3) or "/").split("/")[1:]
+    if any(s in ("", ".", "..") for s in segments[:-1]) or segments[-1] in (".", ".."):
+        raise ValueError(f"{what} URL {user_url!r} has an empty, '.' or '..' path segment")
+    url = user_url.rstrip("/")
+    for prefix in allowed:
+        if url == prefix or url.startswith(prefix + "/"):
+            if url == prefix:
+                break  # the prefix itself is a location, not an array in it
+            return url
+    raise ValueError(
+        f"{what} URL {user_url!r} is outside the URL prefixes this server allows"
+        + ("" if allowed else " (it allows none; see znni serve --allow-url)")
+    )
 
 
 def confine(root: Path, user_path: str, what: str, *, must_exist: bool = False) -> Path:

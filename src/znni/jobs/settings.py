@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024  # a job request is a few hundred bytes of JSON
 
@@ -30,6 +31,22 @@ class Settings(BaseSettings):
     # to request handling, so the API answers quickly while a job runs; 0 keeps equal priority
     worker_nice: int = Field(default=10, ge=0, le=19)
     log_level: str = "INFO"
+    # URL prefixes jobs may read and write (s3://bucket/prefix, gs://..., http(s):// inputs);
+    # ZNNI_ALLOW_URL separates several by spaces. Credentials: this server's environment only.
+    allow_url: Annotated[tuple[str, ...], NoDecode] = ()
+
+    @field_validator("allow_url", mode="before")
+    @classmethod
+    def _url_list(cls, value: object) -> object:
+        """`ZNNI_ALLOW_URL="s3://b/p gs://c"`: prefixes separated by spaces."""
+        return tuple(value.split()) if isinstance(value, str) else value
+
+    @field_validator("allow_url")
+    @classmethod
+    def _url_prefixes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        from znni.jobs.paths import check_url_prefix
+
+        return tuple(check_url_prefix(v) for v in value)
 
     @field_validator("token", "scheduler", "machine")
     @classmethod

@@ -12,7 +12,7 @@ from typing import Any
 
 from znni.engine.job import SegmentJob
 from znni.jobs.catalogue import Model, ModelOptions, NetworkCatalogue, model_mode
-from znni.jobs.paths import confine, relative_to_root
+from znni.jobs.paths import confine, confine_url, looks_like_url, relative_to_root
 from znni.model.onnx_model import OnnxModel
 
 WINDOW_FIELDS = ("window", "overlap", "blend")
@@ -60,10 +60,12 @@ def check_submission(
     output: str,
     params: dict[str, Any],
     scheduler: str | None = None,
+    allow_url: tuple[str, ...] = (),
 ) -> tuple[Model, SegmentJob]:
     """Check everything a job needs; ValueError with one sentence naming the problem.
 
-    `input` and `output` are as the user sent them (relative to `data_root`); `params`
+    `input` and `output` are as the user sent them (relative to `data_root`, or URLs under
+    an `allow_url` prefix); `params`
     are the job's other fields (roi, border, dtype, ..., overwrite, window, ..., scale).
     Nothing is written: the engine's `check_and_plan` only reads (it also plans the run).
     """
@@ -74,19 +76,31 @@ def check_submission(
     except ValueError as e:
         raise ValueError(api_words(str(e))) from e
     check_window_fields(net, network, params)
-    input_path = confine(data_root, input, "input", must_exist=True)
-    output_path = confine(data_root, output, "output")
-    if output_path.is_relative_to(input_path) or input_path.is_relative_to(output_path):
+    input_path = _locate(data_root, allow_url, input, "input")
+    output_path = _locate(data_root, allow_url, output, "output")
+    if _overlap(input_path, output_path):
         raise ValueError(
             f"output {output!r} and input {input!r} overlap; the output must be a separate array"
         )
-    job = segment_job(net, str(input_path), str(output_path), params, scheduler=scheduler)
+    job = segment_job(net, input_path, output_path, params, scheduler=scheduler)
     check_overwrite(output_path, bool(params.get("overwrite", False)), output)
     try:
         check_and_plan(job)  # plans graph windows too: one too large for the budget fails
     except (ValueError, TypeError, FileNotFoundError, NotADirectoryError) as e:
         raise ValueError(api_words(relative_to_root(data_root, str(e)))) from e
     return net, job
+
+
+def _locate(root: Path, allow_url: tuple[str, ...], given: str, what: str) -> str:
+    """A confined local path (the input must exist), or a URL under an allowed prefix."""
+    if looks_like_url(given):
+        return confine_url(allow_url, given, what)
+    return str(confine(root, given, what, must_exist=what == "input"))
+
+
+def _overlap(a: str, b: str) -> bool:
+    a, b = a.rstrip("/"), b.rstrip("/")
+    return a == b or a.startswith(b + "/") or b.startswith(a + "/")
 
 
 def check_window_fields(net: Model, name: str, params: dict[str, Any]) -> None:
@@ -117,14 +131,15 @@ def _triple(value: Any) -> tuple[int, int, int] | None:
     return (int(value[0]), int(value[1]), int(value[2])) if value is not None else None
 
 
-def check_overwrite(output_path: Path, overwrite: bool, shown: str) -> None:
+def check_overwrite(output_path: str | Path, overwrite: bool, shown: str) -> None:
     """An existing output is only written again with overwrite, or to resume its own run.
 
     (The engine refuses a ledger of another job; this also refuses an output without one.)
     """
     from znni.engine.ledger import read_ledger
+    from znni.engine.stores import exists
 
-    if overwrite or not output_path.exists():
+    if overwrite or not exists(str(output_path)):
         return
     header, _ = read_ledger(str(output_path))
     if header is None:

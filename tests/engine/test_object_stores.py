@@ -1,0 +1,191 @@
+"""Volumes in object stores: s3:// in and out against a real S3-API server (moto on
+127.0.0.1), OME-Zarr on s3, a read-only http:// input, the object ledger, Dask workers."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from engine_ref import small_network, write_network, write_volume
+
+from znni.engine.job import SegmentJob
+from znni.engine.ledger import ObjectLedger, read_ledger
+from znni.engine.segment import segment
+from znni.engine.stores import (
+    StoreError,
+    is_transient,
+    parse_storage_options,
+    retrying,
+    zarr_store,
+)
+from znni.model.network import load_network
+
+CHUNKS = (7, 9, 10)
+
+
+@pytest.fixture(autouse=True)
+def s3_env(s3, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001 - s3_util.MotoS3
+    for k, v in s3.env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("ZNNI_BACKEND", "reference")
+
+
+@pytest.fixture()
+def case(tmp_path: Path) -> tuple[SegmentJob, np.ndarray]:
+    """A local job (network, uint8 volume) and its local output."""
+    rng = np.random.default_rng(21)
+    layers, params = small_network(rng)
+    net = load_network(write_network(tmp_path, layers, params, scale=1 / 255))
+    vol = rng.integers(0, 256, size=(21, 26, 29)).astype(np.uint8)
+    inp = write_volume(tmp_path / "in.zarr", vol, 2, (7, 7, 7))
+    job = SegmentJob(network=net, input_path=inp, output_path=str(tmp_path / "local.zarr"),
+                     chunks=CHUNKS, block=CHUNKS)
+    segment(job)
+    return job, vol
+
+
+def upload(url: str, vol: np.ndarray, zarr_format: int = 2) -> str:
+    arr = zarr.create_array(store=zarr_store(url, read_only=False), shape=vol.shape,
+                            chunks=(7, 7, 7), dtype=vol.dtype, zarr_format=zarr_format)
+    arr[...] = vol
+    return url
+
+
+def read_url(url: str) -> np.ndarray:
+    return zarr.open_array(store=zarr_store(url, read_only=True), mode="r")[...]
+
+
+def test_s3_in_and_out_equals_the_local_run_bit_for_bit(s3, case) -> None:  # noqa: ANN001
+    local, vol = case
+    prefix = s3.prefix()
+    job = SegmentJob(**{**local.__dict__, "input_path": upload(f"{prefix}/in.zarr", vol),
+                        "output_path": f"{prefix}/out.zarr"})
+    report = segment(job)
+    assert report.blocks_computed == report.blocks_total >= 8
+    assert np.array_equal(read_url(job.output_path), zarr.open_array(local.output_path)[...])
+    header, done = read_ledger(job.output_path)
+    assert header is not None and len(done) == report.blocks_total
+    run = header["run"]
+    blocks = [k for k in s3.keys_under(f"{prefix}/out.zarr/znni-ledger") if f"/{run}/" in k]
+    assert len(blocks) == report.blocks_total  # one object per finished block
+    assert segment(job).blocks_computed == 0  # the ledger says everything is done
+    prov = zarr.open_array(store=zarr_store(job.output_path, read_only=True), mode="r").attrs["znni"]
+    assert prov["input"] == f"{prefix}/in.zarr"
+
+
+def test_ome_zarr_output_with_pyramid_on_s3_equals_the_local_one(s3, case, tmp_path) -> None:  # noqa: ANN001
+    local, vol = case
+    prefix = s3.prefix()
+    ome = {"output_format": "ome-zarr", "pyramid": 1}
+    here = SegmentJob(**{**local.__dict__, **ome, "output_path": str(tmp_path / "img.ome.zarr")})
+    there = SegmentJob(**{**local.__dict__, **ome, "input_path": upload(f"{prefix}/in", vol, 3),
+                          "output_path": f"{prefix}/img.ome.zarr"})
+    segment(here)
+    segment(there)
+    for level in ("0", "1"):
+        expected = zarr.open_array(f"{here.output_path}/{level}")[...]
+        assert np.array_equal(read_url(f"{there.output_path}/{level}"), expected)
+    attrs = zarr.open_group(store=zarr_store(there.output_path, read_only=True), mode="r").attrs
+    assert [d["path"] for d in attrs["ome"]["multiscales"][0]["datasets"]] == ["0", "1"]
+    assert read_ledger(there.output_path)[1] == read_ledger(here.output_path)[1]
+
+
+@pytest.fixture()
+def http_root(tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    """A directory served read-only by http.server on 127.0.0.1."""
+    root = tmp_path / "www"
+    root.mkdir()
+    handler = functools.partial(_QuietHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield root, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        pass
+
+
+def test_read_only_http_input(case, http_root, tmp_path: Path) -> None:  # noqa: ANN001
+    local, vol = case
+    root, url = http_root
+    write_volume(root / "em.zarr", vol, 3, (7, 7, 7))
+    job = SegmentJob(**{**local.__dict__, "input_path": f"{url}/em.zarr",
+                        "output_path": str(tmp_path / "from-http.zarr")})
+    segment(job)
+    assert np.array_equal(zarr.open_array(job.output_path)[...],
+                          zarr.open_array(local.output_path)[...])
+    with pytest.raises(ValueError, match="does not exist"):
+        segment(SegmentJob(**{**job.__dict__, "input_path": f"{url}/missing.zarr"}))
+
+
+def test_object_ledger_start_forgets_earlier_runs(s3) -> None:  # noqa: ANN001
+    out = f"{s3.prefix()}/out.zarr"
+    ledger = ObjectLedger(out)
+    ledger.start({"network": "a"}, (8, 8, 8))
+    ledger.record(["0:8,0:8,0:8", "0:8,0:8,8:16"])
+    ledger.record(["0:8,0:8,8:16"])  # recorded twice: still one block
+    header, done = read_ledger(out)
+    assert header is not None and header["block_shape"] == [8, 8, 8]
+    assert done == {"0:8,0:8,0:8", "0:8,0:8,8:16"}
+    again = ObjectLedger(out)
+    again.start({"network": "b"}, (4, 4, 4))
+    header, done = read_ledger(out)
+    assert header is not None and header["parts"] == {"network": "b"} and done == set()
+    assert len(s3.keys_under(f"{out}/znni-ledger")) == 1  # stale block objects deleted
+
+
+def test_storage_options_parse_json_else_text() -> None:
+    opts = parse_storage_options(["anon=true", "endpoint_url=http://127.0.0.1:5000",
+                                  'client_kwargs={"region_name": "eu-west-1"}', "n=3"])
+    assert opts == {"anon": True, "endpoint_url": "http://127.0.0.1:5000",
+                    "client_kwargs": {"region_name": "eu-west-1"}, "n": 3}
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        parse_storage_options(["anon"])
+
+
+def test_transient_errors_are_retried_then_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("znni.engine.stores.BACKOFF_S", 0.0)
+    calls: list[int] = []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise ConnectionResetError("reset by peer")
+        return "ok"
+
+    assert retrying(flaky, "s3://b/x") == "ok" and len(calls) == 3
+    assert not is_transient(PermissionError("denied"))
+
+    def down() -> None:
+        raise ConnectionRefusedError("refused")
+
+    with pytest.raises(StoreError, match=r"s3://b/x did not answer after 5 tries"):
+        retrying(down, "s3://b/x")
+
+
+@pytest.mark.slow
+def test_dask_local_cluster_reads_and_writes_s3(s3, case, monkeypatch) -> None:  # noqa: ANN001
+    """Workers open the store themselves, with the job's --storage-option values (the
+    endpoint is not in their environment)."""
+    local, vol = case
+    prefix = s3.prefix()
+    inp = upload(f"{prefix}/in.zarr", vol)
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    job = SegmentJob(**{**local.__dict__, "input_path": inp, "output_path": f"{prefix}/dask.zarr",
+                        "scheduler": "local:2", "storage_options": {"endpoint_url": s3.endpoint}})
+    report = segment(job)
+    assert report.blocks_computed == report.blocks_total
+    assert np.array_equal(read_url(job.output_path), zarr.open_array(local.output_path)[...])
+    assert len(read_ledger(job.output_path)[1]) == report.blocks_total
