@@ -15,7 +15,14 @@ from typing import Any
 
 import numpy as np
 
-from znni.primitives.cpu.graph_ops import conv3d, conv_transpose3d, instance_norm, resize3d
+from znni.primitives.base import Activation
+from znni.primitives.cpu.graph_ops import (
+    conv3d,
+    conv_transpose3d,
+    instance_norm,
+    max_pool3d,
+    resize3d,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import median_s  # noqa: E402
@@ -31,6 +38,8 @@ def cases(torch: Any, rng: np.random.Generator) -> list[tuple[str, Callable, Cal
     wt = rng.standard_normal((32, 16, 2, 2, 2)).astype(f32)
     x16 = rng.standard_normal((1, 16, 32, 32, 32)).astype(f32)
     b16, s16 = rng.standard_normal(16).astype(f32), rng.standard_normal(16).astype(f32)
+    wt16 = rng.standard_normal((16, 16, 2, 2, 2)).astype(f32)
+    leaky = Activation("leaky_relu", 0.1)
     ours = [
         ("conv3d 3^3 16->16 64^3 pad 1", lambda: conv3d(x64, w, b16, pads=(1,) * 6)),
         ("depthwise 3^3 16ch 64^3 pad 1", lambda: conv3d(x64, wd, b16, pads=(1,) * 6, groups=16)),
@@ -45,12 +54,24 @@ def cases(torch: Any, rng: np.random.Generator) -> list[tuple[str, Callable, Cal
             ),
         ),
         ("instance_norm 16ch 64^3", lambda: instance_norm(x64, s16, b16, 1e-5)),
+        # the MONAI block's InstanceNorm -> LeakyReLU, as the engine fuses it
+        (
+            "instance_norm+leaky_relu 16ch 64^3",
+            lambda: instance_norm(x64, s16, b16, 1e-5, activation=leaky),
+        ),
+        (
+            "conv_transpose k=s=2 16->16 32^3",
+            lambda: conv_transpose3d(x16, wt16, b16, strides=(2, 2, 2), pads=(0,) * 6),
+        ),
+        ("max_pool 2^3 16ch 64^3", lambda: max_pool3d(x64, (2, 2, 2), (2, 2, 2))),
     ]
     if torch is None:
         return [(name, fn, None) for name, fn in ours]
     t = {
         k: torch.from_numpy(v)
-        for k, v in dict(x64=x64, w=w, wd=wd, x32=x32, wt=wt, x16=x16, b16=b16, s16=s16).items()
+        for k, v in dict(
+            x64=x64, w=w, wd=wd, x32=x32, wt=wt, x16=x16, b16=b16, s16=s16, wt16=wt16
+        ).items()
     }
     F = torch.nn.functional
     theirs = [
@@ -59,6 +80,11 @@ def cases(torch: Any, rng: np.random.Generator) -> list[tuple[str, Callable, Cal
         lambda: F.conv_transpose3d(t["x32"], t["wt"], t["b16"], stride=2),
         lambda: F.interpolate(t["x16"], scale_factor=2, mode="trilinear", align_corners=False),
         lambda: F.instance_norm(t["x64"], weight=t["s16"], bias=t["b16"], eps=1e-5),
+        lambda: F.leaky_relu(
+            F.instance_norm(t["x64"], weight=t["s16"], bias=t["b16"], eps=1e-5), 0.1, inplace=True
+        ),
+        lambda: F.conv_transpose3d(t["x16"], t["wt16"], t["b16"], stride=2),
+        lambda: F.max_pool3d(t["x64"], 2, 2),
     ]
     return [(name, fn, tf) for (name, fn), tf in zip(ours, theirs, strict=True)]
 

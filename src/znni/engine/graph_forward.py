@@ -43,11 +43,15 @@ def run_graph(
     env: dict[str, np.ndarray] = {graph.input: np.asarray(x, np.float32)}
     nodes = graph.nodes
     i = 0
+    on_host = not hasattr(backend, "graph_op")  # a device backend runs every node itself
     while i < len(nodes):
         node = nodes[i]
-        fused = _fusable_activation(node, nodes, i, readers)
+        fused = _fusable_activation(node, nodes, i, readers, on_host)
+        if fused is not None and node.op in NORMS:  # the host norms take it as a parameter
+            node = Node(
+                node.name, node.op, node.inputs, node.outputs, {**node.params, "activation": fused}
+            )
         args = [env[t] for t in node.inputs]
-        on_host = not hasattr(backend, "graph_op")  # a device backend runs every node itself
         if on_host and node.op in INPLACE and _dies_here(node.inputs[0], i, last, env, graph):
             y = INPLACE[node.op](node.params, args[0])
         else:
@@ -108,13 +112,31 @@ def _tanh_(p: dict, x: np.ndarray) -> np.ndarray:
     return np.tanh(x, out=x)
 
 
-# element-wise ops that may overwrite their input when it dies at them (no new buffer)
+def _instance_norm_(p: dict, x: np.ndarray) -> np.ndarray:
+    from znni.primitives.cpu import graph_ops as g
+
+    act = p.get("activation")
+    return g.instance_norm(x, p["scale"], p["bias"], p["epsilon"], activation=act, out=x)
+
+
+def _group_norm_(p: dict, x: np.ndarray) -> np.ndarray:
+    from znni.primitives.cpu import graph_ops as g
+
+    act = p.get("activation")
+    return g.group_norm(x, p["groups"], p["scale"], p["bias"], p["epsilon"], activation=act, out=x)
+
+
+# ops that may overwrite their input when it dies at them (no new buffer)
 INPLACE: dict[str, Callable[[dict, np.ndarray], np.ndarray]] = {
     "relu": _relu_,
     "leaky_relu": _leaky_relu_,
     "sigmoid": _sigmoid_,
     "tanh": _tanh_,
+    "instance_norm": _instance_norm_,
+    "group_norm": _group_norm_,
 }
+# host normalisations, which apply a following activation in their own pass
+NORMS = ("instance_norm", "group_norm")
 
 
 def _reader_counts(graph: Graph) -> dict[str, int]:
@@ -126,10 +148,12 @@ def _reader_counts(graph: Graph) -> dict[str, int]:
 
 
 def _fusable_activation(
-    node: Node, nodes: tuple[Node, ...], i: int, readers: dict[str, int]
+    node: Node, nodes: tuple[Node, ...], i: int, readers: dict[str, int], on_host: bool = True
 ) -> Activation | None:
-    """The activation right after a fast-path conv that alone reads the conv's output."""
-    if node.op != "conv" or not _fast_conv(node) or i + 1 >= len(nodes):
+    """The activation right after a fast-path conv (or a host normalisation) that alone
+    reads its output."""
+    fuses = _fast_conv(node) if node.op == "conv" else on_host and node.op in NORMS
+    if not fuses or i + 1 >= len(nodes):
         return None
     nxt = nodes[i + 1]
     if nxt.op not in FUSABLE or nxt.inputs != node.outputs or readers[node.outputs[0]] != 1:
@@ -241,16 +265,19 @@ def _kernels() -> dict[str, Callable[..., np.ndarray]]:
             nearest_mode=p["nearest_mode"],
             scales=p["scales"],
         ),
-        "concat": lambda p, *xs: np.concatenate(xs, axis=1),
+        "concat": lambda p, *xs: g.concat_channels(xs),
         "add": _binary(np.add),
         "sub": _binary(np.subtract),
         "mul": _binary(np.multiply),
         "div": _binary(np.divide),
         "slice": _slice,
-        "pad": lambda p, x: g.pad3d(x, p["pads"], p["mode"], p["value"]),
-        "instance_norm": lambda p, x: g.instance_norm(x, p["scale"], p["bias"], p["epsilon"]),
+        # a Pad of zero widths (U-Net skip alignment) passes x on, as identity does
+        "pad": lambda p, x: g.pad3d(x, p["pads"], p["mode"], p["value"]) if any(p["pads"]) else x,
+        "instance_norm": lambda p, x: g.instance_norm(
+            x, p["scale"], p["bias"], p["epsilon"], activation=p.get("activation")
+        ),
         "group_norm": lambda p, x: g.group_norm(
-            x, p["groups"], p["scale"], p["bias"], p["epsilon"]
+            x, p["groups"], p["scale"], p["bias"], p["epsilon"], activation=p.get("activation")
         ),
         "batch_norm": lambda p, x: g.batch_norm(
             x, p["scale"], p["bias"], p["mean"], p["var"], p["epsilon"]

@@ -5,6 +5,7 @@ on float32 (N, C, Z, Y, X) numpy arrays; pads are in ONNX order
 (z_begin, y_begin, x_begin, z_end, y_end, x_end). Bad attributes raise ValueError.
 """
 
+from znni.primitives.cpu.graph_ops.concat import concat_channels
 from znni.primitives.cpu.graph_ops.conv_general import conv3d
 from znni.primitives.cpu.graph_ops.conv_transpose import conv_transpose3d
 from znni.primitives.cpu.graph_ops.elementwise import (
@@ -29,6 +30,7 @@ __all__ = [
     "avg_pool3d",
     "batch_norm",
     "clip",
+    "concat_channels",
     "conv3d",
     "conv_transpose3d",
     "elu",

@@ -1,9 +1,10 @@
 """Transposed 3D convolution (ONNX ConvTranspose / torch ConvTranspose3d).
 
 U-Net decoders upsample with k == s, pad 0 transposed convs: each input voxel
-then owns a disjoint kz*ky*kx output block, so one GEMM plus one transpose
-writes the whole output. Other settings overlap, and scatter-add one GEMM per
-kernel offset into a strided view of the uncropped output.
+then owns a disjoint kz*ky*kx output block, so a GEMM per slab of z planes plus
+strided copies write the whole output, the slabs on all cores. Other settings
+overlap, and scatter-add one GEMM per kernel offset into a strided view of the
+uncropped output.
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ from znni.primitives.cpu.graph_ops._args import (
     six,
     triple,
 )
+from znni.primitives.cpu.graph_ops._parallel import run_tiles
+
+# bytes of one slab's GEMM result: stays in L2 for the strided copies out of it
+SLAB_BYTES = 1 << 20
 
 
 def transpose_out_size(n: int, k: int, s: int, d: int, pb: int, pe: int, op: int) -> int:
@@ -66,27 +71,53 @@ def conv_transpose3d(
         raise ValueError(f"empty output {out}: input {x.shape[2:]}, kernel {kernel}, pads {p}")
     b = channel_vector(bias, w.shape[1] * groups, "bias")
     if kernel == s and not any(p) and not any(op) and d == (1, 1, 1):
-        y = _upsample_gemm(x, w, groups)
-    else:
-        y = _scatter(x, w, groups, s, d, p, out)
+        return _upsample_gemm(x, w, b, groups)
+    y = _scatter(x, w, groups, s, d, p, out)
     if b is not None:
         y += b[None, :, None, None, None]
     return y
 
 
-def _upsample_gemm(x: np.ndarray, w: np.ndarray, groups: int) -> np.ndarray:
-    """k == s, no pads: one GEMM per group, then a transpose with no overlap."""
+def _upsample_gemm(
+    x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, groups: int
+) -> np.ndarray:
+    """k == s, no pads: each input voxel owns a disjoint kz*ky*kx block of the output.
+
+    Per (sample, group, slab of z planes): one GEMM (Cout/g*kz*ky*kx, Cin/g) @ (Cin/g,
+    planes) into a cache-sized buffer, then kx strided copies (runs of X voxels) into
+    the output, the bias added on the way; the slabs run on all cores. A whole-volume
+    GEMM and one transpose copy with kx-long inner runs took 4x as long for
+    16 x 32^3 -> 64^3.
+    """
     n, cin, z, y, xx = x.shape
     cg, cog = cin // groups, w.shape[1]
     kz, ky, kx = w.shape[2:]
-    xt = x.reshape(n, groups, cg, z * y * xx).transpose(1, 0, 3, 2)  # (G, N, Z*Y*X, Cin/g)
-    xt = xt.reshape(groups, n * z * y * xx, cg)  # (G, N*Z*Y*X, Cin/g)
-    wm = w.reshape(groups, cg, cog * kz * ky * kx)  # (G, Cin/g, Cout/g*kz*ky*kx)
-    r = np.matmul(xt, wm)  # (G, N*Z*Y*X, Cout/g*kz*ky*kx)
-    r = r.reshape(groups, n, z, y, xx, cog, kz, ky, kx)  # (G, N, Z, Y, X, Cout/g, kz, ky, kx)
-    r = r.transpose(1, 0, 5, 2, 6, 3, 7, 4, 8)  # (N, G, Cout/g, Z, kz, Y, ky, X, kx)
+    kk, plane = kz * ky * kx, y * xx
+    wt = w.reshape(groups, cg, cog * kk).transpose(0, 2, 1)  # (G, Cout/g*k, Cin/g): BLAS's A^T
+    rows = None if bias is None else np.repeat(bias.reshape(groups, cog), kk, axis=1)[..., None]
+    xs = x.reshape(n, groups, cg, z, plane)  # (N, G, Cin/g, Z, Y*X)
     out = np.empty((n, groups, cog, z, kz, y, ky, xx, kx), np.float32)
-    np.copyto(out, r)
+    dst = out.transpose(0, 1, 8, 2, 4, 6, 3, 5, 7)  # (N, G, kx, Cout/g, kz, ky, Z, Y, X)
+    per = max(1, min(z, SLAB_BYTES // (4 * cog * kk * plane)))  # z planes per slab
+    slabs = [
+        (b, g, z0, min(z0 + per, z))
+        for b in range(n)
+        for g in range(groups)
+        for z0 in range(0, z, per)
+    ]
+
+    def run(part: Sequence[tuple[int, int, int, int]]) -> list[None]:
+        for b, g, z0, z1 in part:
+            src = xs[b, g, :, z0:z1].reshape(cg, (z1 - z0) * plane)  # (Cin/g, planes)
+            r = np.matmul(wt[g], src)  # (Cout/g*k, planes)
+            if rows is not None:
+                r += rows[g]
+            r = r.reshape(cog, kz, ky, kx, z1 - z0, y, xx)
+            for c in range(kx):
+                dst[b, g, c, :, :, :, z0:z1] = r[:, :, :, c]
+        return [None] * len(part)
+
+    run_tiles(run, slabs, out.nbytes)
     return out.reshape(n, groups * cog, z * kz, y * ky, xx * kx)  # (N, Cout, Z*kz, Y*ky, X*kx)
 
 

@@ -1,16 +1,21 @@
 """Instance, group and batch normalization, and folding BatchNorm into a Conv.
 
-Statistics take two float32 passes (mean, then the variance of the centred
-copy): one-pass E[x^2] - E[x]^2 in float32 loses the variance when
-|mean| >> std, which happens on raw EM intensities. Inference BatchNorm is a
-per-channel affine map, and after a Conv it folds into the weights for free.
+Instance and group norm read the volume twice, in cache-sized tiles on all cores
+(`_rowwise`): once for per-row moments, each tile centred on its own mean and
+merged in float64 (one-pass E[x^2] - E[x]^2 in float32 loses the variance when
+|mean| >> std, which happens on raw EM intensities), once for the fused affine
+map and the following activation, in place when the caller allows. Inference
+BatchNorm is a per-channel affine map, and after a Conv it folds into the
+weights for free.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from znni.primitives.base import Activation
 from znni.primitives.cpu.graph_ops._args import as_volume, channel_vector
+from znni.primitives.cpu.graph_ops._rowwise import affine_rows, row_moments
 
 
 def _normalize(
@@ -19,33 +24,33 @@ def _normalize(
     scale: np.ndarray | None,
     bias: np.ndarray | None,
     epsilon: float,
+    activation: Activation | None = None,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """(x - mean) / sqrt(biased var + eps) per (n, group), then the per-channel affine.
+    """act((x - mean) / sqrt(biased var + eps) * scale + bias) per (n, group) -> float32.
 
-    Float32 passes over the volume: a pairwise-summed mean, the centred copy (which
-    becomes the output), its residual mean and per-row BLAS dot products (the
-    corrected two-pass variance), then the scale and the shift in place. No
-    float64 or squared temporary of the volume is made.
+    Rows far from zero (|mean| > std) are shifted by their float32 mean before the
+    scale, so the float32 products never cancel; the shift's rounding goes into the
+    (float64-computed) offset.
     """
     n, c = x.shape[:2]
-    rows = x.reshape(n * groups, -1)  # (N*G, C/G*Z*Y*X)
-    size = rows.shape[1]
-    centred = rows - rows.sum(axis=1, keepdims=True) / np.float32(size)
-    # the float32 mean is off by a residual that is tiny next to the spread: measure it
-    resid = centred.sum(axis=1).astype(np.float64) / size  # (N*G,)
-    sq = np.array([np.dot(r, r) for r in centred], dtype=np.float64)  # (N*G,)
-    inv = 1.0 / np.sqrt(np.maximum(sq / size - resid**2, 0.0) + epsilon)
+    x = np.ascontiguousarray(x)
+    mean, var = row_moments(x.reshape(n * groups, -1))  # (N*G,) each
+    inv = 1.0 / np.sqrt(var + epsilon)
+    centre = np.where(np.abs(mean) * inv > 1.0, mean.astype(np.float32), 0.0)  # (N*G,)
     per_channel = c // groups
-    factor = np.repeat(inv, per_channel).reshape(n, c)  # (N, C): each channel's group
-    shift = -np.repeat(resid * inv, per_channel).reshape(n, c)
-    if scale is not None:
-        factor, shift = factor * scale[None, :], shift * scale[None, :]
+    inv_c, mean_c, centre_c = (  # (N, C): each channel's group
+        np.repeat(v, per_channel).reshape(n, c) for v in (inv, mean, centre)
+    )
+    factor = inv_c if scale is None else inv_c * scale[None, :]
+    shift = (centre_c - mean_c) * factor
     if bias is not None:
         shift = shift + bias[None, :]
-    y = centred.reshape(n * c, -1)  # (N*C, Z*Y*X)
-    y *= factor.astype(np.float32).reshape(n * c, 1)
-    y += shift.astype(np.float32).reshape(n * c, 1)
-    return y.reshape(x.shape)
+    dst = np.empty(x.shape, np.float32) if out is None else out
+    shifted = centre_c.reshape(-1) if centre.any() else None  # (N*C,)
+    rows, dst_rows = x.reshape(n * c, -1), dst.reshape(n * c, -1)  # (N*C, Z*Y*X)
+    affine_rows(rows, dst_rows, factor.reshape(-1), shift.reshape(-1), shifted, activation)
+    return dst
 
 
 def _epsilon(epsilon: float) -> float:
@@ -55,14 +60,37 @@ def _epsilon(epsilon: float) -> float:
     return eps
 
 
+def _out(x: np.ndarray, out: np.ndarray | None) -> np.ndarray | None:
+    """`out` checked as a destination for x's result (x itself allowed: in place)."""
+    if out is None:
+        return None
+    if out.shape != x.shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(
+            f"out must be a C-contiguous float32 array of shape {x.shape}, "
+            f"got {out.dtype} {out.shape}"
+        )
+    if out is not x and np.shares_memory(out, x):
+        raise ValueError("out overlaps x without being x")
+    return out
+
+
 def instance_norm(
-    x: np.ndarray, scale: np.ndarray | None, bias: np.ndarray | None, epsilon: float = 1e-5
+    x: np.ndarray,
+    scale: np.ndarray | None,
+    bias: np.ndarray | None,
+    epsilon: float = 1e-5,
+    *,
+    activation: Activation | None = None,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """ONNX InstanceNormalization: per (n, c) over Z, Y, X, biased variance -> float32."""
+    """ONNX InstanceNormalization: per (n, c) over Z, Y, X, biased variance -> float32.
+
+    `activation` is applied to the result in the same pass; `out` (which may be x
+    itself, when the caller no longer needs x) receives it instead of a new array."""
     x = as_volume(x)
     n, c = x.shape[:2]
     sc, b = channel_vector(scale, c, "scale"), channel_vector(bias, c, "bias")
-    return _normalize(x, c, sc, b, _epsilon(epsilon))
+    return _normalize(x, c, sc, b, _epsilon(epsilon), activation, _out(x, out))
 
 
 def group_norm(
@@ -71,15 +99,20 @@ def group_norm(
     scale: np.ndarray | None,
     bias: np.ndarray | None,
     epsilon: float = 1e-5,
+    *,
+    activation: Activation | None = None,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """torch GroupNorm: stats over (C/G, Z, Y, X) per (n, group), per-channel affine."""
+    """torch GroupNorm: stats over (C/G, Z, Y, X) per (n, group), per-channel affine.
+
+    `activation` and `out` as for `instance_norm`."""
     x = as_volume(x)
     n, c = x.shape[:2]
     g = int(num_groups)
     if g < 1 or c % g:
         raise ValueError(f"num_groups={num_groups} must be >= 1 and divide C={c}")
     sc, b = channel_vector(scale, c, "scale"), channel_vector(bias, c, "bias")
-    return _normalize(x, g, sc, b, _epsilon(epsilon))
+    return _normalize(x, g, sc, b, _epsilon(epsilon), activation, _out(x, out))
 
 
 def _bn_coefficients(

@@ -50,11 +50,14 @@ def _geometry(
 def _padded(
     x: np.ndarray, p: Six, k: Triple, s: Triple, d: Triple, out: Triple, fill: float
 ) -> np.ndarray:
-    """x padded with `fill` by the pads plus whatever ceil-mode windows overrun."""
+    """x padded with `fill` by the pads plus whatever ceil-mode windows overrun (x itself
+    when there is nothing to pad: the reduction never writes into its input)."""
     width = [(0, 0), (0, 0)]
     for i in range(3):
         need = (out[i] - 1) * s[i] + d[i] * (k[i] - 1) + 1  # extent the windows cover
         width.append((p[i], max(0, need - p[i] - x.shape[2 + i])))
+    if not any(a or b for a, b in width):
+        return x
     return np.pad(x, width, constant_values=fill)
 
 
@@ -65,21 +68,23 @@ def _reduce_axes(
 
     Per axis, the k taps are k strided views of the padded array combined with
     `op` into one accumulator: whole-array ufunc calls with contiguous inner rows,
-    rather than a reduction over a short strided window axis (slow in numpy).
+    rather than a reduction over a short strided window axis (slow in numpy). The
+    first two taps make the accumulator, so the input (maybe the caller's) is only read.
     """
     y = xp
     for i in range(3):
         axis = 2 + i
         sel = [slice(None)] * y.ndim
-        acc = None
+        taps = []
         for t in range(k[i]):
             sel[axis] = slice(t * d[i], t * d[i] + (out[i] - 1) * s[i] + 1, s[i])
-            tap = y[tuple(sel)]  # (..., out along axis, ...)
-            if acc is None:
-                acc = tap.copy() if k[i] > 1 else tap  # xp is a fresh np.pad copy
-            else:
-                op(acc, tap, out=acc)
-        y = acc
+            taps.append(y[tuple(sel)])  # (..., out along axis, ...)
+        if len(taps) == 1:
+            y = taps[0]
+            continue
+        y = op(taps[0], taps[1])
+        for tap in taps[2:]:
+            op(y, tap, out=y)
     return y
 
 
@@ -94,8 +99,8 @@ def max_pool3d(
     """ONNX MaxPool over (N, C, Z, Y, X): padding never wins (-inf)."""
     x = as_volume(x)
     k, s, p, d, out = _geometry(x, kernel, strides, pads, dilations, ceil_mode)
-    xp = _padded(x, p, k, s, d, out, -np.inf)
-    return np.ascontiguousarray(_reduce_axes(xp, k, s, d, out, np.maximum), dtype=np.float32)
+    y = _reduce_axes(_padded(x, p, k, s, d, out, -np.inf), k, s, d, out, np.maximum)
+    return y.copy() if np.may_share_memory(y, x) else y  # a 1x1x1 window: a view of x
 
 
 def _counts(n: int, k: int, s: int, pb: int, pe: int, out: int, include_pad: bool) -> np.ndarray:
