@@ -16,7 +16,14 @@ from typing import Any
 
 import numpy as np
 
-from znni.model.graph import Graph, Node
+from znni.model.graph import (
+    HOST_NORMS,
+    Graph,
+    Node,
+    absorbs_next_activation,
+    reader_counts,
+    stride_one_conv,
+)
 from znni.primitives.base import Activation, Backend
 
 FUSABLE = {"relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh", "leaky_relu": "leaky_relu"}
@@ -39,14 +46,14 @@ def run_graph(
             f"got an array of shape {x.shape}"
         )
     last = graph.last_use()
-    readers = _reader_counts(graph)
+    readers = reader_counts(graph)
     env: dict[str, np.ndarray] = {graph.input: np.asarray(x, np.float32)}
     nodes = graph.nodes
     i = 0
     on_host = not hasattr(backend, "graph_op")  # a device backend runs every node itself
     while i < len(nodes):
         node = nodes[i]
-        fused = _fusable_activation(node, nodes, i, readers, on_host)
+        fused = _fusable_activation(graph, i, readers, on_host)
         if fused is not None and node.op in NORMS:  # the host norms take it as a parameter
             node = Node(
                 node.name, node.op, node.inputs, node.outputs, {**node.params, "activation": fused}
@@ -135,35 +142,21 @@ INPLACE: dict[str, Callable[[dict, np.ndarray], np.ndarray]] = {
     "instance_norm": _instance_norm_,
     "group_norm": _group_norm_,
 }
-# host normalisations, which apply a following activation in their own pass
-NORMS = ("instance_norm", "group_norm")
-
-
-def _reader_counts(graph: Graph) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for node in graph.nodes:
-        for t in node.inputs:
-            counts[t] = counts.get(t, 0) + 1
-    return counts
+NORMS = HOST_NORMS
 
 
 def _fusable_activation(
-    node: Node, nodes: tuple[Node, ...], i: int, readers: dict[str, int], on_host: bool = True
+    graph: Graph, i: int, readers: dict[str, int], on_host: bool = True
 ) -> Activation | None:
-    """The activation right after a fast-path conv (or a host normalisation) that alone
-    reads its output."""
-    fuses = _fast_conv(node) if node.op == "conv" else on_host and node.op in NORMS
-    if not fuses or i + 1 >= len(nodes):
+    """The activation node i + 1 when node i applies it in its own pass (model.graph)."""
+    if not absorbs_next_activation(graph, i, readers, on_host):
         return None
-    nxt = nodes[i + 1]
-    if nxt.op not in FUSABLE or nxt.inputs != node.outputs or readers[node.outputs[0]] != 1:
-        return None
+    nxt = graph.nodes[i + 1]
     return Activation(FUSABLE[nxt.op], float(nxt.params.get("alpha", 0.01)))
 
 
 def _fast_conv(node: Node) -> bool:
-    p = node.params
-    return p["strides"] == (1, 1, 1) and p["dilations"] == (1, 1, 1) and p["group"] == 1
+    return stride_one_conv(node)
 
 
 def run_node(

@@ -125,6 +125,42 @@ class Graph:
         return peak
 
 
+FUSABLE_ACTIVATIONS = ("relu", "sigmoid", "tanh", "leaky_relu")
+HOST_NORMS = ("instance_norm", "group_norm")  # apply a following activation in their pass
+
+
+def stride_one_conv(node: Node) -> bool:
+    """A conv the fast primitives run: stride 1, no dilation, one group."""
+    if node.op != "conv":
+        return False
+    p = node.params
+    return p["strides"] == (1, 1, 1) and p["dilations"] == (1, 1, 1) and p["group"] == 1
+
+
+def reader_counts(graph: Graph) -> dict[str, int]:
+    """Tensor -> how many node inputs read it."""
+    counts: dict[str, int] = {}
+    for node in graph.nodes:
+        for t in node.inputs:
+            counts[t] = counts.get(t, 0) + 1
+    return counts
+
+
+def absorbs_next_activation(
+    graph: Graph, i: int, readers: dict[str, int], on_host: bool = True
+) -> bool:
+    """Whether node i (a fast-path conv, or a normalisation on the host) applies the
+    activation node right after it in its own output pass: that node alone reads it."""
+    nodes = graph.nodes
+    node = nodes[i]
+    fuses = stride_one_conv(node) if node.op == "conv" else on_host and node.op in HOST_NORMS
+    if not fuses or i + 1 >= len(nodes):
+        return False
+    nxt = nodes[i + 1]
+    return (nxt.op in FUSABLE_ACTIVATIONS and nxt.inputs == node.outputs
+            and readers[node.outputs[0]] == 1)
+
+
 def digest_arrays(parts: list[bytes], arrays: list[np.ndarray]) -> str:
     """sha256 over byte strings and arrays (dtype, shape and data)."""
     h = hashlib.sha256()

@@ -15,13 +15,33 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
-from znni.model.graph import Graph, Node
+from znni.model.graph import (
+    Graph,
+    Node,
+    absorbs_next_activation,
+    reader_counts,
+    stride_one_conv,
+)
 from znni.model.network import FLOAT_BYTES, LayerShape
 from znni.planner.costs import CPU_CONV_PRIMITIVES, Work, cpu_seconds, layer_seconds
 from znni.planner.machine import DEFAULT_CPU_RATES, MachineProfile
 from znni.planner.memory import conv_workspace_bytes, kernel_spectra_bytes
 
 GEMM_OPS = ("conv", "conv_transpose")  # general convs run as GEMMs over kernel offsets
+PASS_THROUGH = ("identity", "dropout")
+# op -> (passes over its inputs, over its outputs, split over the cores, seconds per call):
+# how primitives/cpu/graph_ops moves memory (normalisations: statistics, then a fused
+# scale/shift/activation in place; slices read only what they keep). Unlisted ops: one
+# read and one write, on one core. Fitted on BasicUNet and the valid U-Net windows (CI
+# kind, 2026-11-23): concat, norms, maxpool, slice within 30% per op type.
+OP_TRAFFIC: dict[str, tuple[float, float, bool, float]] = {
+    "concat": (1.0, 1.0, True, 0.0),
+    "instance_norm": (3.0, 1.0, True, 3e-4),
+    "group_norm": (3.0, 1.0, True, 3e-4),
+    "maxpool": (3.0, 1.0, True, 0.0),
+    "conv_transpose": (1.0, 1.0, True, 0.0),
+    "slice": (0.0, 2.0, False, 0.0),
+}
 NODE_OVERHEAD_S = 5e-5  # Python dispatch and one allocation per node
 # graph_ops' strided and transposed convs (GEMMs per kernel offset over strided views) ran at
 # ~1/2.75 of the calibrated direct-conv GEMM rate (MONAI UNet 64^3 per-op breakdown, this
@@ -68,10 +88,7 @@ class GraphPlan:
 
 def fast_conv(node: Node) -> bool:
     """A conv the fast primitives run: stride 1, no dilation, one group."""
-    if node.op != "conv":
-        return False
-    p = node.params
-    return p["strides"] == (1, 1, 1) and p["dilations"] == (1, 1, 1) and p["group"] == 1
+    return stride_one_conv(node)
 
 
 def conv_layer(graph: Graph, i: int, node: Node) -> LayerShape:
@@ -86,15 +103,23 @@ def conv_layer(graph: Graph, i: int, node: Node) -> LayerShape:
 
 
 def other_seconds(graph: Graph, node: Node, machine: MachineProfile) -> float:
-    """Element-wise traffic of every input and output, plus GEMM flops of general convs."""
-    moved = sum(prod(graph.shapes[t][1:]) for t in (*node.inputs, *node.outputs))
-    work = Work(memory_bytes=float(2 * moved * FLOAT_BYTES))
+    """Memory traffic of the node's kernel (OP_TRAFFIC, over both cores where the kernel
+    splits its tiles), plus GEMM flops of general convs; nodes that move nothing (zero
+    pads, identities) cost their dispatch only."""
+    if node.op in PASS_THROUGH or (node.op == "pad" and not any(node.params["pads"])):
+        return NODE_OVERHEAD_S
+    reads, writes, parallel, call_s = OP_TRAFFIC.get(node.op, (1.0, 1.0, False, 0.0))
+    read = sum(prod(graph.shapes[t][1:]) for t in node.inputs)
+    written = sum(prod(graph.shapes[t][1:]) for t in node.outputs)
+    moved_bytes = (reads * read + writes * written) * FLOAT_BYTES
+    cores = machine.cores if parallel else 1
+    work = Work(memory_bytes=moved_bytes / cores, calls=0)
     if node.op in GEMM_OPS:
         w = node.params["weight"]
         big = node.inputs[0] if node.op == "conv_transpose" else node.outputs[0]
         flops = 2.0 * prod(graph.shapes[big][2:]) * w.size * GENERAL_GEMM_SLOWDOWN
         work = work + Work(direct_flops=flops)
-    return cpu_seconds(work, machine) + NODE_OVERHEAD_S
+    return cpu_seconds(work, machine) + call_s + NODE_OVERHEAD_S
 
 
 def _conv_options(
@@ -205,9 +230,14 @@ def plan_graph(
 
         i = min(keeping, key=loss)
         picks[i] = next(o for o in options[i] if not o[2])
+    readers, fused = reader_counts(graph), set()
+    for i in range(len(graph.nodes)):
+        if absorbs_next_activation(graph, i, readers):
+            fused.add(i + 1)  # applied in the conv's or the norm's output pass
     plans = [
         NodePlan(node.name, node.op, picks[i][3], picks[i][0], picks[i][1]) if i in picks
-        else NodePlan(node.name, node.op, None, other_seconds(graph, node, machine), 0)
+        else NodePlan(node.name, node.op, None,
+                      NODE_OVERHEAD_S if i in fused else other_seconds(graph, node, machine), 0)
         for i, node in enumerate(graph.nodes)
     ]
     return GraphPlan(
