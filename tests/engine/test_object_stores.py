@@ -189,3 +189,17 @@ def test_dask_local_cluster_reads_and_writes_s3(s3, case, monkeypatch) -> None: 
     assert report.blocks_computed == report.blocks_total
     assert np.array_equal(read_url(job.output_path), zarr.open_array(local.output_path)[...])
     assert len(read_ledger(job.output_path)[1]) == report.blocks_total
+
+
+def test_s3_stores_skip_the_head_before_each_get() -> None:
+    """s3fs HEADs every object before a whole-object GET unless max_concurrency is 1; znni
+    sets 1 for s3:// by default, and a --storage-option still wins."""
+    from znni.engine.stores import _OPTIONS, options_for, register
+
+    assert options_for("s3://nobucket-defaults/x.zarr") == {"max_concurrency": 1}
+    assert options_for("gs://b/x.zarr") == {} and options_for("https://h/x.zarr") == {}
+    try:
+        register(["s3://bucket-with-options/x"], {"max_concurrency": 4, "anon": True})
+        assert options_for("s3://bucket-with-options/y") == {"max_concurrency": 4, "anon": True}
+    finally:
+        _OPTIONS.pop("s3://bucket-with-options", None)

@@ -5,6 +5,8 @@ by the reader thread and block i-1 encoded and written by the writer
 thread. At most two inputs and two outputs are alive, which is what the
 layout's memory rule counts. A block is reported done only after its write
 returned, so the ledger never claims a block whose output is not on disk.
+The writer thread reports it (`on_done`: the ledger record, progress), so a
+ledger put to an object store or an fsync waits behind compute, not in front of it.
 """
 
 from __future__ import annotations
@@ -46,9 +48,9 @@ def run_local(
     def read(block: Block) -> np.ndarray:
         return _timed(timer, "read", lambda: worker.read(block))  # type: ignore[return-value]
 
-    def write(block: Block, values: np.ndarray) -> Block:
+    def write(block: Block, values: np.ndarray) -> None:
         _timed(timer, "write", lambda: worker.write(block, values))
-        return block
+        on_done(block)  # in order: one writer thread
 
     def wait(fut: Future) -> object:
         return _timed(timer, "wait", fut.result)
@@ -66,14 +68,14 @@ def run_local(
             out = _timed(timer, "compute", lambda b=block, r=raw: worker.compute(b, r))
             del raw
             if pending_write is not None:
-                on_done(wait(pending_write))  # type: ignore[arg-type]
+                wait(pending_write)
             pending_write = writer.submit(write, block, out)
             del out
             if cancel is not None and cancel.is_set():
-                on_done(wait(pending_write))  # type: ignore[arg-type]
+                wait(pending_write)
                 pending_write = None
                 raise SegmentCancelled(f"cancelled after {i + 1} of {len(blocks)} blocks")
-        on_done(wait(pending_write))  # type: ignore[arg-type]
+        wait(pending_write)
         pending_write = None
     finally:
         reader.shutdown(wait=True, cancel_futures=True)

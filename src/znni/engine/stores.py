@@ -43,6 +43,10 @@ TRANSIENT_ERRNO = frozenset({errno.EBUSY, errno.EREMOTEIO, errno.ETIMEDOUT, errn
 T = TypeVar("T")
 
 _OPTIONS: dict[str, dict[str, Any]] = {}  # "scheme://bucket" -> storage options
+# s3fs sends a HEAD before each whole-object GET (to split large objects into concurrent
+# ranged GETs); for chunks that doubles the requests, and zarr already reads chunks
+# concurrently. `--storage-option max_concurrency=N` still sets it.
+DEFAULT_OPTIONS: dict[str, dict[str, Any]] = {"s3": {"max_concurrency": 1}}
 
 
 class StoreError(RuntimeError):
@@ -111,7 +115,11 @@ def restore(options: Mapping[str, Mapping[str, Any]]) -> None:
 
 
 def options_for(url: str) -> dict[str, Any]:
-    return dict(_OPTIONS.get(root(url), {})) if scheme(url) in WRITABLE_SCHEMES else {}
+    """The fsspec options for a URL: DEFAULT_OPTIONS under the registered ones."""
+    s = scheme(url)
+    if s not in WRITABLE_SCHEMES:
+        return {}
+    return {**DEFAULT_OPTIONS.get(s or "", {}), **_OPTIONS.get(root(url), {})}
 
 
 # -- paths and URLs alike -------------------------------------------------------------------

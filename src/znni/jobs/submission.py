@@ -10,15 +10,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from znni.engine.job import SegmentJob
+from znni.engine.job import OUTPUT_FORMATS, SegmentJob
 from znni.jobs.catalogue import Model, ModelOptions, NetworkCatalogue, model_mode
 from znni.jobs.paths import confine, confine_url, looks_like_url, relative_to_root
 from znni.model.onnx_model import OnnxModel
 
 WINDOW_FIELDS = ("window", "overlap", "blend")
+OME_FIELDS = ("output_format", "pyramid", "level")
 # the engine and model name their options as `znni segment` flags; the API's are fields
 FLAG_FIELDS = {f"--{f.replace('_', '-')}": f for f in (*WINDOW_FIELDS, "scale", "shift",
-                                                        "output_name")}
+                                                        "output_name", *OME_FIELDS)}
 
 
 def segment_job(
@@ -30,7 +31,8 @@ def segment_job(
     scheduler: str | None = None,
     overwrite: bool | None = None,
 ) -> SegmentJob:
-    """The engine job for stored parameters (paths already confined and resolved)."""
+    """The engine job for stored parameters (paths already confined and resolved; with a
+    `level`, `input_path` is already that level's array, as `check_submission` stored it)."""
     roi = params.get("roi")
     windowed = {k: params[k] for k in ("overlap", "blend") if params.get(k) is not None}
     return SegmentJob(
@@ -47,6 +49,8 @@ def segment_job(
         scheduler=scheduler,
         overwrite=bool(params.get("overwrite", False)) if overwrite is None else overwrite,
         window=_triple(params.get("window")),
+        output_format=params.get("output_format"),
+        pyramid=params.get("pyramid"),
         **windowed,
     )
 
@@ -65,8 +69,9 @@ def check_submission(
     """Check everything a job needs; ValueError with one sentence naming the problem.
 
     `input` and `output` are as the user sent them (relative to `data_root`, or URLs under
-    an `allow_url` prefix); `params`
-    are the job's other fields (roi, border, dtype, ..., overwrite, window, ..., scale).
+    an `allow_url` prefix); `params` are the job's other fields (roi, border, dtype, ...,
+    overwrite, window, ..., scale, output_format, pyramid, level). With a `level`, the job's
+    `input_path` is that level's array of the OME-Zarr image (what the worker reads).
     Nothing is written: the engine's `check_and_plan` only reads (it also plans the run).
     """
     from znni.engine.segment import check_and_plan
@@ -76,12 +81,15 @@ def check_submission(
     except ValueError as e:
         raise ValueError(api_words(str(e))) from e
     check_window_fields(net, network, params)
+    check_ome_fields(params)
     input_path = _locate(data_root, allow_url, input, "input")
     output_path = _locate(data_root, allow_url, output, "output")
     if _overlap(input_path, output_path):
         raise ValueError(
             f"output {output!r} and input {input!r} overlap; the output must be a separate array"
         )
+    if params.get("level") is not None:
+        input_path = input_level(data_root, allow_url, input_path, input, int(params["level"]))
     job = segment_job(net, input_path, output_path, params, scheduler=scheduler)
     check_overwrite(output_path, bool(params.get("overwrite", False)), output)
     try:
@@ -101,6 +109,42 @@ def _locate(root: Path, allow_url: tuple[str, ...], given: str, what: str) -> st
 def _overlap(a: str, b: str) -> bool:
     a, b = a.rstrip("/"), b.rstrip("/")
     return a == b or a.startswith(b + "/") or b.startswith(a + "/")
+
+
+def check_ome_fields(params: dict[str, Any]) -> None:
+    """output_format is zarr or ome-zarr; pyramid and level are whole numbers >= 0 (whether
+    they fit the input and output is the engine's check, in `check_and_plan`)."""
+    fmt = params.get("output_format")
+    if fmt is not None and fmt not in OUTPUT_FORMATS:
+        raise ValueError(f"output_format {fmt!r} is not one of {', '.join(OUTPUT_FORMATS)}")
+    for name in ("pyramid", "level"):
+        value = params.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 0):
+            raise ValueError(f"{name} {value!r} must be a whole number, 0 or more")
+
+
+def input_level(root: Path, allow_url: tuple[str, ...], input_path: str, shown: str,
+                level: int) -> str:
+    """The array of level `level` of the OME-Zarr image at `input_path` (confined: the
+    image's metadata may not lead out of the data root or the allowed URL prefixes)."""
+    from znni.engine.ome import level_path
+
+    try:
+        array = level_path(input_path, level)
+    except (ValueError, TypeError, FileNotFoundError, NotADirectoryError) as e:
+        raise ValueError(api_words(relative_to_root(root, str(e)))) from e
+    if looks_like_url(array):
+        try:
+            return confine_url(allow_url, array, "input")
+        except ValueError as e:
+            raise ValueError(f"level {level} of input {shown!r} is not readable here: {e}") from e
+    resolved = Path(array).resolve(strict=False)
+    if not resolved.is_relative_to(root) or resolved == root:
+        raise ValueError(
+            f"level {level} of input {shown!r} names an array outside the data root"
+        )
+    return str(resolved)
 
 
 def check_window_fields(net: Model, name: str, params: dict[str, Any]) -> None:
