@@ -120,3 +120,24 @@ def test_sigkill_mid_run_then_rerun_completes(setup, monkeypatch) -> None:
     total = 4 * 5 * 4  # blocks of 6x8x8 over 22x37x30
     assert again < total  # only unfinished blocks were computed again
     assert np.array_equal(zarr.open_array(str(out))[...], setup["expected"])
+
+
+def test_windows_across_blocks_run_once_while_kept(setup, monkeypatch) -> None:
+    """Small blocks: every window that straddles blocks is computed once and reused (its
+    kept output), with the same result; without keeping, straddlers run again."""
+    import znni.engine.windowed as windowed
+    from znni.engine.windows import WindowGrid
+
+    calls = []
+    real = windowed.run_graph
+    monkeypatch.setattr(windowed, "run_graph", lambda *a: calls.append(1) or real(*a))
+    job = _job(setup, "kept.zarr", block=(6, 8, 8))
+    segment(job)
+    grid = WindowGrid.for_volume((22, 37, 30), WINDOW, 0.4)
+    assert len(calls) == grid.num_windows
+    assert np.array_equal(zarr.open_array(job.output_path)[...], setup["expected"])
+
+    calls.clear()
+    monkeypatch.setattr(windowed.WindowedWorker, "_keep", lambda self, start, out: None)
+    segment(_job(setup, "unkept.zarr", block=(6, 8, 8)))
+    assert len(calls) > grid.num_windows

@@ -21,7 +21,7 @@ from znni.engine.blockwork import trace_block
 from znni.engine.borders import read_with_border
 from znni.engine.geometry import Block, Box, Triple
 from znni.engine.graph_forward import make_graph_backend, run_graph
-from znni.engine.volume import encode_output, open_input, write_box
+from znni.engine.volume import encode_output, open_input, open_output_array, write_box
 from znni.model.onnx_model import OnnxModel
 from znni.primitives.base import Backend
 
@@ -68,9 +68,6 @@ class ExactGraphWorker:
     def __init__(
         self, spec: ExactGraphSpec, backend: Backend | None = None, output_array: Any = None
     ) -> None:
-        import zarr
-
-
         self.spec = spec
         self.volume = open_input(spec.input_path, spec.model.in_channels)
         self.backend = backend or make_graph_backend(spec.backend_name, spec.spectra_bytes)
@@ -80,7 +77,7 @@ class ExactGraphWorker:
         self.output = (
             output_array
             if output_array is not None
-            else zarr.open_array(spec.output_path, mode="r+")
+            else open_output_array(spec.output_path)
         )
 
     def _starts(self, block: Block) -> list[list[int]]:
