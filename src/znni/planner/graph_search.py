@@ -29,6 +29,7 @@ from znni.planner.memory import conv_workspace_bytes, kernel_spectra_bytes
 
 GEMM_OPS = ("conv", "conv_transpose")  # general convs run as GEMMs over kernel offsets
 PASS_THROUGH = ("identity", "dropout")
+REFERENCE_WINDOW_VOXELS, LARGE_WINDOW_EXPONENT = 64**3, 0.22  # see large_window_factor
 # op -> (passes over its inputs, over its outputs, split over the cores, seconds per call):
 # how primitives/cpu/graph_ops moves memory (normalisations: statistics, then a fused
 # scale/shift/activation in place; slices read only what they keep). Unlisted ops: one
@@ -200,6 +201,16 @@ def winograd_bytes(layer: LayerShape, cores: int) -> tuple[int, int]:
     return cores * 2 * WINOGRAD_CHUNK_BYTES + copies, u_bytes + w_bytes
 
 
+def large_window_factor(graph: Graph) -> float:
+    """Per-voxel slowdown of windows larger than the 64^3 the rates were fitted on: their
+    tensors stream from DRAM rather than the last-level cache, and every large buffer is
+    fresh memory. Measured per window on this machine kind (2026-11-23) relative to the
+    node sum: 1.0 at 64^3, 1.2-1.3 at 92^3-96^3, about 1.6 at 128^3-132^3, 2 at 160^3
+    (BasicUNet and the valid U-Net): (voxels / 64^3) ** 0.22."""
+    voxels = prod(graph.window)
+    return max(1.0, voxels / REFERENCE_WINDOW_VOXELS) ** LARGE_WINDOW_EXPONENT
+
+
 def _peak(tensors: int, picks: dict[int, tuple[float, int, int, str]]) -> int:
     """Kept spectra and kernel transforms stay across windows, so every conv's workspace
     meets all of them."""
@@ -242,7 +253,7 @@ def plan_graph(
     ]
     return GraphPlan(
         network=graph.name, window=graph.window, nodes=tuple(plans),
-        predicted_window_s=sum(n.predicted_s for n in plans),
+        predicted_window_s=sum(n.predicted_s for n in plans) * large_window_factor(graph),
         peak_bytes=_peak(tensors, picks),
         spectra_bytes=sum(p[2] for p in picks.values() if p[3] == "fft-keep"),
     )
