@@ -46,6 +46,7 @@ from znni.engine.volume import (
     open_input,
 )
 from znni.engine.windowed import (
+    WINDOW_CACHE_BYTES,
     WindowedSpec,
     check_window_options,
     make_worker,
@@ -172,7 +173,8 @@ def _windowed_parts(parts: dict[str, Any], window: Triple, job: SegmentJob) -> d
 
 def windowed_block_shape(chunks: Triple, window: Triple, region: Triple) -> Triple:
     """Whole chunks, about two windows wide per axis (within the region): windows that
-    touch two blocks are computed by both, so blocks should be several windows wide."""
+    touch two blocks are blended into both (and kept by the worker for the next block), so
+    blocks should be several windows wide."""
     out = []
     for c, w, r in zip(chunks, window, region, strict=True):
         want = min(max(2 * w, c), max(r, c))
@@ -301,8 +303,10 @@ def _blocks_and_spec(job: SegmentJob, prep: PreparedRun) -> tuple[list[Block], A
             return blocks, ExactGraphSpec(net, job.input_path, job.output_path, job.border,
                                           job.dtype, prep.window, **planned)
         grid = WindowGrid.for_volume(prep.volume.shape, prep.window, job.overlap)
+        # straddling windows kept: an eighth of the budget (the pass plans within 3/4)
+        kept = max(WINDOW_CACHE_BYTES, memory_budget_bytes(job.memory_limit_bytes) // 8)
         return blocks, WindowedSpec(net, job.input_path, job.output_path, job.dtype, grid,
-                                    job.blend, **planned)
+                                    job.blend, **planned, window_cache_bytes=kept)
     assert prep.plan is not None
     blocks = split_blocks(
         prep.region, prep.block_shape, prep.chunks, Halo.for_fov(net.fov), net.pool_product

@@ -29,6 +29,7 @@ BLEND_MODES = ("gaussian", "constant")
 # A window that straddles a block boundary is blended into every block it touches; its
 # output is kept (LRU, bounded in bytes) so the neighbouring blocks do not compute it
 # again (at 256^3 with 64^3 windows and 128^3 blocks, 216 window runs instead of 125).
+# segment() gives it an eighth of the memory budget, at least this.
 WINDOW_CACHE_BYTES = 256 * 2**20
 
 
