@@ -155,6 +155,7 @@ def test_plan_says_the_mode_and_why(tmp_path, capsys) -> None:
 
     model, _ = _unets()["basicunet"]
     onnx_path = _export(model, tmp_path / "b.onnx", (16, 32, 32))
+    capsys.readouterr()  # MONAI's BasicUNet prints its features when it is first built
     assert main(["plan", str(onnx_path), "--memory-limit", "1GiB", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["mode"] == "windowed" and "pads its input" in plan["reason"]
