@@ -35,3 +35,12 @@ def s3():  # a s3_util.MotoS3
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture()
+def s3_env(s3, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001 - s3_util.MotoS3
+    """The session server's endpoint and read-write keys in the environment (for znni
+    subprocesses and Dask workers), and the reference backend."""
+    for k, v in s3.env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("ZNNI_BACKEND", "reference")

@@ -13,21 +13,15 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from server_util import free_port
 
 BUCKET = "znni-test"
 REGION = "us-east-1"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from engine_ref import write_network
+from engine_ref import slow_network, write_network
 
 from znni.engine.job import SegmentJob
 from znni.engine.ledger import read_ledger
@@ -26,28 +26,14 @@ TOTAL = 3 * 3 * 3
 WAIT_S = 180.0
 
 
-@pytest.fixture(autouse=True)
-def s3_env(s3, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001 - s3_util.MotoS3
-    for k, v in s3.env().items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.setenv("ZNNI_BACKEND", "reference")
+pytestmark = pytest.mark.usefixtures("s3_env")
 
 
 @pytest.fixture()
 def case(s3, tmp_path: Path) -> dict:  # noqa: ANN001
     """A network heavy enough for a block to take a while, an s3 input and the local run."""
     rng = np.random.default_rng(11)
-    layers = [
-        {"kind": "conv", "out_channels": 8, "kernel": [3, 3, 3]}, {"kind": "relu"},
-        {"kind": "maxpool", "window": [2, 2, 2]},
-        {"kind": "conv", "out_channels": 8, "kernel": [3, 3, 3]}, {"kind": "tanh"},
-        {"kind": "conv", "out_channels": 2, "kernel": [1, 1, 1]}, {"kind": "sigmoid"},
-    ]
-    params = {}
-    for i, (cout, cin, k) in {0: (8, 1, 3), 3: (8, 8, 3), 5: (2, 8, 1)}.items():
-        w = rng.standard_normal((cout, cin, k, k, k)) / np.sqrt(cin * k**3)
-        params[f"{i}.weight"] = w.astype(np.float32)
-        params[f"{i}.bias"] = (0.1 * rng.standard_normal(cout)).astype(np.float32)
+    layers, params = slow_network(rng)
     spec = write_network(tmp_path, layers, params, scale=1 / 255)
     vol = rng.integers(0, 256, size=SHAPE).astype(np.uint8)
     prefix = s3.prefix()

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from engine_ref import write_network, write_volume
+from engine_ref import slow_network, write_network, write_volume
 
 from znni.engine.ledger import read_ledger
 
@@ -23,17 +23,7 @@ TOTAL = 5 * 5 * 5
 def _network(tmp: Path) -> Path:
     """Heavy enough that a block takes tens of milliseconds on the reference backend."""
     rng = np.random.default_rng(11)
-    layers = [
-        {"kind": "conv", "out_channels": 8, "kernel": [3, 3, 3]}, {"kind": "relu"},
-        {"kind": "maxpool", "window": [2, 2, 2]},
-        {"kind": "conv", "out_channels": 8, "kernel": [3, 3, 3]}, {"kind": "tanh"},
-        {"kind": "conv", "out_channels": 2, "kernel": [1, 1, 1]}, {"kind": "sigmoid"},
-    ]
-    params = {}
-    for i, (cout, cin, k) in {0: (8, 1, 3), 3: (8, 8, 3), 5: (2, 8, 1)}.items():
-        w = rng.standard_normal((cout, cin, k, k, k)) / np.sqrt(cin * k**3)
-        params[f"{i}.weight"] = w.astype(np.float32)
-        params[f"{i}.bias"] = (0.1 * rng.standard_normal(cout)).astype(np.float32)
+    layers, params = slow_network(rng)
     return write_network(tmp, layers, params, scale=1 / 255)
 
 

@@ -29,11 +29,7 @@ from znni.model.network import load_network
 CHUNKS = (7, 9, 10)
 
 
-@pytest.fixture(autouse=True)
-def s3_env(s3, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001 - s3_util.MotoS3
-    for k, v in s3.env().items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.setenv("ZNNI_BACKEND", "reference")
+pytestmark = pytest.mark.usefixtures("s3_env")
 
 
 @pytest.fixture()

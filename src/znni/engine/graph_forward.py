@@ -26,8 +26,6 @@ from znni.model.graph import (
 )
 from znni.primitives.base import Activation, Backend
 
-FUSABLE = {"relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh", "leaky_relu": "leaky_relu"}
-
 
 def run_graph(
     graph: Graph,
@@ -54,7 +52,7 @@ def run_graph(
     while i < len(nodes):
         node = nodes[i]
         fused = _fusable_activation(graph, i, readers, on_host)
-        if fused is not None and node.op in NORMS:  # the host norms take it as a parameter
+        if fused is not None and node.op in HOST_NORMS:  # the host norms take it as a parameter
             node = Node(
                 node.name, node.op, node.inputs, node.outputs, {**node.params, "activation": fused}
             )
@@ -142,7 +140,6 @@ INPLACE: dict[str, Callable[[dict, np.ndarray], np.ndarray]] = {
     "instance_norm": _instance_norm_,
     "group_norm": _group_norm_,
 }
-NORMS = HOST_NORMS
 
 
 def _fusable_activation(
@@ -152,11 +149,7 @@ def _fusable_activation(
     if not absorbs_next_activation(graph, i, readers, on_host):
         return None
     nxt = graph.nodes[i + 1]
-    return Activation(FUSABLE[nxt.op], float(nxt.params.get("alpha", 0.01)))
-
-
-def _fast_conv(node: Node) -> bool:
-    return stride_one_conv(node)
+    return Activation(nxt.op, float(nxt.params.get("alpha", 0.01)))
 
 
 def run_node(
@@ -169,7 +162,7 @@ def run_node(
     """One node on its input arrays: fast convs on `backend.conv3d`, the rest on
     `backend.graph_op` when it has one (a device), else on the host kernels."""
     graph_op = getattr(backend, "graph_op", None)
-    if graph_op is not None and not (node.op == "conv" and _fast_conv(node)):
+    if graph_op is not None and not stride_one_conv(node):
         return _checked(node, lambda: graph_op(node.op, node.params, *args))
     if node.op == "conv":
         return _conv(node, args[0], backend, fused, primitive)
@@ -193,7 +186,7 @@ def _conv(
     from znni.primitives.cpu import graph_ops
 
     p = node.params
-    if not _fast_conv(node):
+    if not stride_one_conv(node):
         return graph_ops.conv3d(
             x,
             p["weight"],

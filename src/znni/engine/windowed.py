@@ -9,8 +9,6 @@ so it computes each once while they fit (Dask workers each keep their own).
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +22,7 @@ from znni.engine.volume import encode_output, open_input, open_output_array, wri
 from znni.engine.windows import BlendMode, WindowGrid, blend_box, windows_touching
 from znni.model.onnx_model import OnnxModel
 from znni.primitives.base import Backend
+from znni.primitives.cpu.spectra_cache import SpectraCache
 
 BLEND_MODES = ("gaussian", "constant")
 # A window that straddles a block boundary is blended into every block it touches; its
@@ -61,8 +60,7 @@ class WindowedWorker:
         self.backend = backend or make_graph_backend(spec.backend_name, spec.spectra_bytes)
         self.graph = spec.model.graph(spec.grid.window)
         self.primitives = dict(spec.primitives)
-        self._kept: OrderedDict[Triple, np.ndarray] = OrderedDict()
-        self._kept_lock = threading.Lock()
+        self._kept = SpectraCache(spec.window_cache_bytes)  # an LRU bounded in bytes
         self.output = (
             output_array
             if output_array is not None
@@ -92,7 +90,7 @@ class WindowedWorker:
         origin = self.read_box(block).lo
 
         def run_window(start: Triple) -> np.ndarray:
-            kept = self._kept_output(start)
+            kept = self._kept.get(start)
             if kept is not None:
                 return kept
             window = _window_input(x, origin, start, grid)  # (C, WZ, WY, WX)
@@ -106,22 +104,9 @@ class WindowedWorker:
         trace_block(block)
         return encode_output(out, self.spec.dtype)
 
-    def _kept_output(self, start: Triple) -> np.ndarray | None:
-        with self._kept_lock:
-            out = self._kept.get(start)
-            if out is not None:
-                self._kept.move_to_end(start)
-            return out
-
     def _keep(self, start: Triple, out: np.ndarray) -> None:
         """Keep a straddling window's output, evicting the least recently used."""
-        limit = self.spec.window_cache_bytes
-        if out.nbytes > limit:
-            return
-        with self._kept_lock:
-            self._kept[start] = out
-            while sum(a.nbytes for a in self._kept.values()) > limit:
-                self._kept.popitem(last=False)
+        self._kept.put(start, out)
 
     def write(self, block: Block, values: np.ndarray) -> None:
         write_box(self.output, block.write, values)
