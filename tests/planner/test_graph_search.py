@@ -101,3 +101,25 @@ def test_the_executor_runs_the_planned_primitives(model) -> None:
     one = next(n.name for n in graph.nodes if fast_conv(n) and n.params["weight"].shape[2] == 1)
     with pytest.raises(ValueError, match="3x3x3 kernels only"):
         run_graph(graph, x, make_backend("cpu"), {one: "winograd"})
+
+
+def test_openvino_pays_for_idle_channel_lanes_and_shares_its_first_call() -> None:
+    from znni.planner.costs import LayerShape
+    from znni.planner.graph_search import openvino_seconds
+
+    ci = MachineProfile.load("ci-2core")
+    machine = replace(ci, cpu_rates={**ci.cpu_rates, "memory_bytes_per_s": 1e15})
+
+    def layer(cin: int, cout: int) -> LayerShape:
+        return LayerShape(0, "conv", 1, cin, (66, 66, 66), 1, cout, (64, 64, 64), (3, 3, 3))
+
+    def per_flop(cin: int, cout: int) -> float:
+        shape = layer(cin, cout)
+        return openvino_seconds(shape, machine) / shape.direct_flops
+
+    assert per_flop(1, 16) == pytest.approx(4 * per_flop(16, 16), rel=0.05)  # 1/16 of lanes
+    assert per_flop(32, 16) == pytest.approx(per_flop(16, 16), rel=0.05)
+    shape = layer(16, 16)
+    steady, once, shared = (openvino_seconds(shape, machine, p) for p in (None, 1, 100))
+    assert steady < shared < once
+    assert shared - steady == pytest.approx((once - steady) / 100)

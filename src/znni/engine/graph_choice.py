@@ -38,25 +38,27 @@ def plan_window(model: OnnxModel, window: Triple, budget_bytes: int, region: Tri
                 overlap: float = 0.25) -> GraphChoice:
     """The plan of one given window or tile; ValueError when it does not fit the budget."""
     model.check_window(window)
+    n = _passes(model, window, region, overlap)
+    graph = model.graph(window)
     try:
-        plan = plan_graph(model.graph(window), planning_machine(), budget_bytes)
+        plan = plan_graph(graph, planning_machine(), budget_bytes, passes=n)
         need = plan.peak_bytes
     except ValueError:  # no primitive fits beside the window's tensors
-        plan, need = None, model.graph(window).peak_tensor_bytes()
+        plan, need = None, graph.peak_tensor_bytes()
     if plan is None or need > budget_bytes:
         raise ValueError(
             f"window {tuple(window)} of model {model.name!r} needs {need:,} bytes or more per "
             f"pass, beyond the {budget_bytes:,}-byte memory budget; choose a smaller window or "
             "a larger memory limit"
         )
-    n = _passes(model, window, region, overlap)
     return GraphChoice(window, plan, n, prod(region) / max(1e-12, n * plan.predicted_window_s))
 
 
 def choose(model: OnnxModel, budget_bytes: int, region: Triple,
            overlap: float = 0.25) -> GraphChoice:
     """The candidate with the most predicted voxels/s whose pass fits the budget."""
-    candidates = [model.fixed_window] if model.fixed_window else _candidates(model, region)
+    candidates = ([model.fixed_window] if model.fixed_window
+                  else _fewer_passes(model, _candidates(model, region), region, overlap))
     best: GraphChoice | None = None
     errors = []
     for window in candidates:
@@ -89,6 +91,21 @@ def _candidates(model: OnnxModel, region: Triple) -> list[Triple]:
             break
         out.append(window)
     return out
+
+
+def _fewer_passes(model: OnnxModel, candidates: list[Triple], region: Triple,
+                  overlap: float) -> list[Triple]:
+    """The candidates (growing on every axis) that need fewer passes than every smaller one:
+    a larger window with as many passes costs more per pass and computes no fewer, so
+    only these are planned (e.g. 33 tiles of the valid U-Net over 128^3 became 6)."""
+    kept: list[Triple] = []
+    fewest = None
+    for window in candidates:
+        n = _passes(model, window, region, overlap)
+        if fewest is None or n < fewest:
+            kept.append(window)
+            fewest = n
+    return kept
 
 
 def _passes(model: OnnxModel, window: Triple, region: Triple, overlap: float) -> int:

@@ -13,7 +13,7 @@ transposed conv paths. Peak memory follows the executor's order and tensor lifet
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import prod
+from math import prod, sqrt
 
 from znni.model.graph import (
     Graph,
@@ -49,6 +49,16 @@ NODE_OVERHEAD_S = 5e-5  # Python dispatch and one allocation per node
 # machine kind, 2026-11-23; see docs/benchmarks.md "Graph planner")
 GENERAL_GEMM_SLOWDOWN = 2.75
 OPENVINO_CALL_S = 5e-4  # per call: input copy in, blocked reorders, output copy out
+# its JIT kernels work on blocks of 16 channels (AVX-512 here); fewer input channels leave
+# lanes idle: 18-31 GFLOP/s at Cin 1, 59 at 4, 100-113 at 12, 117-162 at 16-48 measured
+# (3^3 convs, 64^3-166^3 outputs, CI kind, 2026-11-23): rate x sqrt(min(1, Cin / 16))
+OPENVINO_CHANNEL_BLOCK = 16
+# the first call of a compiled layer (compile, JIT, first-touch of its buffers) took 0.1-0.4 s
+# more than later ones, growing with its tensors (0.13 s at 64->64 8^3, 0.37 s at 12->12
+# 130^3, about 1 s at 1->12 166^3; same runs): a fixed part plus a part per tensor byte,
+# shared by the windows of a run
+OPENVINO_FIRST_CALL_S = 0.1
+OPENVINO_FIRST_CALL_S_PER_BYTE = 1.5e-9
 # Winograd F(4, 3) (primitives/cpu/winograd.py): tiles of 4^3 outputs from 6^3 inputs
 WINOGRAD_M, WINOGRAD_ALPHA3 = 4, 216
 # its axis passes stream V and M about 2.7 times at the element-wise rate (least squares with
@@ -122,7 +132,7 @@ def other_seconds(graph: Graph, node: Node, machine: MachineProfile) -> float:
 
 
 def _conv_options(
-    graph: Graph, machine: MachineProfile, tensors: int, limit: int
+    graph: Graph, machine: MachineProfile, tensors: int, limit: int, passes: int | None = None
 ) -> dict[int, list[tuple[float, int, int, str]]]:
     """Per fast conv node index: (seconds, workspace, kept bytes, primitive) of each
     primitive whose workspace fits beside the window's tensors, fastest first."""
@@ -144,7 +154,7 @@ def _conv_options(
         if openvino_ready():
             work = layer.in_bytes + layer.out_bytes  # its blocked copies of input and output
             if tensors + work <= limit:
-                options.append((openvino_seconds(layer, machine), work, 0, "openvino"))
+                options.append((openvino_seconds(layer, machine, passes), work, 0, "openvino"))
         if not options:
             raise ValueError(f"no conv primitive for node {node.name!r} fits in {limit:,} bytes "
                              f"beside the window's {tensors:,} bytes of tensors")
@@ -159,14 +169,23 @@ def openvino_ready() -> bool:
     return openvino_available()
 
 
-def openvino_seconds(layer: LayerShape, machine: MachineProfile) -> float:
-    """Multiply-adds at the OpenVINO conv rate, the copies of input and output into and
-    out of its blocked layout (read and written: few-channel layers are bound by them),
-    plus a fixed cost per call."""
+def openvino_seconds(
+    layer: LayerShape, machine: MachineProfile, passes: int | None = None
+) -> float:
+    """Multiply-adds at the OpenVINO conv rate (lower with fewer input channels than a
+    channel block), the copies of input and output into and out of its blocked layout
+    (read and written: few-channel layers are bound by them), a fixed cost per call, and,
+    for a run of `passes` windows, its share of the layer's first call (None: steady state)."""
     rate = machine.cpu_rates.get("openvino_flops_per_s", DEFAULT_CPU_RATES["openvino_flops_per_s"])
+    rate *= sqrt(min(1.0, layer.channels_in / OPENVINO_CHANNEL_BLOCK))
     copies_bytes = 2 * (layer.in_bytes + layer.out_bytes)
+    first_s = 0.0
+    if passes is not None:
+        tensor_bytes = layer.in_bytes + layer.out_bytes
+        first_s = (OPENVINO_FIRST_CALL_S
+                   + OPENVINO_FIRST_CALL_S_PER_BYTE * tensor_bytes) / max(1, passes)
     return (layer.direct_flops / rate + copies_bytes / machine.rate("memory_bytes_per_s")
-            + OPENVINO_CALL_S)
+            + OPENVINO_CALL_S + first_s)
 
 
 def winograd_tiles(layer: LayerShape) -> int:
@@ -217,14 +236,18 @@ def _peak(tensors: int, picks: dict[int, tuple[float, int, int, str]]) -> int:
 
 
 def plan_graph(
-    graph: Graph, machine: MachineProfile, memory_limit_bytes: int | None = None
+    graph: Graph,
+    machine: MachineProfile,
+    memory_limit_bytes: int | None = None,
+    passes: int | None = None,
 ) -> GraphPlan:
     """Each fast conv's fastest primitive; while the steady-state peak (tensors, all kept
     spectra and transforms, the largest workspace) is over the limit, the kept bytes that
-    cost least time per byte to give up are dropped. ValueError where nothing fits."""
+    cost least time per byte to give up are dropped. ValueError where nothing fits.
+    `passes`: the windows of the run, which share one-off costs (None: steady state)."""
     tensors = graph.peak_tensor_bytes()
     limit = memory_limit_bytes if memory_limit_bytes is not None else machine.memory_bytes
-    options = _conv_options(graph, machine, tensors, limit)
+    options = _conv_options(graph, machine, tensors, limit, passes)
     picks = {i: opts[0] for i, opts in options.items()}
     while _peak(tensors, picks) > limit:
         keeping = [i for i, p in picks.items()
