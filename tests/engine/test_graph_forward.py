@@ -118,3 +118,32 @@ def test_in_place_activations_never_touch_live_or_caller_arrays() -> None:
     relu = np.maximum(before, 0)
     assert np.array_equal(x, before)
     assert np.allclose(y[:, :1], relu) and np.allclose(y[:, 1:], 1 / (1 + np.exp(-relu)))
+
+
+def test_in_place_activations_never_touch_arrays_that_slices_view() -> None:
+    """Slices (crops) are views: relu may not overwrite a dying tensor that a live slice
+    still views, nor a slice of the caller's input."""
+    from znni.model.graph import Graph, Node
+
+    full = [(0, 1, 1), (0, 1, 1)]
+    crop = {"slices": full + [(1, 2, 1), (0, 3, 1), (0, 4, 1)]}  # (1, 1, 1, 3, 4), contiguous
+    nodes = (
+        Node("xs", "slice", ("x",), ("xc",), crop),  # views the caller's x
+        Node("t", "sigmoid", ("x",), ("a",)),  # the last reader of x
+        Node("rx", "relu", ("xc",), ("xr",)),  # xc dies here: it is x's memory all the same
+        Node("as", "slice", ("a",), ("ac",), crop),  # views a
+        Node("ra", "relu", ("a",), ("ar",)),  # a dies here, but ac lives on
+        Node("tr", "tanh", ("ar",), ("at",)),
+        Node("cat", "concat", ("xr", "ac"), ("y",)),
+    )
+    small, big = (1, 1, 1, 3, 4), (1, 1, 2, 3, 4)
+    shapes = {"x": big, "xc": small, "xr": small, "a": big, "ac": small, "ar": big,
+              "at": big, "y": (1, 2, 1, 3, 4)}
+    graph = Graph("views", "x", 1, (2, 3, 4), nodes, "y", 2, (1, 3, 4), "d", shapes)
+    x = np.random.default_rng(1).standard_normal(big).astype(np.float32) - 0.5
+    before = x.copy()
+    y = run_graph(graph, x, make_backend("reference"))
+    window = (slice(None), slice(None), slice(1, 2))
+    assert np.array_equal(x, before)
+    assert np.allclose(y[:, :1], np.maximum(before[window], 0))
+    assert np.allclose(y[:, 1:], 1 / (1 + np.exp(-before[window])))

@@ -45,7 +45,8 @@ def run_graph(
         )
     last = graph.last_use()
     readers = reader_counts(graph)
-    env: dict[str, np.ndarray] = {graph.input: np.asarray(x, np.float32)}
+    source = np.asarray(x, np.float32)
+    env: dict[str, np.ndarray] = {graph.input: source}
     nodes = graph.nodes
     i = 0
     on_host = not hasattr(backend, "graph_op")  # a device backend runs every node itself
@@ -57,7 +58,9 @@ def run_graph(
                 node.name, node.op, node.inputs, node.outputs, {**node.params, "activation": fused}
             )
         args = [env[t] for t in node.inputs]
-        if on_host and node.op in INPLACE and _dies_here(node.inputs[0], i, last, env, graph):
+        if on_host and node.op in INPLACE and _dies_here(
+            node.inputs[0], i, last, env, graph, source
+        ):
             y = INPLACE[node.op](node.params, args[0])
         else:
             y = run_node(node, args, backend, fused, chosen.get(node.name))
@@ -82,18 +85,21 @@ def make_graph_backend(name: str, spectra_bytes: int = 0) -> Backend:
 
 
 def _dies_here(
-    t: str, i: int, last: dict[str, int], env: dict[str, np.ndarray], graph: Graph
+    t: str, i: int, last: dict[str, int], env: dict[str, np.ndarray], graph: Graph,
+    source: np.ndarray,
 ) -> bool:
-    """True when node i is the last reader of tensor t, no other live name shares its array
-    (identity and whole slices alias), and t is not the caller's input: t may be overwritten."""
+    """True when node i is the last reader of tensor t, no other live tensor shares its
+    memory (identities, slices and crops are views), and t is not the caller's input: t may
+    be overwritten."""
     if t == graph.input or last.get(t, -1) != i:
         return False
     arr = env[t]
     return (
-        arr.flags.writeable
+        not np.may_share_memory(arr, source)
+        and arr.flags.writeable
         and arr.flags.c_contiguous
         and arr.dtype == np.float32
-        and sum(1 for v in env.values() if v is arr) == 1
+        and not any(name != t and np.may_share_memory(v, arr) for name, v in env.items())
     )
 
 
@@ -207,7 +213,7 @@ def _slice(p: dict[str, Any], x: np.ndarray) -> np.ndarray:
     """(start, stop, step) per axis as slice.indices gives them; a stop of -1 with a
     negative step means 'through index 0', which a slice writes as None."""
     index = tuple(slice(a, b if b >= 0 else None, c) for a, b, c in p["slices"])
-    return np.ascontiguousarray(x[index])
+    return x[index]  # a view: its readers (concat, conv's pad) copy it once anyway
 
 
 def _binary(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Callable[..., np.ndarray]:
