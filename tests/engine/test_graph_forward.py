@@ -147,3 +147,26 @@ def test_in_place_activations_never_touch_arrays_that_slices_view() -> None:
     assert np.array_equal(x, before)
     assert np.allclose(y[:, :1], np.maximum(before[window], 0))
     assert np.allclose(y[:, 1:], 1 / (1 + np.exp(-before[window])))
+
+
+def test_peak_bytes_follow_the_executors_buffers() -> None:
+    """Graph.peak_tensor_bytes counts buffers as run_graph holds them: in-place ops reuse
+    a dying tensor's buffer, slices view their source and keep its buffer alive."""
+    from znni.engine.graph_forward import INPLACE
+    from znni.model.graph import IN_PLACE_OPS, Graph, Node
+
+    assert set(INPLACE) == set(IN_PLACE_OPS)
+    half = {"slices": [(0, 1, 1), (0, 1, 1), (0, 2, 1), (0, 4, 1), (0, 4, 1)]}
+    nodes = (
+        Node("r", "relu", ("x",), ("a",)),  # a new buffer A: x is the caller's
+        Node("s", "sigmoid", ("a",), ("b",)),  # in place: b is A
+        Node("sl", "slice", ("b",), ("c",), half),  # a view of A
+        Node("t", "tanh", ("b",), ("d",)),  # b dies, but c still views A: a new buffer D
+        Node("sl2", "slice", ("d",), ("e",), half),
+        Node("cat", "concat", ("c", "e"), ("y",)),  # A, D and y at once
+    )
+    whole, part = (1, 1, 4, 4, 4), (1, 1, 2, 4, 4)
+    shapes = {"x": whole, "a": whole, "b": whole, "c": part, "d": whole, "e": part,
+              "y": (1, 2, 2, 4, 4)}
+    graph = Graph("buffers", "x", 1, (4, 4, 4), nodes, "y", 2, (2, 4, 4), "d", shapes)
+    assert graph.peak_tensor_bytes() == 3 * 64 * 4

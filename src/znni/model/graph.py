@@ -103,26 +103,63 @@ class Graph:
         return last
 
     def peak_tensor_bytes(self, batch: int = 1, itemsize: int = 4) -> int:
-        """Most bytes of tensors alive at once when nodes run in order and each tensor is
-        freed after its last reader (the executor's order; node workspaces not included)."""
+        """Most bytes of buffers alive at once as the host executor runs the nodes in order
+        (engine.graph_forward; node workspaces not included): a buffer is freed after the
+        last reader of every tensor it holds; an activation fused into the node before it,
+        an in-place op on a dying tensor, and views (slices, identities, zero pads) hold
+        their input's buffer instead of a new one."""
         if not self.shapes:
             raise ValueError(f"graph {self.name!r} carries no tensor shapes")
-        last = self.last_use()
+        last, readers = self.last_use(), reader_counts(self)
 
         def size(t: str) -> int:
-            shape = self.shapes[t]
-            return batch * int(np.prod(shape[1:])) * itemsize
+            return batch * int(np.prod(self.shapes[t][1:])) * itemsize
 
-        live = {self.input: size(self.input)}
-        peak = live[self.input]
+        owner = {self.input: self.input}  # tensor -> the buffer (first tensor) holding it
+        holders = {self.input: {self.input}}  # buffer -> its live tensors
+        live = peak = size(self.input)
+        views: set[str] = set()  # tensors that are strided views: never overwritten in place
         for i, node in enumerate(self.nodes):
-            for t in node.outputs:
-                live[t] = size(t)
-            peak = max(peak, sum(live.values()))
+            shared = self._shared_buffer(i, node, last, readers, owner, holders, views)
+            for j, t in enumerate(node.outputs):
+                b = shared if j == 0 and shared is not None else t
+                if b == t:
+                    holders[t] = set()
+                    live += size(t)
+                owner[t] = b
+                holders[b].add(t)
+            if shared is not None and node.op == "slice":
+                views.add(node.outputs[0])
+            peak = max(peak, live)
             for t in set(node.inputs):
                 if last.get(t, -1) <= i and t != self.output:
-                    live.pop(t, None)
+                    held = holders[owner[t]]
+                    held.discard(t)
+                    if not held:
+                        live -= size(owner[t])
         return peak
+
+    def _shared_buffer(self, i: int, node: Node, last: dict[str, int],
+                       readers: dict[str, int], owner: dict[str, str],
+                       holders: dict[str, set[str]], views: set[str]) -> str | None:
+        """The buffer node i's output lives in when it is its input's (see peak_tensor_bytes)."""
+        if not node.inputs or node.inputs[0] not in owner:
+            return None
+        src = node.inputs[0]
+        b = owner[src]
+        if node.op in VIEW_OPS or (node.op == "pad" and not any(node.params["pads"])):
+            return b
+        if i > 0 and absorbs_next_activation(self, i - 1, readers):
+            return b  # written by the conv or norm before it, in its own output pass
+        dies = last.get(src, -1) == i and holders[b] == {src} and b != self.input
+        if node.op in IN_PLACE_OPS and dies and src not in views:
+            return b
+        return None
+
+
+VIEW_OPS = ("slice", "identity")  # the executor returns a view of its input
+# ops the host executor runs in place when their input dies at them (engine.graph_forward)
+IN_PLACE_OPS = ("relu", "leaky_relu", "sigmoid", "tanh", "instance_norm", "group_norm")
 
 
 FUSABLE_ACTIVATIONS = ("relu", "sigmoid", "tanh", "leaky_relu")

@@ -208,14 +208,12 @@ def winograd_seconds(layer: LayerShape, machine: MachineProfile) -> float:
 
 def winograd_bytes(layer: LayerShape, cores: int) -> tuple[int, int]:
     """(workspace, kept) bytes. Workspace: per worker a chunk of V + M and the transforms'
-    intermediates (about as much again), and the padded input and cropped output copies
-    where an output side is not a multiple of 4. Kept across windows: the kernel transform
-    U (216, Cout, Cin) and the weight copy it is checked against (primitives/cpu/winograd)."""
+    intermediates (about as much again); ragged edges read zeros and are cropped in place,
+    with no copies. Kept across windows: the kernel transform U (216, Cout, Cin) and the
+    weight copy it is checked against (primitives/cpu/winograd)."""
     w_bytes = 27 * layer.channels_in * layer.channels_out * FLOAT_BYTES
     u_bytes = WINOGRAD_ALPHA3 * layer.channels_in * layer.channels_out * FLOAT_BYTES
-    ragged = any(o % WINOGRAD_M for o in layer.size_out)
-    copies = layer.in_bytes + layer.out_bytes if ragged else 0
-    return cores * 2 * WINOGRAD_CHUNK_BYTES + copies, u_bytes + w_bytes
+    return cores * 2 * WINOGRAD_CHUNK_BYTES, u_bytes + w_bytes
 
 
 def large_window_factor(graph: Graph) -> float:
