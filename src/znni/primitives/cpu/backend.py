@@ -28,6 +28,7 @@ from znni.primitives.cpu.fft_conv import (
     spectrum_shape,
 )
 from znni.primitives.cpu.fftw_plans import PlanCache
+from znni.primitives.cpu.heap import keep_freed_memory
 from znni.primitives.cpu.openvino_conv import OpenVinoConvs, openvino_available
 from znni.primitives.cpu.pooling import maxpool, mpf
 from znni.primitives.cpu.spectra_cache import SpectraCache, spectra_key
@@ -100,6 +101,7 @@ class CpuBackend:
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="znni-cpu")
         self._ov: OpenVinoConvs | None = None
         warn_if_blas_forced()
+        keep_freed_memory()  # windows reuse their tensors' pages (primitives/cpu/heap)
 
     def close(self) -> None:
         """Stop the worker threads and drop caches."""
