@@ -245,3 +245,16 @@ def test_engine_fuses_norm_and_activation_without_touching_live_arrays(skip):
     ref = _norm64(a, 3, scale, bias, 1e-5)
     ref = np.where(ref >= 0, ref, 0.1 * ref)
     rel_close(y, np.concatenate([a, ref], axis=1) if skip else ref, 1e-5)
+
+
+@pytest.mark.parametrize("pads", [(1, 1, 1, 1, 1, 1), (0, 2, 1, 3, 0, 1)])
+def test_concat_into_a_zero_border(pads):
+    """concat_channels with pads equals padding the concatenation (the conv's input)."""
+    rng = np.random.default_rng(3)
+    xs = [rng.standard_normal((2, c, 5, 6, 7)).astype(np.float32) for c in (3, 4)]
+    xs[1] = xs[1][:, :, :, :, :]  # any strides
+    want = np.pad(np.concatenate(xs, axis=1), [(0, 0), (0, 0)]
+                  + [(pads[a], pads[a + 3]) for a in range(3)])
+    assert np.array_equal(concat_channels(xs, pads), want)
+    with pytest.raises(ValueError, match="pads"):
+        concat_channels(xs, (1, 1, 1, 1, 1))

@@ -46,6 +46,7 @@ def run_graph(
     last = graph.last_use()
     readers = reader_counts(graph)
     source = np.asarray(x, np.float32)
+    padded: set[str] = set()  # tensors that already carry their reading conv's zero pads
     env: dict[str, np.ndarray] = {graph.input: source}
     nodes = graph.nodes
     i = 0
@@ -58,12 +59,19 @@ def run_graph(
                 node.name, node.op, node.inputs, node.outputs, {**node.params, "activation": fused}
             )
         args = [env[t] for t in node.inputs]
-        if on_host and node.op in INPLACE and _dies_here(
+        pads = _pads_for_next_conv(graph, i, readers) if on_host else None
+        if pads is not None:  # the conv after it reads a zero border: write one at once
+            from znni.primitives.cpu import graph_ops
+
+            y = graph_ops.concat_channels(args, pads)
+            padded.add(node.outputs[0])
+        elif on_host and node.op in INPLACE and _dies_here(
             node.inputs[0], i, last, env, graph, source
         ):
             y = INPLACE[node.op](node.params, args[0])
         else:
-            y = run_node(node, args, backend, fused, chosen.get(node.name))
+            prepadded = bool(node.inputs) and node.inputs[0] in padded
+            y = run_node(node, args, backend, fused, chosen.get(node.name), prepadded)
         if fused is not None:  # the activation node's output is the conv's
             i += 1
             node = Node(node.name, node.op, node.inputs, nodes[i].outputs, node.params)
@@ -148,6 +156,19 @@ INPLACE: dict[str, Callable[[dict, np.ndarray], np.ndarray]] = {
 }
 
 
+def _pads_for_next_conv(graph: Graph, i: int, readers: dict[str, int]) -> tuple | None:
+    """The zero pads of the fast conv right after concat node i, when that conv alone
+    reads the concat (a U-Net's decoder: skip and upsampled, then a padded 3^3 conv)."""
+    node = graph.nodes[i]
+    if node.op != "concat" or i + 1 >= len(graph.nodes) or readers[node.outputs[0]] != 1:
+        return None
+    conv = graph.nodes[i + 1]
+    if not stride_one_conv(conv) or conv.inputs[0] != node.outputs[0]:
+        return None
+    pads = tuple(conv.params["pads"])
+    return pads if any(pads) else None
+
+
 def _fusable_activation(
     graph: Graph, i: int, readers: dict[str, int], on_host: bool = True
 ) -> Activation | None:
@@ -164,14 +185,16 @@ def run_node(
     backend: Backend,
     fused: Activation | None = None,
     primitive: str | None = None,
+    prepadded: bool = False,
 ) -> np.ndarray:
-    """One node on its input arrays: fast convs on `backend.conv3d`, the rest on
-    `backend.graph_op` when it has one (a device), else on the host kernels."""
+    """One node on its input arrays: fast convs on `backend.conv3d` (`prepadded`: the
+    input already has the conv's zero pads), the rest on `backend.graph_op` when it has
+    one (a device), else on the host kernels."""
     graph_op = getattr(backend, "graph_op", None)
     if graph_op is not None and not stride_one_conv(node):
         return _checked(node, lambda: graph_op(node.op, node.params, *args))
     if node.op == "conv":
-        return _conv(node, args[0], backend, fused, primitive)
+        return _conv(node, args[0], backend, fused, primitive, prepadded)
     run = KERNELS.get(node.op)
     if run is None:
         raise ValueError(f"node {node.name!r}: no kernel for op {node.op!r}")
@@ -187,7 +210,12 @@ def _checked(node: Node, call: Callable[[], np.ndarray]) -> np.ndarray:
 
 
 def _conv(
-    node: Node, x: np.ndarray, backend: Backend, fused: Activation | None, primitive: str | None
+    node: Node,
+    x: np.ndarray,
+    backend: Backend,
+    fused: Activation | None,
+    primitive: str | None,
+    prepadded: bool = False,
 ) -> np.ndarray:
     from znni.primitives.cpu import graph_ops
 
@@ -203,7 +231,7 @@ def _conv(
             groups=p["group"],
         )
     pads = p["pads"]
-    if any(pads):
+    if any(pads) and not prepadded:
         x = graph_ops.pad_constant(x, pads)
     bias = p["bias"] if p["bias"] is not None else np.zeros(p["weight"].shape[0], np.float32)
     return backend.conv3d(np.ascontiguousarray(x), p["weight"], bias, fused, primitive)

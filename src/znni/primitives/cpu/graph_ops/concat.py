@@ -14,8 +14,10 @@ import numpy as np
 from znni.primitives.cpu.graph_ops._parallel import run_tiles
 
 
-def concat_channels(xs: Sequence[np.ndarray]) -> np.ndarray:
-    """np.concatenate(xs, axis=1) of float32 (N, C_i, ...) arrays that agree elsewhere."""
+def concat_channels(xs: Sequence[np.ndarray], pads: Sequence[int] | None = None) -> np.ndarray:
+    """np.concatenate(xs, axis=1) of float32 (N, C_i, Z, Y, X) arrays that agree elsewhere;
+    with `pads` (z_b, y_b, x_b, z_e, y_e, x_e >= 0), written into the interior of a zero
+    border at once, as the padded conv reading it wants (one buffer and pass, not two)."""
     if not xs:
         raise ValueError("concat needs at least one input")
     arrs = [np.asarray(x, np.float32) for x in xs]
@@ -25,7 +27,12 @@ def concat_channels(xs: Sequence[np.ndarray]) -> np.ndarray:
             raise ValueError(
                 f"inputs must agree on every axis but 1, got {[a.shape for a in arrs]}"
             )
-    out = np.empty((head[0], sum(a.shape[1] for a in arrs)) + head[2:], np.float32)
+    p = [0] * 6 if pads is None else [int(v) for v in pads]
+    if len(p) != 6 or min(p) < 0 or (any(p) and len(head) != 5):
+        raise ValueError(f"pads must be six ints >= 0 on (N, C, Z, Y, X) inputs, got {pads}")
+    size = tuple(head[2 + a] + p[a] + p[a + 3] for a in range(len(head) - 2))
+    out = np.empty((head[0], sum(a.shape[1] for a in arrs)) + size, np.float32)
+    inside = tuple(slice(p[a], p[a] + head[2 + a]) for a in range(len(head) - 2))
     pieces = []  # (input, channel from, channel to, output channel)
     start = 0
     for i, a in enumerate(arrs):
@@ -37,8 +44,22 @@ def concat_channels(xs: Sequence[np.ndarray]) -> np.ndarray:
     def run(part: Sequence[tuple[int, int, int, int]]) -> list[None]:
         for i, c0, c1, o in part:
             if c1 > c0:
-                out[:, o : o + c1 - c0] = arrs[i][:, c0:c1]  # (N, c, ...)
+                part = out[:, o : o + c1 - c0]  # (N, c, Z', Y', X')
+                if any(p):
+                    _zero_border(part, p)
+                part[(slice(None), slice(None), *inside)] = arrs[i][:, c0:c1]
         return [None] * len(part)
 
     run_tiles(run, pieces, out.nbytes)
     return out
+
+
+def _zero_border(a: np.ndarray, p: Sequence[int]) -> None:
+    """Zero the pads-wide faces of (N, C, Z, Y, X) `a`; the interior is left as it is."""
+    z, y, x = a.shape[2:]
+    a[:, :, : p[0]] = 0.0
+    a[:, :, z - p[3] :] = 0.0
+    a[:, :, :, : p[1]] = 0.0
+    a[:, :, :, y - p[4] :] = 0.0
+    a[:, :, :, :, : p[2]] = 0.0
+    a[:, :, :, :, x - p[5] :] = 0.0
