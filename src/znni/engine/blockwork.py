@@ -40,6 +40,7 @@ class BlockSpec:
     primitives: tuple[str | None, ...] | None = None
     execution: Execution | None = None  # None: CPU only, this machine's default backend
     batch: int = 1  # patches stacked into one dense pass (the plan's S)
+    input_cache_bytes: int = 0  # decoded input chunks kept between blocks (0: none)
 
 
 def default_backend_name() -> str:
@@ -54,7 +55,8 @@ class BlockWorker:
                  output_array: Any | None = None) -> None:
         self.spec = spec
         self.network = spec.network
-        self.volume = open_input(spec.input_path, spec.network.in_channels)
+        self.volume = open_input(spec.input_path, spec.network.in_channels,
+                                 spec.input_cache_bytes)
         execution = spec.execution or execution_for(None, "cpu")
         self.execution = execution
         self.gpu_backend: Backend | None = None

@@ -39,6 +39,7 @@ class ExactGraphSpec:
     backend_name: str = "cpu"
     primitives: tuple[tuple[str, str], ...] = ()  # conv node -> the planner's primitive
     spectra_bytes: int = 0  # kernel spectra the fft-keep convs keep between tiles
+    input_cache_bytes: int = 0  # decoded input chunks kept between blocks (0: none)
 
 
 def tile_output(model: OnnxModel, tile: Triple) -> Triple:
@@ -69,7 +70,8 @@ class ExactGraphWorker:
         self, spec: ExactGraphSpec, backend: Backend | None = None, output_array: Any = None
     ) -> None:
         self.spec = spec
-        self.volume = open_input(spec.input_path, spec.model.in_channels)
+        self.volume = open_input(spec.input_path, spec.model.in_channels,
+                                 spec.input_cache_bytes)
         self.backend = backend or make_graph_backend(spec.backend_name, spec.spectra_bytes)
         self.graph = spec.model.graph(spec.tile)
         self.primitives = dict(spec.primitives)

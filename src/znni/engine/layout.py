@@ -2,7 +2,7 @@
 
 Block: whole output chunks, at least one patch wide where the region
 allows, with two input blocks and two output blocks (read-ahead and
-write-behind) plus the patch pass inside the budget.
+write-behind), the input chunk cache and the patch pass inside the budget.
 """
 
 from __future__ import annotations
@@ -15,6 +15,10 @@ from znni.model.network import FLOAT_BYTES, Network
 PATCH_PEAK_FACTOR = 3  # backend temporaries on top of one layer's input + output
 DEFAULT_BUDGET_FRACTION = 0.5  # of available RAM when no --memory-limit is given
 PLAN_FRACTION = 0.75  # of the budget for the patch / window pass; the rest holds blocks
+# decoded input chunks a worker keeps between blocks (`chunk_cache.py`): enough for the
+# halos of a few rows of blocks, at most a sixteenth of the budget
+INPUT_CACHE_BYTES = 256 * 2**20
+INPUT_CACHE_FRACTION = 16
 
 
 def available_memory_bytes() -> int:
@@ -33,6 +37,11 @@ def memory_budget_bytes(limit_bytes: int | None) -> int:
     if limit_bytes is not None:
         return limit_bytes
     return int(available_memory_bytes() * DEFAULT_BUDGET_FRACTION)
+
+
+def input_cache_bytes(budget_bytes: int) -> int:
+    """The input chunk cache's bound under a memory budget."""
+    return min(INPUT_CACHE_BYTES, budget_bytes // INPUT_CACHE_FRACTION)
 
 
 def patch_peak_bytes(network: Network, output: Triple) -> int:
@@ -61,7 +70,7 @@ def choose_block_shape(
     for c, p, r in zip(chunks, patch, region, strict=True):
         want = min(max(p, c), max(r, c))
         block.append(-(-want // c) * c)
-    spare = budget_bytes - patch_peak_bytes(network, patch)
+    spare = budget_bytes - patch_peak_bytes(network, patch) - input_cache_bytes(budget_bytes)
     while 2 * block_bytes(network, (block[0], block[1], block[2]), in_dtype_bytes) > spare:
         d = max(range(3), key=lambda a: block[a] // chunks[a])
         if block[d] <= chunks[d]:

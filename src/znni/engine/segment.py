@@ -20,7 +20,12 @@ from znni.engine.execution import check_device, execution_for, plan_job
 from znni.engine.geometry import Block, Box, Halo, Triple, split_blocks
 from znni.engine.graph_choice import GraphChoice, choose, plan_window
 from znni.engine.job import ProgressEvent, SegmentJob, SegmentReport
-from znni.engine.layout import PLAN_FRACTION, choose_block_shape, memory_budget_bytes
+from znni.engine.layout import (
+    PLAN_FRACTION,
+    choose_block_shape,
+    input_cache_bytes,
+    memory_budget_bytes,
+)
 from znni.engine.ledger import (
     fingerprint,
     fingerprint_parts,
@@ -290,6 +295,8 @@ def segment(
 def _blocks_and_spec(job: SegmentJob, prep: PreparedRun) -> tuple[list[Block], Any]:
     """The job's blocks and the picklable description a worker computes them from."""
     net = job.network
+    budget = memory_budget_bytes(job.memory_limit_bytes)
+    cached = input_cache_bytes(budget)  # input chunks kept between blocks
     if isinstance(net, OnnxModel):
         assert prep.window is not None and prep.choice is not None
         none = (0, 0, 0)
@@ -298,13 +305,13 @@ def _blocks_and_spec(job: SegmentJob, prep: PreparedRun) -> tuple[list[Block], A
         plan = prep.choice.plan
         planned = {"backend_name": execution_for(None, "cpu").cpu_backend,
                    "primitives": tuple(sorted(plan.primitives.items())),
-                   "spectra_bytes": plan.spectra_bytes}
+                   "spectra_bytes": plan.spectra_bytes, "input_cache_bytes": cached}
         if net.mode == "exact":
             return blocks, ExactGraphSpec(net, job.input_path, job.output_path, job.border,
                                           job.dtype, prep.window, **planned)
         grid = WindowGrid.for_volume(prep.volume.shape, prep.window, job.overlap)
         # straddling windows kept: an eighth of the budget (the pass plans within 3/4)
-        kept = max(WINDOW_CACHE_BYTES, memory_budget_bytes(job.memory_limit_bytes) // 8)
+        kept = max(WINDOW_CACHE_BYTES, budget // 8)
         return blocks, WindowedSpec(net, job.input_path, job.output_path, job.dtype, grid,
                                     job.blend, **planned, window_cache_bytes=kept)
     assert prep.plan is not None
@@ -314,6 +321,7 @@ def _blocks_and_spec(job: SegmentJob, prep: PreparedRun) -> tuple[list[Block], A
     spec = BlockSpec(
         net, job.input_path, job.output_path, job.border, job.dtype, prep.patch,
         prep.primitives, execution_for(prep.plan, job.device), max(1, int(prep.plan.batch)),
+        cached,
     )
     return blocks, spec
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from znni.engine.chunk_cache import ChunkCache, ChunkedReader
 from znni.engine.geometry import Box, Triple
 from znni.engine.ome import OmeLevel, find_ome, is_group, ome_level
 from znni.engine.stores import (
@@ -122,16 +123,31 @@ class InputVolume:
     dtype: np.dtype
     has_channel_axis: bool
     ome: OmeLevel | None = None  # the OME-Zarr level read (voxel size, units); None: plain
+    # reads through decoded chunks kept between blocks (`chunk_cache.py`); None: straight
+    reader: ChunkedReader | None = field(default=None, compare=False, repr=False)
 
     def read(self, box: Box) -> np.ndarray:
         """Raw (C, Z, Y, X) values of a box inside the volume."""
+        if self.reader is not None:
+            return self.reader.read(box)
         if self.has_channel_axis:
             return np.asarray(self.array[(slice(None), *box.slices())])
         return np.asarray(self.array[box.slices()])[None]
 
 
-def open_input(path: str, in_channels: int) -> InputVolume:
-    """Open and check the input volume against the network's input channels."""
+def open_input(path: str, in_channels: int, cache_bytes: int = 0) -> InputVolume:
+    """Open and check the input volume against the network's input channels. With
+    `cache_bytes` > 0, reads keep up to that many bytes of decoded chunks for later
+    reads (block workers: neighbouring blocks' halos share chunks)."""
+    volume = _open_input(path, in_channels)
+    if cache_bytes <= 0:
+        return volume
+    name = volume.ome.array_path if volume.ome is not None else path
+    reader = ChunkedReader(volume.array, volume.has_channel_axis, ChunkCache(cache_bytes), name)
+    return replace(volume, reader=reader)
+
+
+def _open_input(path: str, in_channels: int) -> InputVolume:
     check_readable(path, "input")
     ome = find_ome(path) if is_url(path) or Path(path).is_dir() else None
     arr = open_zarr_array(ome.array_path if ome else path, "input")

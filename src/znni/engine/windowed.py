@@ -47,6 +47,7 @@ class WindowedSpec:
     spectra_bytes: int = 0  # kernel spectra the fft-keep convs keep between windows
     # outputs of windows that reach beyond the block, kept for the next blocks they touch
     window_cache_bytes: int = WINDOW_CACHE_BYTES
+    input_cache_bytes: int = 0  # decoded input chunks kept between blocks (0: none)
 
 
 class WindowedWorker:
@@ -56,7 +57,8 @@ class WindowedWorker:
         self, spec: WindowedSpec, backend: Backend | None = None, output_array: Any = None
     ) -> None:
         self.spec = spec
-        self.volume = open_input(spec.input_path, spec.model.in_channels)
+        self.volume = open_input(spec.input_path, spec.model.in_channels,
+                                 spec.input_cache_bytes)
         self.backend = backend or make_graph_backend(spec.backend_name, spec.spectra_bytes)
         self.graph = spec.model.graph(spec.grid.window)
         self.primitives = dict(spec.primitives)
