@@ -38,6 +38,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _abandoned_request(record: logging.LogRecord) -> bool:
+    """False (drop) for asyncio's "Task exception was never retrieved" about a connection
+    error: a store request whose connection the server dropped mid-body (aiohttp leaves its
+    body-writing task behind); the store's retries see that failure and report it."""
+    exc = record.exc_info[1] if record.exc_info else None
+    return not (str(record.msg).startswith("Task exception was never retrieved")
+                and isinstance(exc, ConnectionError))
+
+
 def _quiet_shutdown() -> None:
     """After a failed store: reads still in flight in zarr's event loop are abandoned; keep
     their teardown (pending tasks, ignored exceptions) off stderr, after our one sentence."""
@@ -52,6 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    logging.getLogger("asyncio").addFilter(_abandoned_request)
     if not args.verbose:  # object-store clients log every credential lookup at INFO
         for name in QUIET_LOGGERS:
             logging.getLogger(name).setLevel(logging.WARNING)
