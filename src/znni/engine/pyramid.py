@@ -69,17 +69,26 @@ def level_shapes(shape: Triple, steps: Factors) -> list[Triple]:
 
 def downsample(values: np.ndarray, step: Triple, dtype: str) -> np.ndarray:
     """Mean over windows of `step` of (C, Z, Y, X) values, partial windows at the far end."""
-    out = values.astype(np.float32)
+    out = values.astype(np.float32, copy=False)
     for axis, s in zip((1, 2, 3), step, strict=True):
         if s == 1:
             continue
         n = out.shape[axis]
-        even = np.take(out, range(0, n, 2), axis=axis)
-        odd = np.take(out, range(1, n, 2), axis=axis)
-        pairs = [slice(None)] * 4
-        pairs[axis] = slice(0, odd.shape[axis])
-        even[tuple(pairs)] = (even[tuple(pairs)] + odd) * np.float32(0.5)
-        out = even
+        halved = list(out.shape)
+        halved[axis] = -(-n // 2)
+        result = np.empty(halved, np.float32)
+
+        def part(a: int, b: int, step: int = 1, ax: int = axis) -> tuple[slice, ...]:
+            index = [slice(None)] * 4
+            index[ax] = slice(a, b, step)
+            return tuple(index)
+
+        pairs = part(0, n // 2)  # strided views: no gathered copies of the input
+        np.add(out[part(0, n - 1, 2)], out[part(1, n, 2)], out=result[pairs])
+        result[pairs] *= np.float32(0.5)
+        if n % 2:  # a partial window at the far face: the one voxel there
+            result[part(n // 2, n // 2 + 1)] = out[part(n - 1, n)]
+        out = result
     if dtype == "uint8":
         return np.rint(out).astype(np.uint8)
     return out.astype(dtype, copy=False)
