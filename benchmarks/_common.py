@@ -58,11 +58,18 @@ def print_table(header: list[str], rows: list[list[str]]) -> None:
         print(" | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
 
 
-def peak_rss_bytes() -> int:
-    """This process's peak resident set (VmHWM, Linux). Unlike a child's ru_maxrss, which
-    counts the parent's pages at fork, it starts afresh at exec."""
+def peak_rss_bytes(field: str = "VmHWM") -> int:
+    """This process's peak resident set (VmHWM, Linux), or with field="VmRSS" the current
+    one. Unlike a child's ru_maxrss, which counts the parent's pages at fork, VmHWM starts
+    afresh at exec (and at reset_peak_rss)."""
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmHWM:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024
-    raise OSError("no VmHWM in /proc/self/status (peak RSS needs Linux)")
+    raise OSError(f"no {field} in /proc/self/status (peak RSS needs Linux)")
+
+
+def reset_peak_rss() -> None:
+    """Start VmHWM again from the current resident set (Linux >= 4.0: clear_refs 5)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")

@@ -9,26 +9,28 @@ valid U-Net (exact-mode tiles 92^3 and 132^3).
 For each network and window: the planner's per-window time and peak memory
 (planner.graph_search on this machine's calibrated profile; `znni plan` calibrates
 once) against the measured median time of `--reps` passes with the planned
-primitives, and the measured peak of traced allocations over a first pass in a fresh
-backend (tracemalloc sees numpy's buffers, kept kernel spectra included). Also the
-time with the backend's own per-layer choice, for comparison. Goals: time within
-±25%, peak within ±15%.
+primitives, and the measured peak over a first pass in a fresh backend, in a child
+process: its peak resident set (VmHWM, reset once the backend exists) less its resident
+set then, so OpenVINO's own buffers count as well as numpy's (tracemalloc, used before,
+sees only numpy's). Also the time with the backend's own per-layer choice, for
+comparison. Goals: time within ±25%, peak within ±15%.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-import tracemalloc
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import print_table  # noqa: E402
+from _common import peak_rss_bytes, print_table, reset_peak_rss  # noqa: E402
 
 NETWORKS = {  # label: (kind, features, windows when --windows is not given)
     "BasicUNet(16,16,32,64,128,16)": ("basic", (16, 16, 32, 64, 128, 16), (64, 96)),
@@ -58,16 +60,13 @@ def export(kind: str, features: tuple[int, ...], folder: Path) -> Path:
     return path
 
 
-def measure(graph, plan, reps: int) -> tuple[float, float, int]:  # type: ignore[no-untyped-def]
-    """(planned-primitives time, backend-choice time, traced peak bytes of a first pass)."""
+def measure(graph, plan, reps: int) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    """(planned-primitives time, backend-choice time)."""
     from znni.engine.graph_forward import make_graph_backend, run_graph
 
     x = np.random.default_rng(0).random((1, 1, *graph.window), dtype=np.float32)
-    tracemalloc.start()
     backend = make_graph_backend("cpu", plan.spectra_bytes)
     run_graph(graph, x, backend, plan.primitives)
-    _, peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
     own = make_graph_backend("cpu", plan.spectra_bytes)
     run_graph(graph, x, own)  # the backend chooses (and times) its primitives once
     times: dict[str, list[float]] = {"plan": [], "own": []}
@@ -76,7 +75,31 @@ def measure(graph, plan, reps: int) -> tuple[float, float, int]:  # type: ignore
             t0 = time.perf_counter()
             run_graph(graph, x, be, prims)
             times[key].append(time.perf_counter() - t0)
-    return statistics.median(times["plan"]), statistics.median(times["own"]), peak
+    return statistics.median(times["plan"]), statistics.median(times["own"])
+
+
+def peak_child(path: str, window: int, limit: str) -> None:
+    """In a fresh process: the resident bytes one first pass adds (input included)."""
+    from znni.engine.graph_forward import make_graph_backend, run_graph
+    from znni.engine.units import parse_bytes
+    from znni.model.onnx_import import load_onnx
+    from znni.planner.detect import detect_machine
+    from znni.planner.graph_search import plan_graph
+
+    graph = load_onnx(Path(path), (window,) * 3)
+    plan = plan_graph(graph, detect_machine(), parse_bytes(limit))
+    backend = make_graph_backend("cpu", plan.spectra_bytes)
+    reset_peak_rss()
+    base = peak_rss_bytes("VmRSS")
+    x = np.random.default_rng(0).random((1, 1, *graph.window), dtype=np.float32)
+    run_graph(graph, x, backend, plan.primitives)
+    print(json.dumps({"peak_bytes": peak_rss_bytes() - base}))
+
+
+def measure_peak(path: Path, window: int, limit: str) -> int:
+    cmd = [sys.executable, __file__, "--peak-child", f"{path}:{window}", "--limit", limit]
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
+    return int(json.loads(done.stdout.strip().splitlines()[-1])["peak_bytes"])
 
 
 def main() -> None:
@@ -85,7 +108,12 @@ def main() -> None:
                     help="windows for every network (default: 64,96; 92,132 for the valid one)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--limit", default="8GiB")
+    ap.add_argument("--peak-child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.peak_child:
+        path, window = args.peak_child.rsplit(":", 1)
+        peak_child(path, int(window), args.limit)
+        return
     from znni.engine.units import parse_bytes
     from znni.model.onnx_import import load_onnx
     from znni.planner.detect import detect_machine
@@ -100,7 +128,8 @@ def main() -> None:
             for w in ([int(v) for v in args.windows.split(",")] if args.windows else windows):
                 graph = load_onnx(path, (w, w, w))
                 plan = plan_graph(graph, machine, limit)
-                t_plan, t_own, peak = measure(graph, plan, args.reps)
+                t_plan, t_own = measure(graph, plan, args.reps)
+                peak = measure_peak(path, w, args.limit)
                 rows.append([label, f"{w}^3", f"{plan.predicted_window_s:.3f}", f"{t_plan:.3f}",
                              f"{t_plan / plan.predicted_window_s:.2f}", f"{t_own:.3f}",
                              f"{plan.peak_bytes / 2**20:.0f}", f"{peak / 2**20:.0f}",

@@ -28,20 +28,19 @@ from znni.planner.machine import DEFAULT_CPU_RATES, MachineProfile
 from znni.planner.memory import conv_workspace_bytes, kernel_spectra_bytes
 
 GEMM_OPS = ("conv", "conv_transpose")  # general convs run as GEMMs over kernel offsets
-PASS_THROUGH = ("identity", "dropout")
-REFERENCE_WINDOW_VOXELS, LARGE_WINDOW_EXPONENT = 64**3, 0.22  # see large_window_factor
+PASS_THROUGH = ("identity", "dropout", "slice")  # views (engine/graph_forward): no traffic
+REFERENCE_WINDOW_VOXELS, LARGE_WINDOW_EXPONENT = 64**3, 0.06  # see large_window_factor
 # op -> (passes over its inputs, over its outputs, split over the cores, seconds per call):
 # how primitives/cpu/graph_ops moves memory (normalisations: statistics, then a fused
-# scale/shift/activation in place; slices read only what they keep). Unlisted ops: one
-# read and one write, on one core. Fitted on BasicUNet and the valid U-Net windows (CI
-# kind, 2026-11-23): concat, norms, maxpool, slice within 30% per op type.
+# scale/shift/activation in place). Unlisted ops: one read and one write, on one core.
+# Fitted on BasicUNet and the valid U-Net windows (CI kind, 2026-11-23): concat, norms,
+# maxpool within 30% per op type.
 OP_TRAFFIC: dict[str, tuple[float, float, bool, float]] = {
     "concat": (1.0, 1.0, True, 0.0),
     "instance_norm": (3.0, 1.0, True, 3e-4),
     "group_norm": (3.0, 1.0, True, 3e-4),
     "maxpool": (3.0, 1.0, True, 0.0),
     "conv_transpose": (1.0, 1.0, True, 0.0),
-    "slice": (0.0, 2.0, False, 0.0),
 }
 NODE_OVERHEAD_S = 5e-5  # Python dispatch and one allocation per node
 # graph_ops' strided and transposed convs (GEMMs per kernel offset over strided views) ran at
@@ -57,6 +56,11 @@ OPENVINO_CHANNEL_BLOCK = 16
 # more than later ones, growing with its tensors (0.13 s at 64->64 8^3, 0.37 s at 12->12
 # 130^3, about 1 s at 1->12 166^3; same runs): a fixed part plus a part per tensor byte,
 # shared by the windows of a run
+# a compiled layer keeps its own buffers between calls (blocked input and output, scratch):
+# resident bytes grew by 2.4-2.7x the input + output bytes of the layers compiled, over
+# a first pass (BasicUNet 64^3 and the valid U-Net 92^3 windows, CI kind, 2026-11-23),
+# of which the largest layer's input + output count as its workspace
+OPENVINO_KEPT_PER_TENSOR_BYTE = 2.0
 OPENVINO_FIRST_CALL_S = 0.1
 OPENVINO_FIRST_CALL_S_PER_BYTE = 1.5e-9
 # Winograd F(4, 3) (primitives/cpu/winograd.py): tiles of 4^3 outputs from 6^3 inputs
@@ -153,8 +157,10 @@ def _conv_options(
                 options.append((winograd_seconds(layer, machine), work, kept, "winograd"))
         if openvino_ready():
             work = layer.in_bytes + layer.out_bytes  # its blocked copies of input and output
-            if tensors + work <= limit:
-                options.append((openvino_seconds(layer, machine, passes), work, 0, "openvino"))
+            kept = int(OPENVINO_KEPT_PER_TENSOR_BYTE * work)
+            if tensors + kept + work <= limit:
+                options.append((openvino_seconds(layer, machine, passes), work, kept,
+                                "openvino"))
         if not options:
             raise ValueError(f"no conv primitive for node {node.name!r} fits in {limit:,} bytes "
                              f"beside the window's {tensors:,} bytes of tensors")
@@ -173,12 +179,12 @@ def openvino_seconds(
     layer: LayerShape, machine: MachineProfile, passes: int | None = None
 ) -> float:
     """Multiply-adds at the OpenVINO conv rate (lower with fewer input channels than a
-    channel block), the copies of input and output into and out of its blocked layout
-    (read and written: few-channel layers are bound by them), a fixed cost per call, and,
-    for a run of `passes` windows, its share of the layer's first call (None: steady state)."""
+    channel block), its input and output streamed once more (its reorders into and out
+    of the blocked layout, the copy of the output), a fixed cost per call, and, for a run
+    of `passes` windows, its share of the layer's first call (None: steady state)."""
     rate = machine.cpu_rates.get("openvino_flops_per_s", DEFAULT_CPU_RATES["openvino_flops_per_s"])
     rate *= sqrt(min(1.0, layer.channels_in / OPENVINO_CHANNEL_BLOCK))
-    copies_bytes = 2 * (layer.in_bytes + layer.out_bytes)
+    copies_bytes = layer.in_bytes + layer.out_bytes
     first_s = 0.0
     if passes is not None:
         tensor_bytes = layer.in_bytes + layer.out_bytes
@@ -217,11 +223,12 @@ def winograd_bytes(layer: LayerShape, cores: int) -> tuple[int, int]:
 
 
 def large_window_factor(graph: Graph) -> float:
-    """Per-voxel slowdown of windows larger than the 64^3 the rates were fitted on: their
-    tensors stream from DRAM rather than the last-level cache, and every large buffer is
-    fresh memory. Measured per window on this machine kind (2026-11-23) relative to the
-    node sum: 1.0 at 64^3, 1.2-1.3 at 92^3-96^3, about 1.6 at 128^3-132^3, 2 at 160^3
-    (BasicUNet and the valid U-Net): (voxels / 64^3) ** 0.22."""
+    """Per-voxel slowdown of windows larger than the 64^3 the rates were fitted on: inside
+    a window the convs ran 1.2-1.3x slower than alone at BasicUNet 96^3 (its norms and
+    pools evict what the next conv reads), the valid U-Net's not at all at 92^3-132^3.
+    Measured/node-sum on this machine kind (2026-11-23, with the heap kept: fresh pages
+    no longer cost, which the exponent 0.22 fitted before had to stand for): 1.05 at 64^3,
+    1.06 and 1.24 at 92^3-96^3, 0.93 at 132^3: (voxels / 64^3) ** 0.06."""
     voxels = prod(graph.window)
     return max(1.0, voxels / REFERENCE_WINDOW_VOXELS) ** LARGE_WINDOW_EXPONENT
 
