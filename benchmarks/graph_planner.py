@@ -11,15 +11,19 @@ For each network and window: the planner's per-window time and peak memory
 once) against the measured median time of `--reps` passes with the planned
 primitives, and the measured peak over a first pass in a fresh backend, in a child
 process: its peak resident set (VmHWM, reset once the backend exists) less its resident
-set then, so OpenVINO's own buffers count as well as numpy's (tracemalloc, used before,
-sees only numpy's). Also the time with the backend's own per-layer choice, for
-comparison. Goals: time within ±25%, peak within ±15%.
+set then, so OpenVINO's and BLAS's own buffers count as well as numpy's (tracemalloc,
+used before, sees only numpy's). The child first runs the network once on its smallest
+window (imports, BLAS buffers, thread stacks: the process's base, not the window's) with
+ZNNI_KEEP_HEAP=0, so that pass's freed memory goes back and is not reused unseen. Also
+the time with the backend's own per-layer choice, for comparison. Goals: time within
+±25%, peak within ±15%.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -82,10 +86,13 @@ def peak_child(path: str, window: int, limit: str) -> None:
     """In a fresh process: the resident bytes one first pass adds (input included)."""
     from znni.engine.graph_forward import make_graph_backend, run_graph
     from znni.engine.units import parse_bytes
+    from znni.model.loading import load_model
     from znni.model.onnx_import import load_onnx
     from znni.planner.detect import detect_machine
     from znni.planner.graph_search import plan_graph
 
+    small = load_onnx(Path(path), load_model(Path(path)).min_window)
+    run_graph(small, np.zeros((1, 1, *small.window), np.float32), make_graph_backend("cpu", 0))
     graph = load_onnx(Path(path), (window,) * 3)
     plan = plan_graph(graph, detect_machine(), parse_bytes(limit))
     backend = make_graph_backend("cpu", plan.spectra_bytes)
@@ -98,7 +105,8 @@ def peak_child(path: str, window: int, limit: str) -> None:
 
 def measure_peak(path: Path, window: int, limit: str) -> int:
     cmd = [sys.executable, __file__, "--peak-child", f"{path}:{window}", "--limit", limit]
-    done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
+    env = {**os.environ, "ZNNI_KEEP_HEAP": "0"}
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True, env=env)
     return int(json.loads(done.stdout.strip().splitlines()[-1])["peak_bytes"])
 
 

@@ -179,12 +179,12 @@ def openvino_seconds(
     layer: LayerShape, machine: MachineProfile, passes: int | None = None
 ) -> float:
     """Multiply-adds at the OpenVINO conv rate (lower with fewer input channels than a
-    channel block), its input and output streamed once more (its reorders into and out
-    of the blocked layout, the copy of the output), a fixed cost per call, and, for a run
-    of `passes` windows, its share of the layer's first call (None: steady state)."""
+    channel block), the copies of input and output into and out of its blocked layout
+    (read and written: few-channel layers are bound by them), a fixed cost per call, and,
+    for a run of `passes` windows, its share of the layer's first call (None: steady state)."""
     rate = machine.cpu_rates.get("openvino_flops_per_s", DEFAULT_CPU_RATES["openvino_flops_per_s"])
     rate *= sqrt(min(1.0, layer.channels_in / OPENVINO_CHANNEL_BLOCK))
-    copies_bytes = layer.in_bytes + layer.out_bytes
+    copies_bytes = 2 * (layer.in_bytes + layer.out_bytes)
     first_s = 0.0
     if passes is not None:
         tensor_bytes = layer.in_bytes + layer.out_bytes

@@ -24,12 +24,12 @@ DEFAULT_CPU_RATES: dict[str, float] = {
     "madd_flops_per_s": 60e9,  # complex frequency-domain matmul, compute-bound (S > 1)
     "madd_bytes_per_s": 15e9,  # the same, memory-bound at S = 1 (spectra read once)
     "direct_flops_per_s": 40e9,  # direct conv as GEMMs
-    # one Conv3d compiled with OpenVINO 2026.4 at f32, 3^3 kernels, CI kind, 2026-11-23:
-    # 117-162 GFLOP/s at 16-48 channels and 16^3-96^3 outputs once the copy of its output
-    # is counted (planner/graph_search.openvino_seconds; 18 layers 1-128 channels fitted:
-    # measured/predicted 0.74-1.12 for 14, 1.3-1.7 for 24->24, 128->128 at 4^3 and Cin 1);
-    # not calibrated per machine yet
-    "openvino_flops_per_s": 130e9,
+    # one Conv3d compiled with OpenVINO 2026.4 at f32: 117-162 GFLOP/s alone (16-48
+    # channels, 16^3-96^3), ~100 inside U-Net windows, where our norms' and pools' threads
+    # and OpenVINO's take turns (BasicUNet 64^3/96^3: 1.3x its time alone; with 130 its
+    # layers were chosen at 64^3 and a 256^3 run took 32 s instead of 26), CI kind,
+    # 2026-11-23; not calibrated per machine yet
+    "openvino_flops_per_s": 100e9,
     # Winograd F(4,3): the alpha^3 = 216 batched (Cout, Cin) @ (Cin, T) GEMMs, fitted with
     # planner/graph_search.WINOGRAD_PASSES on benchmarks/winograd.py's five U-Net layers
     # (16-128 channels, 16^3-64^3 outputs, CI kind, 2026-11-23)
