@@ -152,7 +152,7 @@ def test_storage_options_parse_json_else_text() -> None:
 
 
 def test_transient_errors_are_retried_then_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("znni.engine.stores.BACKOFF_S", 0.0)
+    monkeypatch.setattr("znni.engine.store_retry.BACKOFF_S", 0.0)
     calls: list[int] = []
 
     def flaky() -> str:

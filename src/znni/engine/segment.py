@@ -35,6 +35,7 @@ from znni.engine.ledger import (
 )
 from znni.engine.pipeline import run_local
 from znni.engine.progress import Progress, StageTimer
+from znni.engine.store_memo import memo
 from znni.engine.stores import (
     check_location,
     check_output_location,
@@ -94,7 +95,13 @@ def check_and_plan(job: SegmentJob, plan: Plan | None = None) -> Plan | None:
 
 
 def prepare_run(job: SegmentJob, plan: Plan | None = None) -> PreparedRun:
-    """Open and check the input, the output and its ledger, plan, choose blocks."""
+    """Open and check the input, the output and its ledger, plan, choose blocks (each store
+    answer asked once: `store_memo.py`)."""
+    with memo():
+        return _prepare_run(job, plan)
+
+
+def _prepare_run(job: SegmentJob, plan: Plan | None) -> PreparedRun:
     _check_options(job)
     net = job.network
     check_location(job.input_path, "input")
@@ -242,17 +249,20 @@ def segment(
     plan: Plan | None = None,
 ) -> SegmentReport:
     """Compute every unfinished block of the job and write it; see the module docstring."""
-    prep = prepare_run(job, plan)
-    plan = prep.plan
-    plan_dict = plan.to_dict() if plan is not None else _windowed_summary(job, prep)
-    target = open_target(job, prep.volume, prep.out_shape, prep.chunks, prep.region, plan_dict)
-    output = target.level0
-    ledger = open_ledger(job.output_path)
-    if prep.resume:
-        ledger.resume()
-    else:
-        ledger.start(prep.parts, prep.block_shape)
-    blocks, spec = _blocks_and_spec(target.worker_job(job), prep)
+    with memo():  # the setup asks the stores each question once (store_memo.py)
+        prep = prepare_run(job, plan)
+        plan = prep.plan
+        plan_dict = plan.to_dict() if plan is not None else _windowed_summary(job, prep)
+        target = open_target(job, prep.volume, prep.out_shape, prep.chunks, prep.region,
+                             plan_dict)
+        ledger = open_ledger(job.output_path)
+        if prep.resume:
+            ledger.resume()
+        else:
+            ledger.start(prep.parts, prep.block_shape)
+        blocks, spec = _blocks_and_spec(target.worker_job(job), prep)
+        worker = None if job.scheduler is not None else make_worker(
+            spec, backend=backend, output_array=target.level0)
     todo = [b for b in blocks if b.key not in prep.done]
     done_voxels = sum(b.write.size for b in blocks if b.key in prep.done)
     meter = Progress(
@@ -268,8 +278,7 @@ def segment(
     on_done = target.track(blocks, prep.done, record)  # OME pyramid: after its levels
 
     try:
-        if job.scheduler is None:
-            worker = make_worker(spec, backend=backend, output_array=output)
+        if worker is not None:
             run_local(worker, todo, on_done, timer, cancel)
         else:
             from znni.engine.distributed import run_dask

@@ -15,42 +15,29 @@
 from __future__ import annotations
 
 import asyncio
-import errno
 import json
-import os
 import posixpath
 import re
-import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
+
+from znni.engine.store_memo import forget, remembered_list, remembered_read, wrote
+from znni.engine.store_retry import StoreError as StoreError
+from znni.engine.store_retry import delay, gave_up, retrying, tries
+from znni.engine.store_retry import is_transient as is_transient
 
 SCHEMES = ("s3", "gs", "gcs", "http", "https")
 WRITABLE_SCHEMES = ("s3", "gs", "gcs")
-RETRIES_ENV = "ZNNI_STORE_RETRIES"
-DEFAULT_TRIES = 5
-BACKOFF_S, MAX_BACKOFF_S = 0.5, 8.0
+METADATA_NAMES = ("zarr.json", ".zarray", ".zattrs", ".zgroup")
 URL_RE = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*)://(.*)")
-TRANSIENT_NAMES = frozenset({
-    "ConnectionError", "EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError",
-    "ConnectionClosedError", "HTTPClientError", "ClientConnectionError", "ClientOSError",
-    "ServerDisconnectedError", "ClientPayloadError", "FSTimeoutError", "TimeoutError",
-    "IncompleteRead", "ResponseStreamingError", "ProxyConnectionError",
-})
-TRANSIENT_ERRNO = frozenset({errno.EBUSY, errno.EREMOTEIO, errno.ETIMEDOUT, errno.ECONNRESET,
-                             errno.ECONNREFUSED, errno.ECONNABORTED, errno.EAGAIN, errno.EPIPE})
-T = TypeVar("T")
 
 _OPTIONS: dict[str, dict[str, Any]] = {}  # "scheme://bucket" -> storage options
 # s3fs sends a HEAD before each whole-object GET (to split large objects into concurrent
 # ranged GETs); for chunks that doubles the requests, and zarr already reads chunks
 # concurrently. `--storage-option max_concurrency=N` still sets it.
 DEFAULT_OPTIONS: dict[str, dict[str, Any]] = {"s3": {"max_concurrency": 1}}
-
-
-class StoreError(RuntimeError):
-    """An object store stayed unreachable through every retry (one sentence naming the URL)."""
 
 
 def is_url(path: str) -> bool:
@@ -150,49 +137,6 @@ def resolved(path: str) -> str:
 # -- retries and refusals -------------------------------------------------------------------
 
 
-def is_transient(e: BaseException) -> bool:
-    """Whether retrying may help: connection failures, timeouts, throttling and 5xx answers."""
-    if isinstance(e, PermissionError | FileNotFoundError | NotADirectoryError):
-        return False
-    if any(c.__name__ in TRANSIENT_NAMES for c in type(e).__mro__):
-        return True
-    if isinstance(e, OSError) and e.errno in TRANSIENT_ERRNO:
-        return True
-    status = getattr(e, "status", None)
-    return isinstance(status, int) and status >= 500
-
-
-def tries() -> int:
-    try:
-        return max(1, int(os.environ.get(RETRIES_ENV, DEFAULT_TRIES)))
-    except ValueError:
-        return DEFAULT_TRIES
-
-
-def _delay(attempt: int) -> float:
-    return min(MAX_BACKOFF_S, BACKOFF_S * 2**attempt)
-
-
-def _gave_up(url: str, n: int, e: BaseException) -> StoreError:
-    return StoreError(f"the store at {url} did not answer after {n} tries "
-                      f"({type(e).__name__}: {e})")
-
-
-def retrying(fn: Callable[[], T], url: str) -> T:
-    """fn(), retried with backoff while it fails transiently; then StoreError naming `url`."""
-    n = tries()
-    for attempt in range(n):
-        try:
-            return fn()
-        except Exception as e:
-            if not is_transient(e):
-                raise
-            if attempt == n - 1:
-                raise _gave_up(url, n, e) from e
-            time.sleep(_delay(attempt))
-    raise AssertionError("unreachable")
-
-
 def refusal(e: BaseException, url: str, what: str) -> ValueError:
     """A store's refusal as one sentence naming the URL."""
     text = str(e).strip() or type(e).__name__
@@ -236,13 +180,19 @@ def read_bytes(path: str, what: str = "volume", owner: str | None = None) -> byt
             return None
     fs, p = filesystem(path)
     try:
-        return retrying(lambda: fs.cat_file(p), path)
+        return remembered_read(path, lambda: _cat_or_none(fs, p, path))
+    except (FileNotFoundError, PermissionError, IsADirectoryError) as e:  # no bucket, refused
+        raise refusal(e, owner or path, what) from e
+
+
+def _cat_or_none(fs: Any, p: str, url: str) -> bytes | None:
+    """The object's bytes, None when missing; a missing bucket raises FileNotFoundError."""
+    try:
+        return retrying(lambda: fs.cat_file(p), url)
     except FileNotFoundError as e:
         if "bucket" in str(e).lower():
-            raise refusal(e, owner or path, what) from e
+            raise
         return None
-    except (PermissionError, IsADirectoryError) as e:
-        raise refusal(e, owner or path, what) from e
 
 
 def check_readable(path: str, what: str) -> None:
@@ -253,17 +203,27 @@ def check_readable(path: str, what: str) -> None:
 
 def write_bytes(url: str, data: bytes) -> None:
     fs, p = filesystem(url)
-    retrying(lambda: fs.pipe_file(p, data), url)
+    try:
+        retrying(lambda: fs.pipe_file(p, data), url)
+    except BaseException:
+        forget(url)
+        raise
+    wrote(url, data)
 
 
 def list_names(url: str) -> list[str]:
     """Names of the objects and prefixes directly under a URL ([] when there are none)."""
     fs, p = filesystem(url)
-    try:
-        entries = retrying(lambda: fs.ls(p, detail=False, refresh=True), url)
-    except FileNotFoundError:
-        return []
-    return [posixpath.basename(e.rstrip("/")) for e in entries if e.rstrip("/") != p.rstrip("/")]
+
+    def fetch() -> list[str]:
+        try:
+            entries = retrying(lambda: fs.ls(p, detail=False, refresh=True), url)
+        except FileNotFoundError:
+            return []
+        return [posixpath.basename(e.rstrip("/")) for e in entries
+                if e.rstrip("/") != p.rstrip("/")]
+
+    return remembered_list(url, fetch)
 
 
 def remove_tree(url: str) -> None:
@@ -272,6 +232,8 @@ def remove_tree(url: str) -> None:
         retrying(lambda: fs.rm(p, recursive=True), url)
     except FileNotFoundError:
         pass
+    finally:
+        forget(url)
 
 
 def holds_anything(path: str, what: str = "output") -> bool:
@@ -310,6 +272,7 @@ def check_output_location(url: str) -> None:
     try:
         retrying(lambda: fs.pipe_file(p, b""), url)
         retrying(lambda: fs.rm_file(p), url)
+        forget(probe)
     except PermissionError as e:
         raise ValueError(
             f"output {url} is not writable: the store refused a test write ({e}); check the "
@@ -363,8 +326,8 @@ def _retrying_store_class() -> type:
                     if not is_transient(e):
                         raise
                     if attempt == n - 1:
-                        raise _gave_up(join(self.url, key), n, e) from e
-                    await asyncio.sleep(_delay(attempt))
+                        raise gave_up(join(self.url, key), n, e) from e
+                    await asyncio.sleep(delay(attempt))
             raise AssertionError("unreachable")
 
         async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
@@ -379,11 +342,32 @@ def _retrying_store_class() -> type:
         async def exists(self, key: str) -> bool:
             return bool(await self._retry(key, lambda: self._store.exists(key)))
 
+        async def _write(self, key: str, make: Callable[[], Any]) -> None:
+            """A write or delete under `key`, retried; remembered answers about it dropped."""
+            try:
+                await self._retry(key, make)
+            finally:
+                forget(join(self.url, key) if key else self.url)
+
         async def set(self, key: str, value: Any) -> None:
-            await self._retry(key, lambda: self._store.set(key, value))
+            await self._write(key, lambda: self._store.set(key, value))
+            if key.endswith(METADATA_NAMES):  # metadata is read again (chunks are not)
+                wrote(join(self.url, key), value.to_bytes())
+
+        async def set_if_not_exists(self, key: str, value: Any) -> None:
+            await self._write(key, lambda: self._store.set_if_not_exists(key, value))
+
+        async def _set_many(self, values: Iterable[tuple[str, Any]]) -> None:
+            await asyncio.gather(*(self.set(k, v) for k, v in values))
 
         async def delete(self, key: str) -> None:
-            await self._retry(key, lambda: self._store.delete(key))
+            await self._write(key, lambda: self._store.delete(key))
+
+        async def delete_dir(self, prefix: str) -> None:
+            await self._write(prefix, lambda: self._store.delete_dir(prefix))
+
+        async def clear(self) -> None:
+            await self._write("", lambda: self._store.clear())
 
     _STORE_CLASS.append(RetryingStore)
     return RetryingStore

@@ -9,6 +9,7 @@ Every refusal is a ValueError naming the path and the offending values.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
@@ -80,18 +81,44 @@ def open_zarr_array(path: str, what: str) -> Any:
 
 def _open_url_array(url: str, what: str) -> Any:
     """An array at a URL, read-only (not cached: its metadata is a request away)."""
-    import zarr
-
     if all(read_bytes(join(url, n), what) is None for n in METADATA_FILES[:2]):
         raise ValueError(f"{what} {url} does not exist (no zarr.json or .zarray there)")
     try:
-        return zarr.open_array(store=zarr_store(url, read_only=True), mode="r")
+        return url_array(url, "r")
     except (PermissionError, FileNotFoundError) as e:
         raise refusal(e, url, what) from e
     except StoreError:
         raise
     except Exception as e:  # zarr raises several unrelated types for "not an array"
         raise ValueError(f"{what} {url} is not a Zarr array ({type(e).__name__}: {e})") from e
+
+
+def url_array(url: str, mode: str) -> Any:
+    """zarr.open_array of the array at a URL. A format 3 array is built from its
+    `zarr.json` as `read_bytes` gives it (remembered within a run's setup, `store_memo.py`)
+    instead of zarr asking the store for zarr.json, .zarray and .zattrs again; anything
+    else (format 2, a group, unreadable JSON) goes through zarr's own open."""
+    import zarr
+
+    store = zarr_store(url, read_only=mode == "r")
+    meta = _json_object(read_bytes(join(url, METADATA_FILES[0])))
+    if meta.get("zarr_format") == 3 and meta.get("node_type") == "array":
+        from zarr.core.array import AsyncArray
+        from zarr.storage import StorePath
+
+        try:
+            return zarr.Array(AsyncArray(meta, StorePath(store)))
+        except Exception:  # zarr's own open says what is wrong with it
+            pass
+    return zarr.open_array(store=store, mode=mode)
+
+
+def _json_object(raw: bytes | None) -> dict[str, Any]:
+    try:
+        meta = json.loads(raw) if raw is not None else {}
+    except ValueError:
+        return {}
+    return meta if isinstance(meta, dict) else {}
 
 
 def _metadata_bytes(p: Path) -> tuple[bytes | None, ...]:
@@ -257,6 +284,8 @@ def open_output_array(path: str) -> Any:
     """An existing output array (level 0 of an image: its array's path), for writing."""
     import zarr
 
+    if is_url(path):
+        return url_array(path, "r+")
     return zarr.open_array(store=zarr_store(path, read_only=False), mode="r+")
 
 
