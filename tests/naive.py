@@ -39,6 +39,11 @@ def naive_conv(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.stack(out)
 
 
+def naive_conv_batch(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """`naive_conv` over each sample of (S, Cin, Z, Y, X)."""
+    return np.stack([naive_conv(x[i], w, b) for i in range(x.shape[0])])
+
+
 def naive_pool(x: np.ndarray, p: tuple[int, int, int]) -> np.ndarray:
     c, nz, ny, nx = x.shape
     out = np.empty((c, nz // p[0], ny // p[1], nx // p[2]))

@@ -2,24 +2,12 @@
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 import pytest
-from naive import close, naive_activation, naive_conv
+from naive import close, naive_activation, naive_conv_batch
 
 from znni.primitives.base import Activation
 from znni.primitives.cpu.direct_conv import _blocks, direct_bytes, direct_conv3d
-
-
-@pytest.fixture(scope="module")
-def pool():
-    with ThreadPoolExecutor(2) as p:
-        yield p
-
-
-def _naive(x, w, b):
-    return np.stack([naive_conv(x[i], w, b) for i in range(x.shape[0])])
 
 
 @pytest.mark.parametrize("slab_bytes", [1, 2**10, 2**14, 2**23])  # rows, planes, whole patch
@@ -42,7 +30,7 @@ def test_direct_blocks_match_scipy(pool, slab_bytes, s, cin, cout, size, kernel)
     act = Activation("leaky_relu", 0.1)
     out = direct_conv3d(pool, x, w, b, act, slab_bytes=slab_bytes)
     assert out.shape == (s, cout, *(n - k + 1 for n, k in zip(size, kernel, strict=True)))
-    assert close(out, naive_activation(_naive(x, w, b), "leaky_relu", 0.1))
+    assert close(out, naive_activation(naive_conv_batch(x, w, b), "leaky_relu", 0.1))
 
 
 @pytest.mark.parametrize("slab_bytes", [1, 2**12, 2**23])

@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 import pytest
-from naive import naive_activation, naive_conv
+from naive import naive_activation, naive_conv_batch
 from numpy.lib.stride_tricks import sliding_window_view
 
 from znni.primitives.base import Activation
 from znni.primitives.cpu.winograd import chunks, transforms, winograd_conv3d
-
-
-@pytest.fixture(scope="module")
-def pool():
-    with ThreadPoolExecutor(2) as p:
-        yield p
-
-
-def _scipy_ref(x, w, b):
-    return np.stack([naive_conv(x[i], w, b) for i in range(x.shape[0])])
 
 
 def _einsum_ref(x, w, b):
@@ -55,7 +43,7 @@ def _layer(rng, s, cin, cout, size, dist="normal"):
 def test_matches_scipy_with_bias_and_activation(pool, m, s, cin, cout, out_size, act):
     rng = np.random.default_rng(cin * 100 + cout + m)
     x, w, b = _layer(rng, s, cin, cout, tuple(o + 2 for o in out_size))
-    ref = _scipy_ref(x, w, b)
+    ref = naive_conv_batch(x, w, b)
     if act is not None:
         ref = naive_activation(ref, act.kind, act.slope)
     out = winograd_conv3d(x, w, b, act, pool=pool, m=m)
@@ -78,7 +66,7 @@ def test_f43_accuracy_bound_on_unet_statistics(pool, dist, cin, cout):
 def test_chunk_sizes_and_serial_run_agree(pool, chunk_bytes):
     rng = np.random.default_rng(7)
     x, w, b = _layer(rng, 2, 4, 5, (11, 14, 10))
-    ref = _scipy_ref(x, w, b)
+    ref = naive_conv_batch(x, w, b)
     for p in (pool, None):
         out = winograd_conv3d(x, w, b, pool=p, chunk_bytes=chunk_bytes)
         assert _rel_err(out, ref) <= 1e-5
@@ -99,7 +87,7 @@ def test_kernel_transform_cache_sees_in_place_changes(pool):
     first = winograd_conv3d(x, w, b, pool=pool)
     assert np.array_equal(first, winograd_conv3d(x, w, b, pool=pool))
     w *= 2.0  # same array object, new values: the cached transform must not be reused
-    assert _rel_err(winograd_conv3d(x, w, b, pool=pool), _scipy_ref(x, w, b)) <= 1e-5
+    assert _rel_err(winograd_conv3d(x, w, b, pool=pool), naive_conv_batch(x, w, b)) <= 1e-5
 
 
 def test_transforms_reproduce_1d_correlation():

@@ -6,10 +6,9 @@ naive check when torch is not installed. Tolerance: max|out - ref| <= 1e-4 * max
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
+import naive_graph as ng
 import numpy as np
 import pytest
 
@@ -31,12 +30,6 @@ from znni.primitives.cpu.graph_ops import (
     selu,
     softmax_channels,
 )
-
-# naive_graph.py from this folder, loaded by path so sys.path stays untouched
-_NAIVE = Path(__file__).resolve().parent / "naive_graph.py"
-_spec = importlib.util.spec_from_file_location("naive_graph", _NAIVE)
-ng = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ng)
 
 
 def close(out, ref):

@@ -8,9 +8,7 @@ multi-tile paths on small arrays. No timings are asserted.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
+import naive_graph as ng
 import numpy as np
 import pytest
 
@@ -25,11 +23,6 @@ from znni.primitives.cpu.graph_ops import (
     instance_norm,
     max_pool3d,
 )
-
-_NAIVE = Path(__file__).resolve().parent / "naive_graph.py"
-_spec = importlib.util.spec_from_file_location("naive_graph", _NAIVE)
-ng = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ng)
 
 
 def rel_close(out, ref, rtol):

@@ -19,53 +19,19 @@ chunk both fetch it (the values are equal), neither waits on the other's I/O.
 from __future__ import annotations
 
 import itertools
-import threading
-from collections import OrderedDict
-from collections.abc import Hashable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
 from znni.engine.geometry import Box, Triple
+from znni.primitives.cpu.spectra_cache import SpectraCache
 
 Index = tuple[int, int, int]  # a chunk's position in the (z, y, x) chunk grid
 
 
-class ChunkCache:
-    """LRU of arrays whose total `nbytes` never exceeds `max_bytes` (0: keeps nothing)."""
-
-    def __init__(self, max_bytes: int) -> None:
-        if max_bytes < 0:
-            raise ValueError(f"chunk cache size must be >= 0 bytes, got {max_bytes}")
-        self.max_bytes = max_bytes
-        self.nbytes = 0
-        self._items: OrderedDict[Hashable, np.ndarray] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def get(self, key: Hashable) -> np.ndarray | None:
-        with self._lock:
-            arr = self._items.get(key)
-            if arr is not None:
-                self._items.move_to_end(key)
-            return arr
-
-    def put(self, key: Hashable, arr: np.ndarray) -> bool:
-        """Keep `arr` (evicting the least recently used); False when it alone is too big."""
-        if arr.nbytes > self.max_bytes:
-            return False
-        with self._lock:
-            old = self._items.pop(key, None)
-            if old is not None:
-                self.nbytes -= old.nbytes
-            self._items[key] = arr
-            self.nbytes += arr.nbytes
-            while self.nbytes > self.max_bytes:
-                _, gone = self._items.popitem(last=False)
-                self.nbytes -= gone.nbytes
-        return True
+# the byte-bounded LRU the engine already keeps window outputs in
+ChunkCache = SpectraCache
 
 
 class ChunkedReader:

@@ -18,6 +18,9 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class Memo:
@@ -58,16 +61,7 @@ def memo() -> Iterator[None]:
 def remembered_read(url: str, fetch: Callable[[], bytes | None]) -> bytes | None:
     """fetch()'s answer for `url`, asked once per scope (outside one: every time)."""
     m = _MEMO.get()
-    if m is None:
-        return fetch()
-    key = url.rstrip("/")
-    with m.lock:
-        if key in m.reads:
-            return m.reads[key]
-    value = fetch()
-    with m.lock:
-        m.reads[key] = value
-    return value
+    return fetch() if m is None else _remembered(m, m.reads, url, fetch)
 
 
 def remembered_list(url: str, fetch: Callable[[], list[str]]) -> list[str]:
@@ -75,14 +69,19 @@ def remembered_list(url: str, fetch: Callable[[], list[str]]) -> list[str]:
     m = _MEMO.get()
     if m is None:
         return fetch()
+    return list(_remembered(m, m.lists, url, lambda: list(fetch())))
+
+
+def _remembered(m: Memo, answers: dict[str, T], url: str, fetch: Callable[[], T]) -> T:
+    """The answer kept for `url` in `answers`, or fetch()'s, kept from now on."""
     key = url.rstrip("/")
     with m.lock:
-        if key in m.lists:
-            return list(m.lists[key])
-    names = fetch()
+        if key in answers:
+            return answers[key]
+    value = fetch()
     with m.lock:
-        m.lists[key] = list(names)
-    return names
+        answers[key] = value
+    return value
 
 
 def forget(url: str) -> None:

@@ -26,18 +26,16 @@ def spectra_key(weight: np.ndarray, padded: Triple) -> Hashable:
 
 
 class SpectraCache:
-    """LRU of arrays whose total `nbytes` never exceeds `max_bytes`."""
+    """LRU of arrays whose total `nbytes` never exceeds `max_bytes` (0: keeps nothing).
+    Also the engine's byte-bounded LRU of kept window outputs and input chunks."""
 
     def __init__(self, max_bytes: int) -> None:
         if max_bytes < 0:
-            raise ValueError(f"spectra cache size must be >= 0 bytes, got {max_bytes}")
+            raise ValueError(f"cache size must be >= 0 bytes, got {max_bytes}")
         self.max_bytes = max_bytes
+        self.nbytes = 0  # kept as items come and go: thousands of chunks make a sum slow
         self._items: OrderedDict[Hashable, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
-
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in self._items.values())
 
     def __len__(self) -> int:
         return len(self._items)
@@ -57,11 +55,19 @@ class SpectraCache:
         if arr.nbytes > self.max_bytes:
             return False
         with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self.nbytes -= old.nbytes
             self._items[key] = arr
-            self._items.move_to_end(key)
-            while self.nbytes > self.max_bytes:
-                self._items.popitem(last=False)
+            self.nbytes += arr.nbytes
+            self._evict(self.max_bytes)
         return True
+
+    def _evict(self, bound: int) -> None:
+        """Drop the least recently used until at most `bound` bytes stay (lock held)."""
+        while self._items and self.nbytes > bound:
+            _, gone = self._items.popitem(last=False)
+            self.nbytes -= gone.nbytes
 
     def get_or_make(self, key: Hashable, nbytes: int, make: Callable[[], np.ndarray]) -> np.ndarray:
         """Cached spectra, or `make()` (kept if they fit; evicting before allocating)."""
@@ -70,8 +76,7 @@ class SpectraCache:
             return arr
         if self.fits(nbytes):
             with self._lock:
-                while self._items and self.nbytes + nbytes > self.max_bytes:
-                    self._items.popitem(last=False)
+                self._evict(self.max_bytes - nbytes)
         arr = make()
         self.put(key, arr)
         return arr
@@ -79,3 +84,4 @@ class SpectraCache:
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
+            self.nbytes = 0
