@@ -170,3 +170,45 @@ def test_peak_bytes_follow_the_executors_buffers() -> None:
               "y": (1, 2, 2, 4, 4)}
     graph = Graph("buffers", "x", 1, (4, 4, 4), nodes, "y", 2, (2, 4, 4), "d", shapes)
     assert graph.peak_tensor_bytes() == 3 * 64 * 4
+
+
+@pytest.mark.parametrize("plan", ["winograd", "direct", None])
+def test_padded_convs_and_concats_read_in_place_equal_the_reference(plan, monkeypatch) -> None:
+    """A decoder step (skip and upsampled concatenated, then a padded 3^3 conv): with
+    Winograd the concat is never built and the pads never written (ChannelParts), with
+    other primitives the padded concatenation is built once; all equal the reference."""
+    from znni.model.graph import Graph, Node
+
+    rng = np.random.default_rng(5)
+
+    def conv(name, src, out, cin, cout, pads):
+        w = (rng.standard_normal((cout, cin, 3, 3, 3)) / np.sqrt(cin * 27)).astype(np.float32)
+        params = {"weight": w, "bias": rng.standard_normal(cout).astype(np.float32),
+                  "strides": (1, 1, 1), "pads": pads, "dilations": (1, 1, 1), "group": 1}
+        return Node(name, "conv", (src,), (out,), params)
+
+    nodes = (
+        conv("a", "x", "ta", 2, 3, (1, 0, 1, 1, 2, 1)),  # anisotropic pads
+        Node("ra", "relu", ("ta",), ("a",)),
+        conv("b", "a", "b", 3, 2, (1,) * 6),
+        Node("cat", "concat", ("a", "b"), ("c",)),
+        conv("c", "c", "tc", 5, 4, (1, 1, 0, 1, 1, 0)),
+        Node("rc", "relu", ("tc",), ("y",)),
+    )
+    win, mid, end = (7, 6, 9), (7, 6, 9), (7, 6, 7)
+    shapes = {"x": (1, 2, *win), "ta": (1, 3, *mid), "a": (1, 3, *mid), "b": (1, 2, *mid),
+              "c": (1, 5, *mid), "tc": (1, 4, *end), "y": (1, 4, *end)}
+    graph = Graph("decoder", "x", 2, win, nodes, "y", 4, end, "d", shapes)
+    x = rng.standard_normal((1, 2, *win)).astype(np.float32)
+    want = run_graph(graph, x, make_backend("reference"))
+    prims = None if plan is None else {"a": plan, "b": "direct", "c": plan}
+    if plan == "winograd":  # conv c's concatenation and pads must never be built
+        from znni.primitives.cpu import graph_ops
+
+        def built(*args, **kw):  # noqa: ANN002, ANN003, ANN202
+            raise AssertionError("the concat was built")
+
+        monkeypatch.setattr(graph_ops, "concat_channels", built)
+    got = run_graph(graph, x, make_backend("cpu", threads=2), prims)
+    assert got.shape == want.shape == (1, 4, *end)
+    assert close(got, want)

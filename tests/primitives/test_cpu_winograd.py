@@ -112,3 +112,36 @@ def test_bad_tile_size_and_shapes_are_refused():
         winograd_conv3d(x, w, b, m=3)
     with pytest.raises(ValueError, match="does not fit"):
         winograd_conv3d(x[:, :1], w, b)
+
+
+@pytest.mark.parametrize(
+    ("channels", "pads", "size"),
+    [
+        ((16, 16), (1, 1, 1, 1, 1, 1), (13, 9, 11)),  # a U-Net decoder: skip + upsampled
+        ((3, 1, 2), (2, 0, 1, 0, 3, 2), (5, 7, 6)),  # uneven pads, three parts
+        ((4,), (0, 1, 5, 2, 0, 0), (3, 4, 9)),  # one part, pads wider than a tile
+    ],
+)
+def test_channel_parts_and_pads_read_as_their_padded_concatenation(pool, channels, pads, size):
+    rng = np.random.default_rng(sum(channels) + sum(pads))
+    parts = [rng.standard_normal((2, c, *size)).astype(np.float32) for c in channels]
+    x = np.concatenate(parts, axis=1)
+    x = np.pad(x, [(0, 0), (0, 0)] + [(pads[a], pads[a + 3]) for a in range(3)])
+    _, w, b = _layer(rng, 1, x.shape[1], 5, (3, 3, 3))
+    act = Activation("leaky_relu", 0.01)
+    ref = naive_activation(naive_conv_batch(x, w, b), act.kind, act.slope)
+    for p in (pool, None):
+        out = winograd_conv3d(parts, w, b, act, pool=p, pads=pads, chunk_bytes=2**14)
+        assert out.shape == ref.shape
+        assert _rel_err(out, ref) <= 1e-5
+
+
+def test_parts_and_pads_are_checked():
+    w, b = np.zeros((2, 5, 3, 3, 3), np.float32), np.zeros(2, np.float32)
+    a, c = np.zeros((1, 2, 6, 6, 6), np.float32), np.zeros((1, 3, 6, 6, 5), np.float32)
+    with pytest.raises(ValueError, match="agree on every axis"):
+        winograd_conv3d([a, c], w, b)
+    with pytest.raises(ValueError, match="six pads"):
+        winograd_conv3d([a, a[:, :1], a[:, :2]], w, b, pads=(1, 1, 1))
+    with pytest.raises(ValueError, match="does not fit"):
+        winograd_conv3d([a, a], w, b, pads=(1,) * 6)

@@ -2,7 +2,8 @@
 
 Convolutions with stride 1, no dilation and one group (nearly all of a U-Net's
 work) run on the backend's fast primitives (direct, FFT kept, FFT recomputed,
-chosen per layer by the backend) after explicit zero padding; other convs and the
+chosen per layer by the backend) after explicit zero padding, except Winograd, which
+reads its zero pads and a concat's parts (ChannelParts) where they lie; other convs and the
 graph-only kernels (transposed conv, interpolation, normalisations, pad) run on
 the backend's `graph_op` where it has one (the GPU backend: on the device), else
 on `primitives.cpu.graph_ops`. A following ReLU-family activation is fused into the
@@ -47,10 +48,11 @@ def run_graph(
     readers = reader_counts(graph)
     source = np.asarray(x, np.float32)
     padded: set[str] = set()  # tensors that already carry their reading conv's zero pads
-    env: dict[str, np.ndarray] = {graph.input: source}
+    env: dict[str, Any] = {graph.input: source}
     nodes = graph.nodes
     i = 0
     on_host = not hasattr(backend, "graph_op")  # a device backend runs every node itself
+    reads_parts = on_host and hasattr(backend, "conv3d_parts")
     while i < len(nodes):
         node = nodes[i]
         fused = _fusable_activation(graph, i, readers, on_host)
@@ -60,7 +62,9 @@ def run_graph(
             )
         args = [env[t] for t in node.inputs]
         pads = _pads_for_next_conv(graph, i, readers) if on_host else None
-        if pads is not None:  # the conv after it reads a zero border: write one at once
+        if node.op == "concat" and reads_parts and _read_in_place(graph, i, readers, chosen):
+            y = ChannelParts(args)  # the Winograd conv after it reads the parts themselves
+        elif pads is not None:  # the conv after it reads a zero border: write one at once
             from znni.primitives.cpu import graph_ops
 
             y = graph_ops.concat_channels(args, pads)
@@ -81,6 +85,23 @@ def run_graph(
                 env.pop(t, None)
         i += 1
     return env[graph.output]
+
+
+class ChannelParts(tuple):
+    """A concat's inputs, never joined: the Winograd conv right after it, its one reader,
+    reads them in place with its zero pads (CpuBackend.conv3d_parts)."""
+
+
+def _read_in_place(
+    graph: Graph, i: int, readers: dict[str, int], chosen: Mapping[str, str]
+) -> bool:
+    """Node i's output is read only by node i + 1, a fast conv the plan runs with Winograd."""
+    out = graph.nodes[i].outputs[0]
+    if readers.get(out) != 1 or i + 1 >= len(graph.nodes):
+        return False
+    conv = graph.nodes[i + 1]
+    return (stride_one_conv(conv) and conv.inputs[0] == out
+            and chosen.get(conv.name) == "winograd")
 
 
 def make_graph_backend(name: str, spectra_bytes: int = 0) -> Backend:
@@ -107,8 +128,14 @@ def _dies_here(
         and arr.flags.writeable
         and arr.flags.c_contiguous
         and arr.dtype == np.float32
-        and not any(name != t and np.may_share_memory(v, arr) for name, v in env.items())
+        and not any(name != t and np.may_share_memory(v, arr)
+                    for name, u in env.items() for v in _arrays(u))
     )
+
+
+def _arrays(value: Any) -> tuple[np.ndarray, ...]:
+    """The arrays a tensor of `run_graph`'s environment holds: itself, or a concat's parts."""
+    return tuple(value) if isinstance(value, ChannelParts) else (value,)
 
 
 def _relu_(p: dict, x: np.ndarray) -> np.ndarray:
@@ -231,9 +258,14 @@ def _conv(
             groups=p["group"],
         )
     pads = p["pads"]
+    bias = p["bias"] if p["bias"] is not None else np.zeros(p["weight"].shape[0], np.float32)
+    conv_parts = getattr(backend, "conv3d_parts", None)
+    if conv_parts is not None and (primitive == "winograd" or isinstance(x, ChannelParts)):
+        parts = list(x) if isinstance(x, ChannelParts) else [x]
+        return conv_parts(parts, (0,) * 6 if prepadded else pads, p["weight"], bias, fused,
+                          primitive)
     if any(pads) and not prepadded:
         x = graph_ops.pad_constant(x, pads)
-    bias = p["bias"] if p["bias"] is not None else np.zeros(p["weight"].shape[0], np.float32)
     return backend.conv3d(np.ascontiguousarray(x), p["weight"], bias, fused, primitive)
 
 

@@ -10,6 +10,7 @@ FFTW's own threads keep every usable core busy.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from math import prod
 
@@ -126,6 +127,25 @@ class CpuBackend:
                 f"{CONV_PRIMITIVES + OPTIONAL_PRIMITIVES}"
             )
         return self._run(primitive, x, weight, bias, activation)
+
+    def conv3d_parts(
+        self,
+        parts: Sequence[np.ndarray],
+        pads: Sequence[int],
+        weight: np.ndarray,
+        bias: np.ndarray,
+        activation: Activation | None = None,
+        primitive: str | None = None,
+    ) -> np.ndarray:
+        """conv3d of the channel concatenation of `parts` (S, Cin_i, Z, Y, X) with zero
+        `pads` (z, y, x before, then after) around it: Winograd reads them where they lie,
+        the other primitives get the padded concatenation built once."""
+        if primitive == "winograd":
+            return winograd_conv3d(parts, weight, bias, activation, pool=self._pool, pads=pads)
+        from znni.primitives.cpu.graph_ops import concat_channels
+
+        x = concat_channels(parts, pads) if len(parts) > 1 or any(pads) else parts[0]
+        return self.conv3d(x, weight, bias, activation, primitive)
 
     def _run(
         self,

@@ -22,9 +22,11 @@ one batched matmul with the kernel transform U (alpha^3, Cout, Cin) gives M (alp
 Cout, T); three GEMMs with A^T give (m^3, Cout, T), which gets the bias and activation
 and is scattered into the output.
 Chunks hold about `chunk_bytes` of V + M, and run on the thread pool with BLAS
-single-threaded inside, like direct_conv.py. Where an output side is not a multiple of m,
-the edge tiles read zeros past the input's end and are cropped as they are written, so
-no padded copy of the input or the output is made.
+single-threaded inside, like direct_conv.py. The x windows are gathered straight from the
+conv's input, which may be several channel parts (a decoder's skip and upsampled tensors)
+with zero pads around them: voxels before the start (the pads) or past the end (edge
+tiles where an output side is not a multiple of m) read as zeros, and edge tiles are
+cropped as they are written, so no concatenated, padded or cropped copy is ever made.
 
 The kernel transform (8 ms for 128 x 128 channels) is cached in an LRU bounded in bytes,
 keyed by id(weight) and checked against a kept copy, so an in-place change is never stale.
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from itertools import product
@@ -135,19 +137,22 @@ def _transform_axis(bt: np.ndarray, win: np.ndarray) -> np.ndarray:
 
 
 def input_transform(
-    slab: np.ndarray, bt: np.ndarray, m: int, tiles: tuple[int, int, int] | None = None
+    parts: Sequence[np.ndarray],
+    lo: tuple[int, int, int],
+    bt: np.ndarray,
+    m: int,
+    tiles: tuple[int, int, int],
 ) -> np.ndarray:
-    """V = B^T d B on each axis of every tile of `slab` (Cin, tz*m+2, ty*m+2, tx*m+2)
-    -> (alpha^3, Cin, T), alpha order (z, y, x), tiles in (tz, ty, tx) order. With `tiles`,
-    the slab may stop short of tz*m+2, ty*m+2 or tx*m+2 (the volume's far edge): the
-    missing voxels read as zeros, so edge tiles need no padded copy of the input."""
+    """V = B^T d B on each axis of every tile -> (alpha^3, Cin, T), alpha order (z, y, x),
+    tiles in (tz, ty, tx) order. The tiles' input is the channel concatenation of `parts`
+    (Cin_i, Z, Y, X) from voxel `lo` on, which may lie before 0 or run past the end (a
+    conv's zero pads, the volume's far edge): voxels outside read as zeros, so neither the
+    padded input nor the concatenation is ever built."""
     alpha = m + 2
-    cin = slab.shape[0]
-    if tiles is None:
-        tiles = ((slab.shape[1] - 2) // m, (slab.shape[2] - 2) // m, (slab.shape[3] - 2) // m)
     tz, ty, tx = tiles
     zs, ys = tz * m + 2, ty * m + 2
-    g = _gather_x(slab, (zs, ys, tx), m)  # (ax, Cin, zs, ys, tx)
+    g = _gather_x(parts, lo, (zs, ys, tx), m)  # (ax, Cin, zs, ys, tx)
+    cin = g.shape[1]
     p1 = np.matmul(bt, g.reshape(alpha, -1))  # (ax', Cin*zs*ys*tx)
     del g
     w1 = _windows(p1.reshape(alpha * cin * zs, ys, tx), 1, ty, alpha, m)  # (., ty, ay, tx)
@@ -158,27 +163,40 @@ def input_transform(
     return v.reshape(alpha**3, cin, tz * ty * tx)  # (A3, Cin, T), alpha order (z, y, x)
 
 
-def _gather_x(slab: np.ndarray, size: tuple[int, int, int], m: int) -> np.ndarray:
-    """The x windows of every tile, (alpha, Cin, zs, ys, tx), zeros past the slab's end."""
+def _span(lo: int, length: int, n: int) -> tuple[int, int]:
+    """[d0, d1): the positions d of a run of `length` from `lo` with 0 <= lo + d < n."""
+    d0 = min(length, max(0, -lo))
+    return d0, max(d0, min(length, n - lo))
+
+
+def _gather_x(
+    parts: Sequence[np.ndarray], lo: tuple[int, int, int], size: tuple[int, int, int], m: int
+) -> np.ndarray:
+    """The x windows of every tile, (alpha, Cin, zs, ys, tx): window j of x offset a reads
+    x = lo_x + j*m + a of the parts' channels stacked, zeros outside them."""
     alpha = m + 2
     zs, ys, tx = size
-    cin, zv, yv, xv = slab.shape
+    zv, yv, xv = parts[0].shape[1:]
+    cin = sum(p.shape[0] for p in parts)
     g = np.empty((alpha, cin, zs, ys, tx), np.float32)  # (ax, Cin, zs, ys, tx)
-    inside = min(tx, (xv - alpha) // m + 1) if xv >= alpha else 0  # whole x windows
-    if inside:
-        view = _windows(slab[..., : (inside - 1) * m + alpha], 3, inside, alpha, m)
-        np.copyto(g[:, :, :zv, :yv, :inside], view.transpose(4, 0, 1, 2, 3))
-    for j in range(inside, tx):  # the x tiles that run past the slab's end
-        for a in range(alpha):
-            p = j * m + a
-            if p < xv:
-                g[a, :, :zv, :yv, j] = slab[:, :, :, p]
-            else:
-                g[a, :, :zv, :yv, j] = 0.0
-    if zv < zs:
-        g[:, :, zv:] = 0.0
-    if yv < ys:
-        g[:, :, :zv, yv:] = 0.0
+    z0, z1 = _span(lo[0], zs, zv)
+    y0, y1 = _span(lo[1], ys, yv)
+    for a in range(alpha):  # x windows' offset a: x = lo_x + a + j*m, every m-th voxel
+        first = lo[2] + a
+        j0 = min(tx, max(0, -(first // m)))  # first j with x >= 0
+        j1 = max(j0, min(tx, (xv - 1 - first) // m + 1))  # past the last j with x < xv
+        c = 0
+        for part in parts if j1 > j0 and z1 > z0 and y1 > y0 else ():  # (Cin_i, Z, Y, X)
+            src = part[:, lo[0] + z0 : lo[0] + z1, lo[1] + y0 : lo[1] + y1,
+                       first + j0 * m : first + (j1 - 1) * m + 1 : m]
+            g[a, c : c + part.shape[0], z0:z1, y0:y1, j0:j1] = src
+            c += part.shape[0]
+        g[a, :, z0:z1, y0:y1, :j0] = 0.0
+        g[a, :, z0:z1, y0:y1, j1:] = 0.0
+    g[:, :, :z0] = 0.0
+    g[:, :, z1:] = 0.0
+    g[:, :, z0:z1, :y0] = 0.0
+    g[:, :, z0:z1, y1:] = 0.0
     return g
 
 
@@ -232,16 +250,35 @@ def run_shared(
             f.result()
 
 
-def _check(x: np.ndarray, weight: np.ndarray, m: int) -> None:
+def _check(shape: tuple[int, ...], weight: np.ndarray, m: int) -> None:
+    """`shape`: the (padded, concatenated) input's."""
     if weight.ndim != 5 or tuple(weight.shape[2:]) != (3, 3, 3):
         raise ValueError(f"Winograd conv takes 3x3x3 kernels only, got weight {weight.shape}")
-    if x.ndim != 5 or x.shape[1] != weight.shape[1] or min(x.shape[2:]) < 3:
-        raise ValueError(f"input {x.shape} does not fit weight {weight.shape}")
+    if len(shape) != 5 or shape[1] != weight.shape[1] or min(shape[2:]) < 3:
+        raise ValueError(f"input {shape} does not fit weight {weight.shape}")
     transforms(m)  # ValueError for an unsupported m
 
 
+def _as_parts(
+    x: np.ndarray | Sequence[np.ndarray], pads: Sequence[int]
+) -> tuple[list[np.ndarray], tuple[int, ...], tuple[int, ...]]:
+    """(float32 channel parts, pads, shape of the padded concatenation they stand for)."""
+    parts = [np.asarray(x, np.float32)] if isinstance(x, np.ndarray) else [
+        np.asarray(p, np.float32) for p in x]
+    p = tuple(int(v) for v in pads)
+    if not parts or len(p) != 6 or min(p) < 0:
+        raise ValueError(f"need one or more channel parts and six pads >= 0, got "
+                         f"{len(parts)} parts and pads {tuple(pads)}")
+    head = parts[0].shape
+    if any(a.ndim != 5 or a.shape[0] != head[0] or a.shape[2:] != head[2:] for a in parts):
+        raise ValueError(f"channel parts must be 5-d and agree on every axis but 1, got "
+                         f"{[a.shape for a in parts]}")
+    size = tuple(head[2 + a] + p[a] + p[a + 3] for a in range(3))
+    return parts, p, (head[0], sum(a.shape[1] for a in parts), *size)
+
+
 def winograd_conv3d(
-    x: np.ndarray,
+    x: np.ndarray | Sequence[np.ndarray],
     weight: np.ndarray,
     bias: np.ndarray,
     activation: Activation | None = None,
@@ -249,18 +286,19 @@ def winograd_conv3d(
     pool: ThreadPoolExecutor | None = None,
     m: int = 4,
     chunk_bytes: int = CHUNK_BYTES,
+    pads: Sequence[int] = (0,) * 6,
 ) -> np.ndarray:
     """Valid cross-correlation (S, Cin, n) x (Cout, Cin, 3, 3, 3) -> (S, Cout, n - 2), fused
-    bias/activation, float32. Chunks run on `pool` with BLAS single-threaded inside; with
-    no pool, in the calling thread (BLAS threads left as they are)."""
-    _check(x, weight, m)
-    x = np.ascontiguousarray(x, dtype=np.float32)
+    bias/activation, float32. `x` may be a list of channel parts (S, Cin_i, n) read as their
+    concatenation, and `pads` (z, y, x before, z, y, x after) zeros around it, neither
+    built (a U-Net decoder's concat and every padded conv). Chunks run on `pool` with BLAS
+    single-threaded inside; with no pool, in the calling thread (BLAS threads as they are)."""
+    parts, p, shape = _as_parts(x, pads)
+    _check(shape, weight, m)
     weight = np.ascontiguousarray(weight, dtype=np.float32)
-    s, cin = int(x.shape[0]), int(x.shape[1])
-    cout = int(weight.shape[0])
-    out_size = tuple(int(n) - 2 for n in x.shape[2:])
+    s, cin, cout = shape[0], shape[1], int(weight.shape[0])
+    out_size = tuple(n - 2 for n in shape[2:])
     tz, ty, tx = (-(-o // m) for o in out_size)
-    tiles = (tz, ty, tx)
     at, _, bt = (t.astype(np.float32) for t in transforms(m))
     u = cached_kernel_transform(weight, m)  # (A3, Cout, Cin)
     b2 = np.asarray(bias, dtype=np.float32).reshape(1, cout, 1)
@@ -270,8 +308,8 @@ def winograd_conv3d(
 
     def run_chunk(c: Chunk) -> None:
         si, z0, z1, y0, y1 = c
-        slab = x[si, :, z0 * m : z1 * m + 2, y0 * m : y1 * m + 2]  # (Cin, zs, ys, xs) a view
-        v = input_transform(slab, bt, m, (z1 - z0, y1 - y0, tx))  # (A3, Cin, T)
+        lo = (z0 * m - p[0], y0 * m - p[1], -p[2])  # the chunk's first voxel in the parts
+        v = input_transform([a[si] for a in parts], lo, bt, m, (z1 - z0, y1 - y0, tx))
         mt = np.matmul(u, v)  # (A3, Cout, T)
         del v
         y = output_transform(mt, at)  # (m^3, Cout, T)
@@ -282,7 +320,7 @@ def winograd_conv3d(
         y7 = y.reshape(m, m, m, cout, z1 - z0, y1 - y0, tx)  # (mz, my, mx, Cout, tz, ty, tx)
         scatter_tiles(out[si], y7.transpose(3, 4, 0, 5, 1, 6, 2), (z0 * m, y0 * m, 0))
 
-    run_shared(pool, chunks(s, tiles, per_chunk, workers), run_chunk)
+    run_shared(pool, chunks(s, (tz, ty, tx), per_chunk, workers), run_chunk)
     return out
 
 
