@@ -24,6 +24,13 @@ from znni.model.graph import (
 )
 from znni.model.network import FLOAT_BYTES, LayerShape
 from znni.planner.costs import CPU_CONV_PRIMITIVES, Work, cpu_seconds, layer_seconds
+from znni.planner.graph_op_costs import (
+    phase_split_conv,
+    scatter_transpose_work,
+    strided_conv_bytes,
+    strided_conv_work,
+    upsample_transpose,
+)
 from znni.planner.machine import DEFAULT_CPU_RATES, MachineProfile
 from znni.planner.memory import conv_workspace_bytes, kernel_spectra_bytes
 
@@ -42,6 +49,10 @@ OP_TRAFFIC: dict[str, tuple[float, float, bool, float]] = {
     "maxpool": (3.0, 1.0, True, 0.0),
     "conv_transpose": (1.0, 1.0, True, 0.0),
 }
+# element-wise PRelu (max(x, slope x)) and Add streamed at ~3.5x the calibrated memory rate:
+# 0.11 ms for 16 x 32^3 and 0.43 ms for 16 x 48^3 PRelu, 0.15 ms for a 16 x 32^3 Add (their
+# 2-7 MB stay in cache; MONAI UNet 64^3/96^3 per-node timings, CI kind, 2026-11-23)
+OP_TRAFFIC.update({"prelu": (0.3, 0.3, False, 0.0), "add": (0.3, 0.3, False, 0.0)})
 NODE_OVERHEAD_S = 5e-5  # Python dispatch and one allocation per node
 # graph_ops' strided and transposed convs (GEMMs per kernel offset over strided views) ran at
 # ~1/2.75 of the calibrated direct-conv GEMM rate (MONAI UNet 64^3 per-op breakdown, this
@@ -127,7 +138,11 @@ def other_seconds(graph: Graph, node: Node, machine: MachineProfile) -> float:
     moved_bytes = (reads * read + writes * written) * FLOAT_BYTES
     cores = machine.cores if parallel else 1
     work = Work(memory_bytes=moved_bytes / cores, calls=0)
-    if node.op in GEMM_OPS:
+    if node.op == "conv" and phase_split_conv(node):
+        work = work + strided_conv_work(graph, node)
+    elif node.op == "conv_transpose" and not upsample_transpose(node):
+        work = work + scatter_transpose_work(graph, node)
+    elif node.op in GEMM_OPS:
         w = node.params["weight"]
         big = node.inputs[0] if node.op == "conv_transpose" else node.outputs[0]
         flops = 2.0 * prod(graph.shapes[big][2:]) * w.size * GENERAL_GEMM_SLOWDOWN
@@ -233,11 +248,19 @@ def large_window_factor(graph: Graph) -> float:
     return max(1.0, voxels / REFERENCE_WINDOW_VOXELS) ** LARGE_WINDOW_EXPONENT
 
 
-def _peak(tensors: int, picks: dict[int, tuple[float, int, int, str]]) -> int:
+def _peak(tensors: int, picks: dict[int, tuple[float, int, int, str]], other: int = 0) -> int:
     """Kept spectra and kernel transforms stay across windows, so every conv's workspace
-    meets all of them."""
+    (`other`: the largest of the graph_ops convs') meets all of them."""
     kept = sum(p[2] for p in picks.values())
-    return tensors + kept + max((p[1] for p in picks.values()), default=0)
+    return tensors + kept + max([other, *(p[1] for p in picks.values())])
+
+
+def general_workspace_bytes(graph: Graph, node: Node, cores: int) -> int:
+    """Temporaries of a node graph_ops runs beyond its output (the strided conv's phases,
+    flat grid and columns; 0 for the others)."""
+    if node.op == "conv" and not fast_conv(node) and phase_split_conv(node):
+        return strided_conv_bytes(graph, node, cores)
+    return 0
 
 
 def plan_graph(
@@ -254,12 +277,14 @@ def plan_graph(
     limit = memory_limit_bytes if memory_limit_bytes is not None else machine.memory_bytes
     options = _conv_options(graph, machine, tensors, limit, passes)
     picks = {i: opts[0] for i, opts in options.items()}
-    while _peak(tensors, picks) > limit:
+    spaces = [general_workspace_bytes(graph, n, machine.cores) for n in graph.nodes]
+    while _peak(tensors, picks, max(spaces)) > limit:
         keeping = [i for i, p in picks.items()
                    if p[2] and any(not o[2] for o in options[i])]
         if not keeping:
-            raise ValueError(f"graph {graph.name!r} needs {_peak(tensors, picks):,} bytes per "
-                             f"window, more than {limit:,}")
+            need = _peak(tensors, picks, max(spaces))
+            raise ValueError(f"graph {graph.name!r} needs {need:,} bytes per window, more than "
+                             f"{limit:,}")
 
         def loss(i: int) -> float:
             alt = next(o for o in options[i] if not o[2])
@@ -274,12 +299,13 @@ def plan_graph(
     plans = [
         NodePlan(node.name, node.op, picks[i][3], picks[i][0], picks[i][1]) if i in picks
         else NodePlan(node.name, node.op, None,
-                      NODE_OVERHEAD_S if i in fused else other_seconds(graph, node, machine), 0)
+                      NODE_OVERHEAD_S if i in fused else other_seconds(graph, node, machine),
+                      spaces[i])
         for i, node in enumerate(graph.nodes)
     ]
     return GraphPlan(
         network=graph.name, window=graph.window, nodes=tuple(plans),
         predicted_window_s=sum(n.predicted_s for n in plans) * large_window_factor(graph),
-        peak_bytes=_peak(tensors, picks),
+        peak_bytes=_peak(tensors, picks, max(spaces)),
         spectra_bytes=sum(p[2] for p in picks.values() if p[3] == "fft-keep"),
     )

@@ -29,6 +29,7 @@ from znni.primitives.cpu.graph_ops._args import (
     six,
     triple,
 )
+from znni.primitives.cpu.graph_ops.conv_strided import conv_strided
 from znni.primitives.cpu.graph_ops.padding import pad_constant
 
 COLUMN_BYTES = 4 * 2**20  # column buffer per block: a few MB keeps gather and GEMM in cache
@@ -179,9 +180,13 @@ def _conv_pointwise(xp: np.ndarray, w: np.ndarray, groups: int) -> np.ndarray:
 def _conv_windows(
     x: np.ndarray, w: np.ndarray, groups: int, s: Triple, d: Triple, p: Six, out: Triple
 ) -> np.ndarray:
-    """Depthwise multiply-accumulate or blocked column GEMM over the window view."""
+    """Depthwise multiply-accumulate, phase-split GEMM (strided, undilated, dense groups),
+    or blocked column GEMM over the window view."""
+    depthwise = w.shape[1] == 1 and groups > 1  # one input channel alone is a K = k^3 GEMM
+    if s != (1, 1, 1) and d == (1, 1, 1) and not depthwise:
+        return conv_strided(x, w, groups, s, p, out)
     view, grid = windows(x, w.shape[2:], s, d, p, out)
-    if w.shape[1] == 1:
+    if depthwise:
         y = _conv_depthwise(view, w, groups, grid)
     else:
         y = _conv_gemm(view, w, groups, grid)

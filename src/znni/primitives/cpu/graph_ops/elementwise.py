@@ -29,7 +29,10 @@ def prelu(x: np.ndarray, slope: np.ndarray | float) -> np.ndarray:
                 f"slope of shape {s.shape} is neither scalar nor per-channel for x {x.shape}"
             )
         s = s.reshape((c,) + (1,) * (x.ndim - 2))
-    return np.where(x >= 0, x, x * s)
+    y = np.multiply(x, s, dtype=np.float32)
+    if np.all(s <= 1):  # then slope*x <= x exactly where x >= 0: two passes, no temporaries
+        return np.maximum(x, y, out=y)
+    return np.where(x >= 0, x, y)
 
 
 def elu(x: np.ndarray, alpha: float = 1.0) -> np.ndarray:

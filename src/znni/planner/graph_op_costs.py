@@ -1,0 +1,91 @@
+"""Costs of the general conv kernels graph_ops runs for graph networks (planner.graph_search):
+the phase-split strided conv and the scatter transposed conv, as counted work over this
+machine's calibrated rates, and the strided conv's temporaries."""
+
+from __future__ import annotations
+
+from math import prod
+
+from znni.model.graph import Graph, Node
+from znni.model.network import FLOAT_BYTES
+from znni.planner.costs import Work
+
+# graph_ops.conv_strided (phase split, column gather, one GEMM per block): least squares over
+# MONAI UNet's six stride-2 3^3 convs at 64^3 and 96^3 windows (1->16, 16->32, 32->64; CI
+# kind, 2026-11-23; per node 0.79-1.08 of measured): its GEMMs (Cout 16-64) run at 1/2.2 of
+# the calibrated direct-conv rate, and the split costs 4 passes over the phases it writes
+# (every-other-voxel reads pull whole cache lines)
+STRIDED_GEMM_SLOWDOWN = 2.2
+SPLIT_PASSES = 4.0
+STRIDED_COLUMN_BYTES = 4 * 2**20  # graph_ops.conv_strided.COLUMN_BYTES
+# graph_ops' scatter transposed conv (k != s or pads: a whole-volume GEMM per kernel offset,
+# each added into a strided view of the output): least squares over MONAI UNet's six k=3,
+# s=2 upsamplings (192->32, 64->16, 32->2 at 64^3 and 96^3 windows, 2.6-48 ms; same runs):
+# GEMMs at 1/1.5 of the direct rate, and 1.15x the bytes of each offset's input read and
+# product added at the memory rate (within 15% on five; 32->2 at 64^3 ran 2x faster than
+# this, its 4 MB input staying in cache)
+SCATTER_GEMM_SLOWDOWN = 1.5
+SCATTER_PASSES = 1.15
+
+
+def scatter_transpose_work(graph: Graph, node: Node) -> Work:
+    """graph_ops.conv_transpose's scatter path: per kernel offset a (Cout, Cin) @ (Cin, N)
+    GEMM that reads the whole input, and its (Cout, N) product added into the output."""
+    w = node.params["weight"]
+    n_in = prod(graph.shapes[node.inputs[0]][2:])
+    cin, cout = w.shape[0], w.shape[1] * node.params["group"]
+    offsets = prod(w.shape[2:])
+    return Work(direct_flops=2.0 * n_in * w.size * SCATTER_GEMM_SLOWDOWN,
+                memory_bytes=SCATTER_PASSES * offsets * (cin + cout) * n_in * FLOAT_BYTES)
+
+
+def phase_split_conv(node: Node) -> bool:
+    """A conv graph_ops runs on phase-split input (graph_ops.conv_strided): strided,
+    undilated, with more than one input channel per group or a single group."""
+    p = node.params
+    depthwise = p["weight"].shape[1] == 1 and p["group"] > 1
+    return p["strides"] != (1, 1, 1) and p["dilations"] == (1, 1, 1) and not depthwise
+
+
+def upsample_transpose(node: Node) -> bool:
+    """A transposed conv on graph_ops' k == s GEMM path (disjoint output blocks)."""
+    p = node.params
+    return (tuple(p["weight"].shape[2:]) == tuple(p["strides"]) and not any(p["pads"])
+            and not any(p["output_padding"]) and p["dilations"] == (1, 1, 1))
+
+
+def strided_geometry(graph: Graph, node: Node) -> tuple[int, int, int]:
+    """(phase-split input, flat output grid, column rows) counts of graph_ops.conv_strided:
+    phases of L = out + ceil(k / s) - 1 (+1 z plane) voxels per axis, min(s, k) per axis;
+    the grid is out_z planes of L_y * L_x; K = Cin * kz*ky*kx rows."""
+    w, s = node.params["weight"], node.params["strides"]
+    cin = graph.shapes[node.inputs[0]][1]
+    out = graph.shapes[node.outputs[0]][2:]
+    length = [out[a] + -(-int(w.shape[2 + a]) // s[a]) - 1 for a in range(3)]
+    phases = prod(min(s[a], int(w.shape[2 + a])) for a in range(3))
+    split = cin * phases * (length[0] + 1) * length[1] * length[2]
+    return split, out[0] * length[1] * length[2], cin * prod(w.shape[2:])
+
+
+def strided_conv_work(graph: Graph, node: Node) -> Work:
+    """graph_ops.conv_strided: the phase split (written once, its input read at strided
+    cost), the column gather and the GEMM over the flat grid (y and x past the output
+    are computed and cropped), and the crop copy."""
+    split, grid, rows = strided_geometry(graph, node)
+    w = node.params["weight"]
+    out_voxels = prod(graph.shapes[node.outputs[0]][1:])
+    return Work(
+        direct_flops=2.0 * w.shape[0] * (rows // node.params["group"]) * grid
+        * STRIDED_GEMM_SLOWDOWN,
+        gather_bytes=float(rows * grid * FLOAT_BYTES),
+        memory_bytes=float((SPLIT_PASSES * split + 2 * out_voxels) * FLOAT_BYTES),
+    )
+
+
+def strided_conv_bytes(graph: Graph, node: Node, cores: int) -> int:
+    """Workspace of graph_ops.conv_strided: the phase-split input, the flat output grid
+    before its crop, and a column block per worker (conv_strided.COLUMN_BYTES at most)."""
+    split, grid, rows = strided_geometry(graph, node)
+    cout = node.params["weight"].shape[0]
+    return (split + cout * grid) * FLOAT_BYTES + cores * min(STRIDED_COLUMN_BYTES,
+                                                             rows * grid * FLOAT_BYTES)
