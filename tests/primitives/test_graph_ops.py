@@ -153,6 +153,22 @@ def test_max_pool3d(case, ceil_mode):
         close(out, ref.numpy())
 
 
+@pytest.mark.parametrize("case", POOL_CASES[:5:2])
+def test_pools_split_into_channel_ranges_on_the_pool(monkeypatch, case):
+    """Channel ranges on every core (one channel each here) give the serial result."""
+    from znni.primitives.cpu.graph_ops import _parallel, pooling_general
+
+    size, k, s, p, d = case
+    x = _rand(np.random.default_rng(3), 2, 5, *size)
+    monkeypatch.setattr(_parallel, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(_parallel, "PIN_BLAS_BYTES", 0)
+    monkeypatch.setattr(pooling_general, "CHANNEL_TILE_BYTES", 1)
+    close(max_pool3d(x, k, s, p, d, True), ng.naive_max_pool3d(x, k, s, p, d, True))
+    out = avg_pool3d(x, k, s, p, False, True)
+    close(out, ng.naive_avg_pool3d(x, k, s, p, False, True))
+    assert out.flags.c_contiguous and out.dtype == np.float32
+
+
 @pytest.mark.parametrize("count_include_pad", [False, True])
 @pytest.mark.parametrize("ceil_mode", [False, True])
 @pytest.mark.parametrize("case", [c for c in POOL_CASES if c[4] == (1, 1, 1)])

@@ -13,6 +13,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from znni.primitives.cpu.graph_ops._args import Six, Triple, as_volume, six, triple
+from znni.primitives.cpu.graph_ops._parallel import run_tiles
+
+CHANNEL_TILE_BYTES = 1 << 20  # input per channel range: whole channels, a few per core
 
 
 def pool_out_size(n: int, k: int, s: int, d: int, pb: int, pe: int, ceil_mode: bool) -> int:
@@ -61,6 +64,26 @@ def _padded(
     return np.pad(x, width, constant_values=fill)
 
 
+def _reduce_channels(
+    xp: np.ndarray, k: Triple, s: Triple, d: Triple, out: Triple, op: np.ufunc
+) -> np.ndarray:
+    """`_reduce_axes` into a new (N, C, *out) array, channel ranges of about
+    CHANNEL_TILE_BYTES of input each on every core (run_tiles)."""
+    n, c = xp.shape[:2]
+    flat = xp.reshape(n * c, 1, *xp.shape[2:])  # (N*C, 1, Z, Y, X)
+    y = np.empty((n * c, 1, *out), xp.dtype)  # (N*C, 1, *out)
+    per = max(1, CHANNEL_TILE_BYTES // max(1, flat[0].nbytes))
+    ranges = [(a, min(a + per, n * c)) for a in range(0, n * c, per)]
+
+    def run(part: Sequence[tuple[int, int]]) -> list[None]:
+        for a, b in part:
+            y[a:b] = _reduce_axes(flat[a:b], k, s, d, out, op)
+        return [None] * len(part)
+
+    run_tiles(run, ranges, xp.nbytes)
+    return y.reshape(n, c, *out)
+
+
 def _reduce_axes(
     xp: np.ndarray, k: Triple, s: Triple, d: Triple, out: Triple, op: np.ufunc
 ) -> np.ndarray:
@@ -99,8 +122,7 @@ def max_pool3d(
     """ONNX MaxPool over (N, C, Z, Y, X): padding never wins (-inf)."""
     x = as_volume(x)
     k, s, p, d, out = _geometry(x, kernel, strides, pads, dilations, ceil_mode)
-    y = _reduce_axes(_padded(x, p, k, s, d, out, -np.inf), k, s, d, out, np.maximum)
-    return y.copy() if np.may_share_memory(y, x) else y  # a 1x1x1 window: a view of x
+    return _reduce_channels(_padded(x, p, k, s, d, out, -np.inf), k, s, d, out, np.maximum)
 
 
 def _counts(n: int, k: int, s: int, pb: int, pe: int, out: int, include_pad: bool) -> np.ndarray:
@@ -128,7 +150,7 @@ def avg_pool3d(
     x = as_volume(x)
     k, s, p, d, out = _geometry(x, kernel, strides, pads, (1, 1, 1), ceil_mode)
     xp = _padded(x, p, k, s, d, out, 0.0)
-    total = _reduce_axes(xp, k, s, d, out, np.add)
+    total = _reduce_channels(xp, k, s, d, out, np.add)
     cz, cy, cx = (
         _counts(x.shape[2 + i], k[i], s[i], p[i], p[i + 3], out[i], count_include_pad)
         for i in range(3)
