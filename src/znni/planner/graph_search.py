@@ -80,7 +80,7 @@ WINOGRAD_M, WINOGRAD_ALPHA3 = 4, 216
 # winograd_flops_per_s on benchmarks/winograd.py's five U-Net layers, CI kind, 2026-11-23:
 # within 25% on four, 16 ms measured against 10 predicted on 128->128 at 16^3)
 WINOGRAD_PASSES = 2.7
-WINOGRAD_CHUNK_BYTES = 2**23  # V + M per chunk, one chunk per worker thread
+WINOGRAD_CHUNK_BYTES = 2**22  # V + M per chunk, one chunk per worker (winograd.CHUNK_BYTES)
 
 
 @dataclass(frozen=True)

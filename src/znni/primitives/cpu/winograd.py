@@ -49,7 +49,9 @@ from znni.primitives.base import Activation
 from znni.primitives.cpu.threads import blas_single_thread
 
 FLOAT_BYTES = 4
-CHUNK_BYTES = 2**23  # V (alpha^3, Cin, T) + M (alpha^3, Cout, T) per chunk of T tiles
+# V (alpha^3, Cin, T) + M (alpha^3, Cout, T) per chunk of T tiles: BasicUNet windows ran
+# 5% (64^3) and 13% (96^3) faster with 4 MiB than with 8, valid U-Net 132^3 5% (2026-11-23)
+CHUNK_BYTES = 2**22
 POINTS: dict[int, tuple[float, ...]] = {2: (0.0, 1.0, -1.0), 4: (0.0, 1.0, -1.0, 0.5, -2.0)}
 # kernel transforms kept (with a copy of their weight): every conv of a U-Net window comes
 # back each window, so the bound is bytes (BasicUNet(16..128): 52 MB), not a few entries
