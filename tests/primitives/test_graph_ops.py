@@ -113,6 +113,20 @@ CONVT_CASES = [
 ]
 
 
+@pytest.mark.parametrize("case", CONVT_CASES[2:5])
+def test_conv_transpose3d_channel_ranges_on_the_pool(monkeypatch, case):
+    """The scatter path's output-channel ranges, forced onto the pool, add up exactly."""
+    from znni.primitives.cpu.graph_ops import _parallel
+
+    monkeypatch.setattr(_parallel, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(_parallel, "PIN_BLAS_BYTES", 0)
+    size, cin, cout, k, s, p, op, d, g = case
+    rng = np.random.default_rng(sum(size) + cin + cout)
+    x, w, b = _rand(rng, 2, cin, *size), _rand(rng, cin, cout // g, *k), _rand(rng, cout)
+    out = conv_transpose3d(x, w, b, strides=s, pads=p, output_padding=op, dilations=d, groups=g)
+    close(out, ng.naive_conv_transpose3d(x, w, b, s, p, op, d, g))
+
+
 @pytest.mark.parametrize("case", CONVT_CASES)
 def test_conv_transpose3d(case):
     size, cin, cout, k, s, p, op, d, g = case

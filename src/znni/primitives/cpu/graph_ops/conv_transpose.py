@@ -4,7 +4,7 @@ U-Net decoders upsample with k == s, pad 0 transposed convs: each input voxel
 then owns a disjoint kz*ky*kx output block, so a GEMM per slab of z planes plus
 strided copies write the whole output, the slabs on all cores. Other settings
 overlap, and scatter-add one GEMM per kernel offset into a strided view of the
-uncropped output.
+uncropped output, ranges of output channels on all cores.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from znni.primitives.cpu.graph_ops._args import (
     six,
     triple,
 )
-from znni.primitives.cpu.graph_ops._parallel import run_tiles
+from znni.primitives.cpu.graph_ops._parallel import run_tiles, workers
 
 # bytes of one slab's GEMM result: stays in L2 for the strided copies out of it
 SLAB_BYTES = 1 << 20
@@ -124,7 +124,9 @@ def _upsample_gemm(
 def _scatter(
     x: np.ndarray, w: np.ndarray, groups: int, s: Triple, d: Triple, p: Six, out: Triple
 ) -> np.ndarray:
-    """Per kernel offset, a grouped GEMM added into a strided view of the full output."""
+    """Per kernel offset, a grouped GEMM added into a strided view of the full output;
+    ranges of output channels (disjoint writes) on every core, BLAS on one thread in
+    each (its own threads stalled a window 13x on a busy core)."""
     n, cin, *size = x.shape
     cg, cog = cin // groups, w.shape[1]
     kernel = w.shape[2:]
@@ -135,14 +137,23 @@ def _scatter(
     acc = np.zeros((n, groups, cog) + full, np.float32)  # (N, G, Cout/g, Fz, Fy, Fx)
     xg = x.reshape(n, groups, cg, -1)  # (N, G, Cin/g, Z*Y*X)
     wg = w.reshape(groups, cg, cog, *kernel)  # (G, Cin/g, Cout/g, kz, ky, kx)
-    for a, b, c in np.ndindex(*kernel):
-        wk = np.ascontiguousarray(wg[:, :, :, a, b, c].transpose(0, 2, 1))  # (G, Cout/g, Cin/g)
-        part = np.matmul(wk, xg).reshape(n, groups, cog, *size)  # (N, G, Cout/g, Z, Y, X)
-        dst = tuple(
-            slice(o * d[i], o * d[i] + (size[i] - 1) * s[i] + 1, s[i])
-            for i, o in enumerate((a, b, c))
-        )
-        acc[(Ellipsis,) + dst] += part
+    pieces = min(cog, 2 * workers())
+    ranges = [(g, cog * i // pieces, cog * (i + 1) // pieces)
+              for g in range(groups) for i in range(pieces)]
+
+    def run(part: Sequence[tuple[int, int, int]]) -> list[None]:
+        for g, c0, c1 in part:
+            for a, b, c in np.ndindex(*kernel):
+                wk = np.ascontiguousarray(wg[g, :, c0:c1, a, b, c].T)  # (co, Cin/g)
+                prod = np.matmul(wk, xg[:, g]).reshape(n, c1 - c0, *size)  # (N, co, Z, Y, X)
+                dst = tuple(
+                    slice(o * d[i], o * d[i] + (size[i] - 1) * s[i] + 1, s[i])
+                    for i, o in enumerate((a, b, c))
+                )
+                acc[(slice(None), g, slice(c0, c1)) + dst] += prod
+        return [None] * len(part)
+
+    run_tiles(run, ranges, acc.nbytes)
     crop = tuple(slice(p[i], p[i] + out[i]) for i in range(3))
     y = acc[(Ellipsis,) + crop]  # (N, G, Cout/g, oz, oy, ox)
     return np.ascontiguousarray(y).reshape((n, groups * cog) + out)
