@@ -212,3 +212,27 @@ def test_padded_convs_and_concats_read_in_place_equal_the_reference(plan, monkey
     got = run_graph(graph, x, make_backend("cpu", threads=2), prims)
     assert got.shape == want.shape == (1, 4, *end)
     assert close(got, want)
+
+
+def test_peak_bytes_of_a_concat_read_in_parts() -> None:
+    """A concat the Winograd conv after it reads part by part takes no buffer, and its
+    inputs live on to that conv (ChannelParts); built, it is a buffer of its own."""
+    from znni.model.graph import Graph, Node, concat_read_in_parts, reader_counts
+
+    w = np.zeros((1, 2, 3, 3, 3), np.float32)
+    conv = {"weight": w, "bias": None, "strides": (1, 1, 1), "pads": (0,) * 6,
+            "dilations": (1, 1, 1), "group": 1}
+    nodes = (
+        Node("r", "relu", ("x",), ("a",)),  # a: 256 bytes, x freed after
+        Node("s", "sigmoid", ("a",), ("b",)),  # a lives on: b is a new 256
+        Node("cat", "concat", ("a", "b"), ("c",)),  # 512 bytes, or none
+        Node("k", "conv", ("c",), ("y",), conv),  # 32 bytes
+    )
+    one = (1, 1, 4, 4, 4)
+    shapes = {"x": one, "a": one, "b": one, "c": (1, 2, 4, 4, 4), "y": (1, 1, 2, 2, 2)}
+    graph = Graph("parts", "x", 1, (4, 4, 4), nodes, "y", 1, (2, 2, 2), "d", shapes)
+    readers = reader_counts(graph)
+    assert concat_read_in_parts(graph, 2, readers, "winograd")
+    assert not concat_read_in_parts(graph, 2, readers, "direct")
+    assert graph.peak_tensor_bytes() == 256 + 256 + 512
+    assert graph.peak_tensor_bytes(unbuilt=frozenset({"c"})) == 256 + 256 + 32

@@ -22,6 +22,7 @@ from znni.model.graph import (
     Graph,
     Node,
     absorbs_next_activation,
+    concat_read_in_parts,
     reader_counts,
     stride_one_conv,
 )
@@ -95,13 +96,9 @@ class ChannelParts(tuple):
 def _read_in_place(
     graph: Graph, i: int, readers: dict[str, int], chosen: Mapping[str, str]
 ) -> bool:
-    """Node i's output is read only by node i + 1, a fast conv the plan runs with Winograd."""
-    out = graph.nodes[i].outputs[0]
-    if readers.get(out) != 1 or i + 1 >= len(graph.nodes):
-        return False
-    conv = graph.nodes[i + 1]
-    return (stride_one_conv(conv) and conv.inputs[0] == out
-            and chosen.get(conv.name) == "winograd")
+    """Node i is a concat the Winograd conv after it reads part by part (model.graph)."""
+    nxt = graph.nodes[i + 1].name if i + 1 < len(graph.nodes) else ""
+    return concat_read_in_parts(graph, i, readers, chosen.get(nxt))
 
 
 def make_graph_backend(name: str, spectra_bytes: int = 0) -> Backend:

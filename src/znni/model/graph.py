@@ -102,18 +102,24 @@ class Graph:
         last[self.output] = len(self.nodes)
         return last
 
-    def peak_tensor_bytes(self, batch: int = 1, itemsize: int = 4) -> int:
+    def peak_tensor_bytes(
+        self, batch: int = 1, itemsize: int = 4, unbuilt: frozenset[str] = frozenset()
+    ) -> int:
         """Most bytes of buffers alive at once as the host executor runs the nodes in order
         (engine.graph_forward; node workspaces not included): a buffer is freed after the
         last reader of every tensor it holds; an activation fused into the node before it,
         an in-place op on a dying tensor, and views (slices, identities, zero pads) hold
-        their input's buffer instead of a new one."""
+        their input's buffer instead of a new one. `unbuilt`: concats the conv right after
+        reads part by part (Winograd): no buffer, their inputs live on to that conv."""
         if not self.shapes:
             raise ValueError(f"graph {self.name!r} carries no tensor shapes")
         last, readers = self.last_use(), reader_counts(self)
+        for i, node in enumerate(self.nodes):
+            if node.outputs[0] in unbuilt:
+                last.update({t: max(last[t], i + 1) for t in node.inputs})
 
         def size(t: str) -> int:
-            return batch * int(np.prod(self.shapes[t][1:])) * itemsize
+            return 0 if t in unbuilt else batch * int(np.prod(self.shapes[t][1:])) * itemsize
 
         owner = {self.input: self.input}  # tensor -> the buffer (first tensor) holding it
         holders = {self.input: {self.input}}  # buffer -> its live tensors
@@ -172,6 +178,19 @@ def stride_one_conv(node: Node) -> bool:
         return False
     p = node.params
     return p["strides"] == (1, 1, 1) and p["dilations"] == (1, 1, 1) and p["group"] == 1
+
+
+def concat_read_in_parts(
+    graph: Graph, i: int, readers: dict[str, int], next_primitive: str | None
+) -> bool:
+    """Node i is a concat whose one reader is the fast conv right after it, and that conv
+    runs with `next_primitive` Winograd, which reads the concat's inputs part by part: the
+    concat is never built (engine.graph_forward.ChannelParts)."""
+    node = graph.nodes[i]
+    if node.op != "concat" or next_primitive != "winograd" or i + 1 >= len(graph.nodes):
+        return False
+    out, conv = node.outputs[0], graph.nodes[i + 1]
+    return readers.get(out) == 1 and stride_one_conv(conv) and conv.inputs[0] == out
 
 
 def reader_counts(graph: Graph) -> dict[str, int]:

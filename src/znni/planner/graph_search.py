@@ -19,6 +19,7 @@ from znni.model.graph import (
     Graph,
     Node,
     absorbs_next_activation,
+    concat_read_in_parts,
     reader_counts,
     stride_one_conv,
 )
@@ -255,6 +256,15 @@ def _peak(tensors: int, picks: dict[int, tuple[float, int, int, str]], other: in
     return tensors + kept + max([other, *(p[1] for p in picks.values())])
 
 
+def unbuilt_concats(graph: Graph, picks: dict[int, tuple[float, int, int, str]]) -> frozenset:
+    """Concats the executor never builds (model.graph.concat_read_in_parts)."""
+    readers = reader_counts(graph)
+    return frozenset(
+        node.outputs[0] for i, node in enumerate(graph.nodes)
+        if concat_read_in_parts(graph, i, readers, picks[i + 1][3] if i + 1 in picks else None)
+    )
+
+
 def general_workspace_bytes(graph: Graph, node: Node, cores: int) -> int:
     """Temporaries of a node graph_ops runs beyond its output (the strided conv's phases,
     flat grid and columns; 0 for the others)."""
@@ -306,6 +316,7 @@ def plan_graph(
     return GraphPlan(
         network=graph.name, window=graph.window, nodes=tuple(plans),
         predicted_window_s=sum(n.predicted_s for n in plans) * large_window_factor(graph),
-        peak_bytes=_peak(tensors, picks, max(spaces)),
+        peak_bytes=_peak(graph.peak_tensor_bytes(unbuilt=unbuilt_concats(graph, picks)), picks,
+                         max(spaces)),
         spectra_bytes=sum(p[2] for p in picks.values() if p[3] == "fft-keep"),
     )
