@@ -145,3 +145,16 @@ def test_parts_and_pads_are_checked():
         winograd_conv3d([a, a[:, :1], a[:, :2]], w, b, pads=(1, 1, 1))
     with pytest.raises(ValueError, match="does not fit"):
         winograd_conv3d([a, a], w, b, pads=(1,) * 6)
+
+
+def test_kernel_transform_in_channel_blocks_is_the_whole_transform(monkeypatch):
+    """U by blocks of output channels (one each here) equals U in one go, bit for bit."""
+    from znni.primitives.cpu import winograd
+
+    w = np.random.default_rng(4).standard_normal((5, 3, 3, 3, 3)).astype(np.float32)
+    whole = winograd.kernel_transform(w)
+    monkeypatch.setattr(winograd, "KERNEL_BLOCK_BYTES", 1)
+    assert np.array_equal(winograd.kernel_transform(w), whole)
+    _, g, _ = transforms(4)
+    ref = np.einsum("zk,yl,xm,oiklm->zyxoi", g, g, g, w.astype(np.float64))  # G w G^T per axis
+    assert np.allclose(whole, ref.reshape(216, 5, 3), rtol=1e-6, atol=1e-6)

@@ -56,6 +56,7 @@ POINTS: dict[int, tuple[float, ...]] = {2: (0.0, 1.0, -1.0), 4: (0.0, 1.0, -1.0,
 # kernel transforms kept (with a copy of their weight): every conv of a U-Net window comes
 # back each window, so the bound is bytes (BasicUNet(16..128): 52 MB), not a few entries
 CACHE_BYTES = 256 * 2**20
+KERNEL_BLOCK_BYTES = 2**21  # float64 transform of a block of output channels at a time
 SHORT_ROW = 16  # floats: shorter window rows are gathered before their B^T GEMM
 
 Chunk = tuple[int, int, int, int, int]  # (sample, z-tile 0, z-tile 1, y-tile 0, y-tile 1)
@@ -87,14 +88,21 @@ def transforms(m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def kernel_transform(weight: np.ndarray, m: int = 4) -> np.ndarray:
-    """U = G w G^T on each axis, (alpha^3, Cout, Cin) float32, computed in float64."""
+    """U = G w G^T on each axis, (alpha^3, Cout, Cin) float32, computed in float64 a block
+    of output channels at a time: whole, its float64 temporaries were 5x U's float32 bytes
+    (74 MB at once for 128 -> 128 channels, the first window's peak of a MONAI UNet)."""
     _, g, _ = transforms(m)
     cout, cin = int(weight.shape[0]), int(weight.shape[1])
-    u = np.tensordot(g, weight.astype(np.float64), axes=([1], [2]))  # (az, Cout, Cin, 3, 3)
-    u = np.tensordot(g, u, axes=([1], [3]))  # (ay, az, Cout, Cin, 3)
-    u = np.tensordot(g, u, axes=([1], [4]))  # (ax, ay, az, Cout, Cin)
-    u = u.transpose(2, 1, 0, 3, 4).reshape(-1, cout, cin)  # (A3, Cout, Cin)
-    return np.ascontiguousarray(u, dtype=np.float32)
+    alpha = m + 2
+    u = np.empty((alpha**3, cout, cin), np.float32)  # (A3, Cout, Cin)
+    step = max(1, KERNEL_BLOCK_BYTES // (8 * alpha**3 * cin))
+    for c0 in range(0, cout, step):
+        w = weight[c0 : c0 + step].astype(np.float64)  # (c, Cin, 3, 3, 3)
+        t = np.tensordot(g, w, axes=([1], [2]))  # (az, c, Cin, 3, 3)
+        t = np.tensordot(g, t, axes=([1], [3]))  # (ay, az, c, Cin, 3)
+        t = np.tensordot(g, t, axes=([1], [4]))  # (ax, ay, az, c, Cin)
+        u[:, c0 : c0 + len(w)] = t.transpose(2, 1, 0, 3, 4).reshape(-1, len(w), cin)
+    return u
 
 
 def cached_kernel_transform(weight: np.ndarray, m: int) -> np.ndarray:
