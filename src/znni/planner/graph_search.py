@@ -77,10 +77,10 @@ OPENVINO_FIRST_CALL_S = 0.1
 OPENVINO_FIRST_CALL_S_PER_BYTE = 1.5e-9
 # Winograd F(4, 3) (primitives/cpu/winograd.py): tiles of 4^3 outputs from 6^3 inputs
 WINOGRAD_M, WINOGRAD_ALPHA3 = 4, 216
-# its axis passes stream V and M about 2.7 times at the element-wise rate (least squares with
-# winograd_flops_per_s on benchmarks/winograd.py's five U-Net layers, CI kind, 2026-11-23:
-# within 25% on four, 16 ms measured against 10 predicted on 128->128 at 16^3)
-WINOGRAD_PASSES = 2.7
+# its axis passes stream V and M about 1.1 times at the element-wise rate (least squares with
+# winograd_flops_per_s on benchmarks/winograd.py's five U-Net layers with 4 MiB chunks, CI
+# kind, 2026-11-23: 0.88-1.16 of measured; the 8 MiB chunks before streamed 2.7 times)
+WINOGRAD_PASSES = 1.08
 WINOGRAD_CHUNK_BYTES = 2**22  # V + M per chunk, one chunk per worker (winograd.CHUNK_BYTES)
 
 

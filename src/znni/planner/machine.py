@@ -32,8 +32,9 @@ DEFAULT_CPU_RATES: dict[str, float] = {
     "openvino_flops_per_s": 100e9,
     # Winograd F(4,3): the alpha^3 = 216 batched (Cout, Cin) @ (Cin, T) GEMMs, fitted with
     # planner/graph_search.WINOGRAD_PASSES on benchmarks/winograd.py's five U-Net layers
-    # (16-128 channels, 16^3-64^3 outputs, CI kind, 2026-11-23)
-    "winograd_flops_per_s": 75e9,
+    # (16-128 channels, 16^3-64^3 outputs, 4 MiB chunks; medians of two runs, each layer
+    # within 0.88-1.16 of the fit, CI kind, 2026-11-23)
+    "winograd_flops_per_s": 37e9,
     "gather_bytes_per_s": 30e9,  # direct conv: filling and reading the column buffers
     "memory_bytes_per_s": 10e9,  # element-wise passes: crop, bias, activation, MPF
     "pack_bytes_per_s": 5e9,  # multiply-add: input spectra gathered per output-channel chunk
