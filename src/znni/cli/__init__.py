@@ -24,7 +24,10 @@ COMMANDS = (segment, plan, preview, serve, bench, demo)
 
 EXIT_BAD_INPUT = 2
 EXIT_STORE_DOWN = 1
-QUIET_LOGGERS = ("botocore", "aiobotocore", "s3fs", "fsspec", "urllib3", "gcsfs")
+QUIET_LOGGERS = ("botocore", "aiobotocore", "s3fs", "fsspec", "urllib3")
+# gcsfs logs every failure it hands back as an ERROR with a traceback; znni reports those
+# failures itself, in one sentence
+SILENT_LOGGERS = ("gcsfs",)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,6 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.verbose:  # object-store clients log every credential lookup at INFO
         for name in QUIET_LOGGERS:
             logging.getLogger(name).setLevel(logging.WARNING)
+        for name in SILENT_LOGGERS:
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
         return int(args.run(args) or 0)
     except (ValueError, TypeError, FileNotFoundError, NotADirectoryError) as e:

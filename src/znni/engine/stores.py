@@ -3,9 +3,10 @@
 
 - Storage options (`--storage-option KEY=VALUE`) are registered per bucket for this process
   (`register`); every store this process opens under that bucket gets them, on top of the
-  standard environment and config files (AWS_*, AWS_ENDPOINT_URL, ~/.aws, GCS defaults).
-  http(s) locations are read anonymously, without options. Dask tasks register the job's
-  options on their worker before opening anything.
+  standard environment and config files (AWS_*, AWS_ENDPOINT_URL, ~/.aws, GCS defaults,
+  STORAGE_EMULATOR_HOST; gs:// at an emulator: `store_gcs.py`). http(s) locations are read
+  anonymously, without options. Dask tasks register the job's options on their worker
+  before opening anything.
 - Transient errors (connections refused or reset, timeouts, 5xx) are retried with backoff,
   ZNNI_STORE_RETRIES tries in all (default 5); then `StoreError` names the URL.
 - Refusals (bad credentials, missing bucket, missing object, an http(s) or unwritable OUT)
@@ -14,26 +15,31 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import posixpath
 import re
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from znni.engine.store_gcs import filesystem_class, gcs_options
 from znni.engine.store_memo import forget, remembered_list, remembered_read, wrote
 from znni.engine.store_retry import StoreError as StoreError
-from znni.engine.store_retry import delay, gave_up, retrying, tries
+from znni.engine.store_retry import is_refused, retrying, retrying_store
 from znni.engine.store_retry import is_transient as is_transient
 
 SCHEMES = ("s3", "gs", "gcs", "http", "https")
 WRITABLE_SCHEMES = ("s3", "gs", "gcs")
-METADATA_NAMES = ("zarr.json", ".zarray", ".zattrs", ".zgroup")
 URL_RE = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*)://(.*)")
 
 _OPTIONS: dict[str, dict[str, Any]] = {}  # "scheme://bucket" -> storage options
+_BUCKETS_FOUND: set[str] = set()  # gs buckets seen to exist (`bucket_missing`)
+CREDENTIALS_HINT = {
+    "s3": "AWS_* variables, ~/.aws, --storage-option",
+    "gs": "GOOGLE_APPLICATION_CREDENTIALS, gcloud's application default credentials, "
+          "--storage-option token=...",
+}
 # s3fs sends a HEAD before each whole-object GET (to split large objects into concurrent
 # ranged GETs); for chunks that doubles the requests, and zarr already reads chunks
 # concurrently. `--storage-option max_concurrency=N` still sets it.
@@ -106,7 +112,8 @@ def options_for(url: str) -> dict[str, Any]:
     s = scheme(url)
     if s not in WRITABLE_SCHEMES:
         return {}
-    return {**DEFAULT_OPTIONS.get(s or "", {}), **_OPTIONS.get(root(url), {})}
+    options = {**DEFAULT_OPTIONS.get(s or "", {}), **_OPTIONS.get(root(url), {})}
+    return gcs_options(options) if s == "gs" else options
 
 
 # -- paths and URLs alike -------------------------------------------------------------------
@@ -137,30 +144,62 @@ def resolved(path: str) -> str:
 # -- retries and refusals -------------------------------------------------------------------
 
 
+def is_refusal(e: BaseException) -> bool:
+    """Whether `refusal` words this error: refused credentials or something missing."""
+    return isinstance(e, FileNotFoundError | IsADirectoryError) or is_refused(e)
+
+
 def refusal(e: BaseException, url: str, what: str) -> ValueError:
     """A store's refusal as one sentence naming the URL."""
-    text = str(e).strip() or type(e).__name__
-    if isinstance(e, PermissionError):
+    text = " ".join(str(e).split()) or type(e).__name__
+    if is_refused(e):
+        hint = CREDENTIALS_HINT.get(scheme(url) or "", "--storage-option")
         return ValueError(
-            f"{what} {url}: the store refused access ({text}); check the credentials "
-            "(AWS_* variables, ~/.aws, --storage-option)"
+            f"{what} {url}: the store refused access ({text}); check the credentials ({hint})"
         )
-    if isinstance(e, FileNotFoundError) and "bucket" in text.lower():
+    if isinstance(e, FileNotFoundError) and bucket_missing(url, e):
         return ValueError(f"{what} {url}: the bucket {root(url)} does not exist ({text})")
     if isinstance(e, FileNotFoundError):
         return ValueError(f"{what} {url} does not exist")
     return ValueError(f"{what} {url}: {type(e).__name__}: {text}")
 
 
+def bucket_missing(url: str, e: FileNotFoundError) -> bool:
+    """Whether `e` (about `url`) means the bucket is missing. s3fs says so; gcsfs answers
+    a bare 404 for a missing bucket and a missing object alike, so the bucket is listed
+    (one object at most; a bucket seen once is taken to stay)."""
+    if "bucket" in str(e).lower():
+        return True
+    bucket = root(url)
+    if scheme(url) != "gs" or bucket in _BUCKETS_FOUND:
+        return False
+    fs, p = filesystem(bucket)
+    try:
+        retrying(lambda: fs.ls(p, detail=False, refresh=True, max_results=1), bucket)
+    except FileNotFoundError:
+        return True
+    except Exception as err:  # refused: not known to be missing; the caller reports `e`
+        if not is_refused(err):
+            raise
+        return False
+    _BUCKETS_FOUND.add(bucket)
+    return False
+
+
 # -- synchronous object access (metadata, ledger, checks) -----------------------------------
 
 
-def filesystem(url: str) -> tuple[Any, str]:
-    """(synchronous fsspec filesystem, path in it) for a URL, with its registered options."""
+def filesystem(url: str, **extra: Any) -> tuple[Any, str]:
+    """(fsspec filesystem, path in it) for a URL, with its registered options (and `extra`:
+    `asynchronous=True` for zarr). gs:// at an emulator: gcsfs's JSON-API class."""
     from fsspec.core import url_to_fs
 
+    options = {**options_for(url), **extra}
     try:
-        return url_to_fs(url, **options_for(url))
+        cls = filesystem_class(options) if scheme(url) == "gs" else None
+        if cls is None:
+            return url_to_fs(url, **options)
+        return cls(**options), cls._strip_protocol(url)
     except ImportError as e:
         raise _missing_package(url, e) from e
 
@@ -181,7 +220,9 @@ def read_bytes(path: str, what: str = "volume", owner: str | None = None) -> byt
     fs, p = filesystem(path)
     try:
         return remembered_read(path, lambda: _cat_or_none(fs, p, path))
-    except (FileNotFoundError, PermissionError, IsADirectoryError) as e:  # no bucket, refused
+    except Exception as e:  # no bucket, refused
+        if not is_refusal(e):
+            raise
         raise refusal(e, owner or path, what) from e
 
 
@@ -190,7 +231,7 @@ def _cat_or_none(fs: Any, p: str, url: str) -> bytes | None:
     try:
         return retrying(lambda: fs.cat_file(p), url)
     except FileNotFoundError as e:
-        if "bucket" in str(e).lower():
+        if bucket_missing(url, e):
             raise
         return None
 
@@ -246,7 +287,9 @@ def holds_anything(path: str, what: str = "output") -> bool:
                    for n in ("zarr.json", ".zarray", ".zgroup"))
     try:
         return bool(list_names(path))
-    except PermissionError as e:
+    except Exception as e:
+        if not is_refused(e):
+            raise
         raise refusal(e, path, what) from e
 
 
@@ -273,13 +316,15 @@ def check_output_location(url: str) -> None:
         retrying(lambda: fs.pipe_file(p, b""), url)
         retrying(lambda: fs.rm_file(p), url)
         forget(probe)
-    except PermissionError as e:
-        raise ValueError(
-            f"output {url} is not writable: the store refused a test write ({e}); check the "
-            "credentials (AWS_* variables, ~/.aws, --storage-option)"
-        ) from e
-    except FileNotFoundError as e:
-        raise refusal(e, url, "output") from e
+    except Exception as e:
+        if is_refused(e):
+            raise ValueError(
+                f"output {url} is not writable: the store refused a test write "
+                f"({' '.join(str(e).split())}); check the credentials ({CREDENTIALS_HINT[s]})"
+            ) from e
+        if isinstance(e, FileNotFoundError):
+            raise refusal(e, url, "output") from e
+        raise
 
 
 # -- zarr stores ----------------------------------------------------------------------------
@@ -292,82 +337,5 @@ def zarr_store(path: str, *, read_only: bool) -> Any:
     from zarr.storage import FsspecStore
 
     check_location(path, "volume")
-    try:
-        inner = FsspecStore.from_url(path, storage_options=options_for(path),
-                                     read_only=read_only)
-    except ImportError as e:
-        raise _missing_package(path, e) from e
-    return _retrying_store_class()(inner, path)
-
-
-_STORE_CLASS: list[type] = []
-
-
-def _retrying_store_class() -> type:
-    """`WrapperStore` subclass retrying transient failures (built lazily: zarr is heavy)."""
-    if _STORE_CLASS:
-        return _STORE_CLASS[0]
-    from zarr.storage import WrapperStore
-
-    class RetryingStore(WrapperStore):  # type: ignore[type-arg]
-        def __init__(self, store: Any, url: str) -> None:
-            super().__init__(store)
-            self.url = url
-
-        def _with_store(self, store: Any) -> Any:
-            return type(self)(store, self.url)
-
-        async def _retry(self, key: str, make: Callable[[], Any]) -> Any:
-            n = tries()
-            for attempt in range(n):
-                try:
-                    return await make()
-                except Exception as e:
-                    if not is_transient(e):
-                        raise
-                    if attempt == n - 1:
-                        raise gave_up(join(self.url, key), n, e) from e
-                    await asyncio.sleep(delay(attempt))
-            raise AssertionError("unreachable")
-
-        async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
-            return await self._retry(key, lambda: self._store.get(key, prototype, byte_range))
-
-        async def get_partial_values(self, prototype: Any, key_ranges: Any) -> Any:
-            key_ranges = list(key_ranges)
-            first = key_ranges[0][0] if key_ranges else ""
-            return await self._retry(
-                first, lambda: self._store.get_partial_values(prototype, key_ranges))
-
-        async def exists(self, key: str) -> bool:
-            return bool(await self._retry(key, lambda: self._store.exists(key)))
-
-        async def _write(self, key: str, make: Callable[[], Any]) -> None:
-            """A write or delete under `key`, retried; remembered answers about it dropped."""
-            try:
-                await self._retry(key, make)
-            finally:
-                forget(join(self.url, key) if key else self.url)
-
-        async def set(self, key: str, value: Any) -> None:
-            await self._write(key, lambda: self._store.set(key, value))
-            if key.endswith(METADATA_NAMES):  # metadata is read again (chunks are not)
-                wrote(join(self.url, key), value.to_bytes())
-
-        async def set_if_not_exists(self, key: str, value: Any) -> None:
-            await self._write(key, lambda: self._store.set_if_not_exists(key, value))
-
-        async def _set_many(self, values: Iterable[tuple[str, Any]]) -> None:
-            await asyncio.gather(*(self.set(k, v) for k, v in values))
-
-        async def delete(self, key: str) -> None:
-            await self._write(key, lambda: self._store.delete(key))
-
-        async def delete_dir(self, prefix: str) -> None:
-            await self._write(prefix, lambda: self._store.delete_dir(prefix))
-
-        async def clear(self) -> None:
-            await self._write("", lambda: self._store.clear())
-
-    _STORE_CLASS.append(RetryingStore)
-    return RetryingStore
+    fs, p = filesystem(path, asynchronous=True)
+    return retrying_store(FsspecStore(fs=fs, path=p, read_only=read_only), path)

@@ -25,6 +25,7 @@ from znni.engine.stores import (
     StoreError,
     check_readable,
     holds_anything,
+    is_refusal,
     is_url,
     join,
     read_bytes,
@@ -85,11 +86,11 @@ def _open_url_array(url: str, what: str) -> Any:
         raise ValueError(f"{what} {url} does not exist (no zarr.json or .zarray there)")
     try:
         return url_array(url, "r")
-    except (PermissionError, FileNotFoundError) as e:
-        raise refusal(e, url, what) from e
     except StoreError:
         raise
     except Exception as e:  # zarr raises several unrelated types for "not an array"
+        if is_refusal(e):
+            raise refusal(e, url, what) from e
         raise ValueError(f"{what} {url} is not a Zarr array ({type(e).__name__}: {e})") from e
 
 

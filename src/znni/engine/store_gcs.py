@@ -1,0 +1,49 @@
+"""What gs:// needs beyond fsspec's defaults (gcsfs), kept apart from `stores.py`.
+
+- At a GCS emulator (STORAGE_EMULATOR_HOST, or an `endpoint_url` outside googleapis.com)
+  znni opens gcsfs's plain JSON-API `gcsfs.core.GCSFileSystem`. Since 2025 `gcsfs` exports
+  `ExtendedGcsFileSystem` by default, which first asks the endpoint over gRPC for each
+  bucket's layout (zonal or hierarchical); an emulator speaks only the JSON API, so every
+  lookup would wait out a 60 s gRPC retry and ask again on the next call.
+- At an emulator the credentials default to anonymous (`token="anon"`), as Google's own
+  client libraries do there: gcsfs's default search would otherwise ask the GCE metadata
+  server, which an emulator's machine does not have. `--storage-option token=...` wins.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
+
+
+def endpoint(options: Mapping[str, Any]) -> str | None:
+    """The GCS endpoint the options (or the environment) name; None for Google's default."""
+    value = options.get("endpoint_url") or os.environ.get(EMULATOR_ENV)
+    return None if value in (None, "", "default") else str(value)
+
+
+def is_emulator(options: Mapping[str, Any]) -> bool:
+    """Whether gs:// requests go to an endpoint outside googleapis.com (an emulator)."""
+    url = endpoint(options)
+    if url is None:
+        return False
+    host = urlsplit(url if "://" in url else f"http://{url}").hostname or ""
+    return not (host == "googleapis.com" or host.endswith(".googleapis.com"))
+
+
+def gcs_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """gs:// options with anonymous credentials by default at an emulator."""
+    return {"token": "anon", **options} if is_emulator(options) else dict(options)
+
+
+def filesystem_class(options: Mapping[str, Any]) -> type | None:
+    """gcsfs's JSON-API filesystem at an emulator; None: the class fsspec registers."""
+    if not is_emulator(options):
+        return None
+    from gcsfs.core import GCSFileSystem
+
+    return GCSFileSystem
