@@ -41,9 +41,7 @@ def s3():  # a s3_util.MotoS3
 def s3_env(s3, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001 - s3_util.MotoS3
     """The session server's endpoint and read-write keys in the environment (for znni
     subprocesses and Dask workers), and the reference backend."""
-    for k, v in s3.env().items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.setenv("ZNNI_BACKEND", "reference")
+    _server_env(monkeypatch, s3.env())
 
 
 @pytest.fixture(scope="session")
@@ -68,6 +66,10 @@ def gcs(tmp_path_factory: pytest.TempPathFactory):  # a gcs_util.GcsEmulator
 def gcs_env(gcs, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001 - gcs_util.GcsEmulator
     """The emulator's endpoint in STORAGE_EMULATOR_HOST (for znni subprocesses and Dask
     workers), and the reference backend."""
-    for k, v in gcs.env().items():
+    _server_env(monkeypatch, gcs.env())
+
+
+def _server_env(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:
+    """A store server's variables and the reference backend, for this test."""
+    for k, v in {**env, "ZNNI_BACKEND": "reference"}.items():
         monkeypatch.setenv(k, v)
-    monkeypatch.setenv("ZNNI_BACKEND", "reference")

@@ -4,28 +4,26 @@ endpoint by --storage-option, SIGKILL and resume, and the server restarting mid-
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-import zarr
-from engine_ref import slow_network, write_network
+from store_runs import (
+    TOTAL,
+    WAIT_S,
+    child_env,
+    down_for_good,
+    kill_then_rerun,
+    make_case,
+    read_url,
+    refused,
+    restart_mid_run,
+    segment_cmd,
+    traced,
+)
 
-from znni.engine.job import SegmentJob
 from znni.engine.ledger import read_ledger
-from znni.engine.segment import segment
-from znni.engine.stores import zarr_store
-from znni.model.network import load_network
-
-SHAPE, BLOCK = (24, 30, 36), (8, 10, 12)
-TOTAL = 3 * 3 * 3
-WAIT_S = 180.0
-
 
 pytestmark = pytest.mark.usefixtures("gcs_env")
 
@@ -33,47 +31,14 @@ pytestmark = pytest.mark.usefixtures("gcs_env")
 @pytest.fixture()
 def case(gcs, tmp_path: Path) -> dict:  # noqa: ANN001
     """A network heavy enough for a block to take a while, a gs input and the local run."""
-    rng = np.random.default_rng(12)
-    layers, params = slow_network(rng)
-    spec = write_network(tmp_path, layers, params, scale=1 / 255)
-    vol = rng.integers(0, 256, size=SHAPE).astype(np.uint8)
-    prefix = gcs.prefix()
-    arr = zarr.create_array(store=zarr_store(f"{prefix}/in.zarr", read_only=False), shape=SHAPE,
-                            chunks=(16, 16, 16), dtype="uint8")
-    arr[...] = vol
-    local = str(tmp_path / "local.zarr")
-    segment(SegmentJob(network=load_network(spec), input_path=f"{prefix}/in.zarr",
-                       output_path=local, chunks=BLOCK, block=BLOCK))
-    return {"spec": spec, "prefix": prefix, "input": f"{prefix}/in.zarr",
-            "expected": zarr.open_array(local)[...]}
-
-
-def _cmd(spec: Path, inp: str, out: str, *extra: str) -> list[str]:
-    blk = ",".join(map(str, BLOCK))
-    return [sys.executable, "-m", "znni.cli", "segment", str(spec), inp, out, "--chunks", blk,
-            "--block", blk, "--quiet", *extra]
-
-
-def _env(**more: str) -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", **more}
+    return make_case(gcs, tmp_path, 12)
 
 
 def _refused(cmd: list[str], *words: str) -> None:
-    """Run `cmd`; it must exit 2 with one sentence on stderr containing `words`."""
-    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=WAIT_S)
-    assert proc.returncode == 2, proc.stderr
-    err = proc.stderr.strip()
-    assert err.count("\n") == 0 and "Traceback" not in err, err
-    for w in words:
-        assert w in err, err
+    refused(cmd, child_env(), *words)
 
 
-def _read(url: str) -> np.ndarray:
-    return zarr.open_array(store=zarr_store(url, read_only=True), mode="r")[...]
-
-
-def _trace(path: Path) -> list[str]:
-    return [line.split()[1] for line in path.read_text().splitlines()] if path.exists() else []
+_cmd, _env, _read, _trace = segment_cmd, child_env, read_url, traced
 
 
 def test_gs_run_equals_the_local_run_and_a_rerun_computes_nothing(gcs, case, tmp_path) -> None:  # noqa: ANN001
@@ -116,73 +81,18 @@ def test_storage_option_flag_gives_the_endpoint(gcs, case, monkeypatch) -> None:
     assert np.array_equal(_read(out), case["expected"])
 
 
-def _wait_for_blocks(proc: subprocess.Popen, out: str, n: int) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline and proc.poll() is None:
-        if len(read_ledger(out)[1]) >= n:
-            return
-        time.sleep(0.05)
-
-
 @pytest.mark.slow
 def test_sigkill_then_rerun_recomputes_only_unfinished_blocks(case, tmp_path) -> None:  # noqa: ANN001
-    out = f"{case['prefix']}/killed.zarr"
-    trace1, trace2 = tmp_path / "trace1", tmp_path / "trace2"
-    cmd = _cmd(case["spec"], case["input"], out)
-    proc = subprocess.Popen(cmd, env=_env(ZNNI_ENGINE_TRACE=str(trace1)))
-    try:
-        _wait_for_blocks(proc, out, TOTAL // 3)
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
-    _, before = read_ledger(out)
-    assert TOTAL // 3 <= len(before) < TOTAL
-    assert before <= set(_trace(trace1))  # recorded only after being computed
-
-    run = subprocess.run(cmd, env=_env(ZNNI_ENGINE_TRACE=str(trace2)), timeout=WAIT_S)
-    assert run.returncode == 0
-    again = _trace(trace2)
-    assert not set(again) & before  # no finished block computed twice
-    assert len(again) == len(set(again)) == TOTAL - len(before)
-    assert len(read_ledger(out)[1]) == TOTAL
-    assert np.array_equal(_read(out), case["expected"])
+    kill_then_rerun(case, child_env, tmp_path)
 
 
 @pytest.mark.slow
 def test_store_restart_mid_run_is_retried_and_the_run_completes(gcs, case, tmp_path) -> None:  # noqa: ANN001
-    out = f"{case['prefix']}/restarted.zarr"
-    trace = tmp_path / "trace"
-    proc = subprocess.Popen(_cmd(case["spec"], case["input"], out),
-                            env=_env(ZNNI_ENGINE_TRACE=str(trace)),
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        _wait_for_blocks(proc, out, 3)
-        gcs.stop()
-        time.sleep(1.0)  # the store is down for a while; the run retries meanwhile
-    finally:
-        gcs.start()  # same port, same objects (kept on disk)
-    _, err = proc.communicate(timeout=WAIT_S)
-    assert proc.returncode == 0, err
-    computed = _trace(trace)
-    assert len(computed) == len(set(computed)) == TOTAL  # nothing lost, nothing doubled
-    assert np.array_equal(_read(out), case["expected"])
+    restart_mid_run(gcs, case, child_env, tmp_path)  # same port, objects kept on disk
 
 
 @pytest.mark.slow
 def test_store_down_for_good_fails_with_one_sentence_naming_the_url(gcs, case) -> None:  # noqa: ANN001
     """gcsfs retries each request itself (about 30 s) inside each of znni's tries, and logs
     every failure it gives up on; stderr still holds only znni's one sentence."""
-    out = f"{case['prefix']}/down.zarr"
-    proc = subprocess.Popen(_cmd(case["spec"], case["input"], out),
-                            env=_env(ZNNI_STORE_RETRIES="1"), stderr=subprocess.PIPE, text=True)
-    try:
-        _wait_for_blocks(proc, out, 3)
-        gcs.stop()
-        _, err = proc.communicate(timeout=WAIT_S)
-    finally:
-        gcs.start()
-    assert proc.returncode == 1, err
-    line = err.strip()
-    assert line.count("\n") == 0 and "Traceback" not in line, line
-    assert "gs://znni-test/" in line and "did not answer after 1 tries" in line
+    assert "gs://znni-test/" in down_for_good(gcs, case, child_env, 1)

@@ -8,40 +8,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from engine_ref import small_network, write_network, write_volume
+from store_runs import local_job, read_url, upload
 
 from znni.engine.job import SegmentJob
 from znni.engine.ledger import ObjectLedger, read_ledger
 from znni.engine.segment import segment
 from znni.engine.stores import is_transient, options_for, refusal, zarr_store
-from znni.model.network import load_network
-
-CHUNKS = (7, 9, 10)
 
 
 @pytest.fixture()
 def case(tmp_path: Path) -> tuple[SegmentJob, np.ndarray]:
     """A local job (network, uint8 volume) and its local output."""
-    rng = np.random.default_rng(22)
-    layers, params = small_network(rng)
-    net = load_network(write_network(tmp_path, layers, params, scale=1 / 255))
-    vol = rng.integers(0, 256, size=(21, 26, 29)).astype(np.uint8)
-    inp = write_volume(tmp_path / "in.zarr", vol, 2, (7, 7, 7))
-    job = SegmentJob(network=net, input_path=inp, output_path=str(tmp_path / "local.zarr"),
-                     chunks=CHUNKS, block=CHUNKS)
-    segment(job)
-    return job, vol
-
-
-def upload(url: str, vol: np.ndarray, zarr_format: int = 2) -> str:
-    arr = zarr.create_array(store=zarr_store(url, read_only=False), shape=vol.shape,
-                            chunks=(7, 7, 7), dtype=vol.dtype, zarr_format=zarr_format)
-    arr[...] = vol
-    return url
-
-
-def read_url(url: str) -> np.ndarray:
-    return zarr.open_array(store=zarr_store(url, read_only=True), mode="r")[...]
+    return local_job(tmp_path, 22)
 
 
 @pytest.mark.usefixtures("gcs_env")
