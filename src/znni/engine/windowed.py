@@ -19,7 +19,13 @@ from znni.engine.exact_graph import ExactGraphSpec, ExactGraphWorker
 from znni.engine.geometry import Block, Box, Triple
 from znni.engine.graph_forward import make_graph_backend, run_graph
 from znni.engine.volume import encode_output, open_input, open_output_array, write_box
-from znni.engine.windows import BlendMode, WindowGrid, blend_box, windows_touching
+from znni.engine.windows import (
+    BlendMode,
+    WindowGrid,
+    blend_box,
+    window_group,
+    windows_touching,
+)
 from znni.model.onnx_model import OnnxModel
 from znni.primitives.base import Backend
 from znni.primitives.cpu.spectra_cache import SpectraCache
@@ -48,6 +54,7 @@ class WindowedSpec:
     # outputs of windows that reach beyond the block, kept for the next blocks they touch
     window_cache_bytes: int = WINDOW_CACHE_BYTES
     input_cache_bytes: int = 0  # decoded input chunks kept between blocks (0: none)
+    batch: int = 1  # windows run as one batch (windows.window_group), the planner's choice
 
 
 class WindowedWorker:
@@ -70,9 +77,11 @@ class WindowedWorker:
         )
 
     def read_box(self, block: Block) -> Box:
-        """The input (volume coordinates) that the windows touching the block cover."""
+        """The input (volume coordinates) that the windows touching the block, and the
+        windows batched with them, cover."""
         grid = self.spec.grid
-        starts = windows_touching(grid, block.write.lo, block.write.hi)
+        starts = [g for s in windows_touching(grid, block.write.lo, block.write.hi)
+                  for g in window_group(grid, s, self.spec.batch)]
         pad, vol, win = grid.pad_before, grid.volume_shape, grid.window
         lo = [max(0, min(s[i] for s in starts) - pad[i]) for i in range(3)]
         hi = [min(vol[i], max(s[i] for s in starts) + win[i] - pad[i]) for i in range(3)]
@@ -90,21 +99,36 @@ class WindowedWorker:
         if model.input_shift != 0.0:
             x += np.float32(model.input_shift)
         origin = self.read_box(block).lo
+        ready: dict[Triple, np.ndarray] = {}  # batched with an earlier window of this block
 
         def run_window(start: Triple) -> np.ndarray:
-            kept = self._kept.get(start)
-            if kept is not None:
-                return kept
-            window = _window_input(x, origin, start, grid)  # (C, WZ, WY, WX)
-            out = run_graph(self.graph, window[None], self.backend, self.primitives)[0]
-            if not _inside(grid, start, block):
-                self._keep(start, out)
+            out = ready.pop(start, None)
+            if out is None:
+                out = self._kept.get(start)
+            if out is None:
+                out = self._run_group(x, origin, block, start, ready)
             return out
 
         mode: BlendMode = self.spec.blend  # type: ignore[assignment]
         out = blend_box(grid, block.write.lo, block.write.hi, run_window, mode, model.out_channels)
         trace_block(block)
         return encode_output(out, self.spec.dtype)
+
+    def _run_group(self, x: np.ndarray, origin: Triple, block: Block, start: Triple,
+                   ready: dict[Triple, np.ndarray]) -> np.ndarray:
+        """Run `start`'s window group as one batch; the others' outputs go to `ready`
+        when this block blends them, and are kept when another block will."""
+        grid = self.spec.grid
+        group = window_group(grid, start, self.spec.batch)
+        batch = np.stack([_window_input(x, origin, s, grid) for s in group])  # (B, C, *W)
+        outs = run_graph(self.graph, batch, self.backend, self.primitives)  # (B, Cout, *W)
+        touching = set(windows_touching(grid, block.write.lo, block.write.hi))
+        for s, out in zip(group, outs, strict=True):
+            if not _inside(grid, s, block):
+                self._keep(s, out if len(group) == 1 else out.copy())  # not the whole batch
+            if s != start and s in touching:
+                ready[s] = out
+        return outs[group.index(start)]
 
     def _keep(self, start: Triple, out: np.ndarray) -> None:
         """Keep a straddling window's output, evicting the least recently used."""

@@ -130,6 +130,21 @@ def windows_touching(
     return [tuple(c) for c in itertools.product(*per_axis)]  # type: ignore[misc]
 
 
+def window_group(grid: WindowGrid, start: Triple, batch: int) -> tuple[Triple, ...]:
+    """The up to `batch` windows run together with the window at `start`: consecutive
+    along x in its (z, y) row, groups counted from the row's first window. Fixed by the
+    grid alone, so every block and every Dask worker runs a window in the same company,
+    and the batched arithmetic (and so the result) does not depend on the blocks."""
+    if batch < 1:
+        raise ValueError(f"window batch must be at least 1, got {batch}")
+    xs = grid.starts[2]
+    i = bisect_left(xs, start[2])
+    if i == len(xs) or xs[i] != start[2]:
+        raise ValueError(f"{start} is not a window start of the grid")
+    first = i // batch * batch
+    return tuple((start[0], start[1], x) for x in xs[first : first + batch])
+
+
 @functools.lru_cache(maxsize=16)
 def _importance_map_cached(window: Triple, mode: str, sigma_scale: float) -> np.ndarray:
     if mode == "constant":
