@@ -81,6 +81,17 @@ def test_chunks_cover_every_tile_once(per_chunk):
     assert (seen == 1).all()
 
 
+def test_small_layers_are_not_split_below_min_chunk_tiles():
+    """Halving for the workers stops where a half would hold fewer than MIN_CHUNK_TILES
+    tiles; large layers still get two chunks per worker."""
+    from znni.primitives.cpu.winograd import MIN_CHUNK_TILES
+
+    assert len(chunks(1, (2, 2, 2), 10**6, 2)) == 1  # 8 tiles
+    small = chunks(1, (4, 4, 4), 10**6, 2)  # 64 tiles: two halves of 32
+    assert len(small) == 64 // MIN_CHUNK_TILES
+    assert len(chunks(1, (8, 8, 8), 10**6, 2)) == 4
+
+
 def test_kernel_transform_cache_sees_in_place_changes(pool):
     rng = np.random.default_rng(3)
     x, w, b = _layer(rng, 1, 3, 2, (8, 8, 8))
