@@ -18,6 +18,7 @@ from znni.planner.graph_search import (
     conv_layer,
     fast_conv,
     plan_graph,
+    unbuilt_concats,
     winograd_bytes,
 )
 from znni.planner.machine import MachineProfile
@@ -55,7 +56,24 @@ def test_every_fast_conv_gets_a_primitive_and_the_peak_counts_lifetimes(model) -
             kept += winograd_bytes(layer, machine.cores)[1]
         elif p.primitive == "openvino":  # a compiled layer keeps its own buffers
             kept += int(OPENVINO_KEPT_PER_TENSOR_BYTE * (layer.in_bytes + layer.out_bytes))
-    assert plan.peak_bytes == graph.peak_tensor_bytes() + plan.spectra_bytes + kept + biggest
+    picks = {i: (p.predicted_s, p.workspace_bytes, 0, p.primitive)
+             for i, p in enumerate(plan.nodes) if p.primitive is not None}
+    tensors = graph.peak_tensor_bytes(unbuilt=unbuilt_concats(graph, picks))
+    assert plan.peak_bytes == tensors + plan.spectra_bytes + kept + biggest
+
+
+def test_decoder_concats_read_in_parts_take_no_buffer_and_free_their_parts(model) -> None:
+    """BasicUNet(8, 8, 16, 16, 32, 8) at 32^3 with every 3^3 conv on Winograd: by hand, the
+    peak is at the last decoder's first conv: the input (32^3 floats, 128 KiB, held
+    through the pass), the skip and the upsampled tensor it reads in parts and its output
+    (8 x 32^3 floats, 1 MiB each). Built, the concat (2 MiB) is alive beside its parts."""
+    graph = model.graph((32, 32, 32))
+    picks = {i: (0.0, 0, 0, "winograd") for i, n in enumerate(graph.nodes)
+             if fast_conv(n) and n.params["weight"].shape[2:] == (3, 3, 3)}
+    unbuilt = unbuilt_concats(graph, picks)
+    assert len(unbuilt) == 4  # one per decoder level
+    assert graph.peak_tensor_bytes(unbuilt=unbuilt) == 3 * 2**20 + 2**17
+    assert graph.peak_tensor_bytes() == 4 * 2**20 + 2**17
 
 
 def test_a_tight_limit_drops_kept_spectra_and_then_refuses(model) -> None:
@@ -133,3 +151,39 @@ def test_openvino_pays_for_idle_channel_lanes_and_shares_its_first_call() -> Non
     steady, once, shared = (openvino_seconds(shape, machine, p) for p in (None, 1, 100))
     assert steady < shared < once
     assert shared - steady == pytest.approx((once - steady) / 100)
+
+
+def test_a_batch_of_windows_shares_each_nodes_call_cost(model) -> None:
+    """Batch 2: twice the work and tensors, one call overhead per node; the window's share
+    is half the batch's time. plan_window batches where that is BATCH_GAIN faster per window
+    and the batch's peak fits, else runs one window at a time."""
+    from znni.engine import graph_choice
+    from znni.planner.graph_search import NODE_OVERHEAD_S
+
+    machine = MachineProfile(name="t", cores=2, memory_bytes=2**33)
+    graph = model.graph((32, 32, 32))
+    one, two = (plan_graph(graph, machine, 2**31, batch=b) for b in (1, 2))
+    assert (one.batch, two.batch) == (1, 2)
+    assert two.peak_bytes > one.peak_bytes and two.peak_bytes >= graph.peak_tensor_bytes(2)
+    for a, b in zip(one.nodes, two.nodes, strict=True):
+        if a.primitive == "winograd" and b.primitive == "winograd":
+            assert 2 * a.predicted_s - b.predicted_s == pytest.approx(
+                machine.rate("layer_overhead_s"))
+        elif a.primitive is None and a.op in ("maxpool", "instance_norm"):
+            assert 2 * a.predicted_s - b.predicted_s >= NODE_OVERHEAD_S * 0.999
+    factor = two.predicted_window_s * 2 / sum(n.predicted_s for n in two.nodes)
+    assert factor == pytest.approx(one.predicted_window_s / sum(n.predicted_s for n in one.nodes))
+    assert two.predicted_window_s < one.predicted_window_s
+
+    region = (96, 96, 96)
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(graph_choice, "planning_machine", lambda: machine)
+    try:
+        roomy = plan_window(model, (32, 32, 32), 2**31, region)
+        gain = 1 - two.predicted_window_s / one.predicted_window_s
+        assert (roomy.plan.batch > 1) == (gain >= graph_choice.BATCH_GAIN)
+        tight = graph.peak_tensor_bytes(2) - 1  # two windows' tensors alone do not fit
+        lean = plan_window(model, (32, 32, 32), tight, region)
+        assert lean.plan.batch == 1 and lean.plan.peak_bytes <= tight
+    finally:
+        monkey.undo()

@@ -105,7 +105,8 @@ def format_graph_plan(s: dict) -> str:
             f"{size(map(str, s['size_factor']))}"
             + (f", exactly {size(map(str, s['fixed_window']))}" if s["fixed_window"] else ""),
             f"{what[2]} {size(map(str, s['window']))} (largest within "
-            f"{_gib(s['memory_budget_bytes'])}): {_gib(s['window_peak_bytes'])} per pass",
+            f"{_gib(s['memory_budget_bytes'])}): {_gib(s['window_peak_bytes'])} per pass"
+            + (f" of {s['batch']} windows" if s.get("batch", 1) > 1 else ""),
         ]
     )
 

@@ -36,6 +36,7 @@ def graph_plan(
     planned = {
         "window": list(choice.window),
         "window_peak_bytes": choice.plan.peak_bytes,
+        "batch": choice.plan.batch,
         "predicted_window_s": choice.plan.predicted_window_s,
         "predicted_voxels_per_second": choice.predicted_voxels_per_second,
         "primitives": choice.plan.primitives,

@@ -322,7 +322,8 @@ def _blocks_and_spec(job: SegmentJob, prep: PreparedRun) -> tuple[list[Block], A
         # straddling windows kept: an eighth of the budget (the pass plans within 3/4)
         kept = max(WINDOW_CACHE_BYTES, budget // 8)
         return blocks, WindowedSpec(net, job.input_path, job.output_path, job.dtype, grid,
-                                    job.blend, **planned, window_cache_bytes=kept)
+                                    job.blend, **planned, window_cache_bytes=kept,
+                                    batch=plan.batch)
     assert prep.plan is not None
     blocks = split_blocks(
         prep.region, prep.block_shape, prep.chunks, Halo.for_fov(net.fov), net.pool_product
@@ -343,6 +344,7 @@ def _windowed_summary(job: SegmentJob, prep: PreparedRun) -> dict[str, Any]:
         "predicted_window_s": choice.plan.predicted_window_s,
         "predicted_voxels_per_second": choice.predicted_voxels_per_second,
         "peak_bytes": choice.plan.peak_bytes,
+        "batch": choice.plan.batch,
         "primitives": choice.plan.primitives,
         "block_shape": list(prep.block_shape),
     }

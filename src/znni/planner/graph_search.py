@@ -12,7 +12,7 @@ transposed conv paths. Peak memory follows the executor's order and tensor lifet
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from math import prod, sqrt
 
 from znni.model.graph import (
@@ -106,6 +106,8 @@ class GraphPlan:
     peak_bytes: int  # live tensors at their peak, kept spectra and transforms, the largest
     # conv workspace
     spectra_bytes: int = 0  # kernel spectra the fft-keep convs keep (the backend's cache bound)
+    batch: int = 1  # windows per pass: node seconds and tensors are the batch's,
+    # predicted_window_s one window's share
 
     @property
     def primitives(self) -> dict[str, str]:
@@ -116,21 +118,21 @@ class GraphPlan:
 fast_conv = stride_one_conv  # a conv the fast primitives run (model.graph)
 
 
-def conv_layer(graph: Graph, i: int, node: Node) -> LayerShape:
-    """The conv node as a sequential layer shape: padded input -> output, batch 1."""
+def conv_layer(graph: Graph, i: int, node: Node, batch: int = 1) -> LayerShape:
+    """The conv node as a sequential layer shape: padded input -> output, `batch` windows."""
     _, cin, *size = graph.shapes[node.inputs[0]]
     pads = node.params["pads"]
     padded = (size[0] + pads[0] + pads[3], size[1] + pads[1] + pads[4], size[2] + pads[2] + pads[5])
     _, cout, *out = graph.shapes[node.outputs[0]]
     w = node.params["weight"].shape
-    return LayerShape(i, "conv", 1, cin, padded, 1, cout, (out[0], out[1], out[2]),
+    return LayerShape(i, "conv", batch, cin, padded, batch, cout, (out[0], out[1], out[2]),
                       (int(w[2]), int(w[3]), int(w[4])))
 
 
-def other_seconds(graph: Graph, node: Node, machine: MachineProfile) -> float:
+def other_seconds(graph: Graph, node: Node, machine: MachineProfile, batch: int = 1) -> float:
     """Memory traffic of the node's kernel (OP_TRAFFIC, over both cores where the kernel
-    splits its tiles), plus GEMM flops of general convs; nodes that move nothing (zero
-    pads, identities) cost their dispatch only."""
+    splits its tiles), plus GEMM flops of general convs, for `batch` windows; nodes that
+    move nothing (zero pads, identities) cost their dispatch only, once per batch."""
     if node.op in PASS_THROUGH or (node.op == "pad" and not any(node.params["pads"])):
         return NODE_OVERHEAD_S
     reads, writes, parallel, call_s = OP_TRAFFIC.get(node.op, (1.0, 1.0, False, 0.0))
@@ -148,11 +150,18 @@ def other_seconds(graph: Graph, node: Node, machine: MachineProfile) -> float:
         big = node.inputs[0] if node.op == "conv_transpose" else node.outputs[0]
         flops = 2.0 * prod(graph.shapes[big][2:]) * w.size * GENERAL_GEMM_SLOWDOWN
         work = work + Work(direct_flops=flops)
-    return cpu_seconds(work, machine) + call_s + NODE_OVERHEAD_S
+    return cpu_seconds(_batched(work, batch), machine) + call_s + NODE_OVERHEAD_S
+
+
+def _batched(work: Work, batch: int) -> Work:
+    """`work` of one window done for `batch` windows in one call."""
+    return Work(*(getattr(work, f.name) * (1 if f.name == "calls" else batch)
+                  for f in fields(Work)))
 
 
 def _conv_options(
-    graph: Graph, machine: MachineProfile, tensors: int, limit: int, passes: int | None = None
+    graph: Graph, machine: MachineProfile, tensors: int, limit: int, passes: int | None = None,
+    batch: int = 1,
 ) -> dict[int, list[tuple[float, int, int, str]]]:
     """Per fast conv node index: (seconds, workspace, kept bytes, primitive) of each
     primitive whose workspace fits beside the window's tensors, fastest first."""
@@ -160,7 +169,7 @@ def _conv_options(
     for i, node in enumerate(graph.nodes):
         if not fast_conv(node):
             continue
-        layer = conv_layer(graph, i, node)
+        layer = conv_layer(graph, i, node, batch)
         options = []
         for prim in CPU_CONV_PRIMITIVES:
             work = conv_workspace_bytes(layer, prim, machine.cores)
@@ -280,16 +289,18 @@ def plan_graph(
     machine: MachineProfile,
     memory_limit_bytes: int | None = None,
     passes: int | None = None,
+    batch: int = 1,
 ) -> GraphPlan:
     """Each fast conv's fastest primitive; while the steady-state peak (tensors, all kept
     spectra and transforms, the largest workspace) is over the limit, the kept bytes that
     cost least time per byte to give up are dropped. ValueError where nothing fits.
-    `passes`: the windows of the run, which share one-off costs (None: steady state)."""
-    tensors = graph.peak_tensor_bytes()
+    `passes`: the windows of the run, which share one-off costs (None: steady state);
+    `batch`: windows run together, which share each node's per-call cost."""
+    tensors = graph.peak_tensor_bytes(batch)
     limit = memory_limit_bytes if memory_limit_bytes is not None else machine.memory_bytes
-    options = _conv_options(graph, machine, tensors, limit, passes)
+    options = _conv_options(graph, machine, tensors, limit, passes, batch)
     picks = {i: opts[0] for i, opts in options.items()}
-    spaces = [general_workspace_bytes(graph, n, machine.cores) for n in graph.nodes]
+    spaces = [batch * general_workspace_bytes(graph, n, machine.cores) for n in graph.nodes]
     while _peak(tensors, picks, max(spaces)) > limit:
         keeping = [i for i, p in picks.items()
                    if p[2] and any(not o[2] for o in options[i])]
@@ -311,14 +322,15 @@ def plan_graph(
     plans = [
         NodePlan(node.name, node.op, picks[i][3], picks[i][0], picks[i][1]) if i in picks
         else NodePlan(node.name, node.op, None,
-                      NODE_OVERHEAD_S if i in fused else other_seconds(graph, node, machine),
-                      spaces[i])
+                      NODE_OVERHEAD_S if i in fused
+                      else other_seconds(graph, node, machine, batch), spaces[i])
         for i, node in enumerate(graph.nodes)
     ]
     return GraphPlan(
         network=graph.name, window=graph.window, nodes=tuple(plans),
-        predicted_window_s=sum(n.predicted_s for n in plans) * large_window_factor(graph),
-        peak_bytes=_peak(graph.peak_tensor_bytes(unbuilt=unbuilt_concats(graph, picks)), picks,
-                         max(spaces)),
-        spectra_bytes=sum(p[2] for p in picks.values() if p[3] == "fft-keep"),
+        predicted_window_s=sum(n.predicted_s for n in plans) * large_window_factor(graph)
+        / batch,
+        peak_bytes=_peak(graph.peak_tensor_bytes(batch, unbuilt=unbuilt_concats(graph, picks)),
+                         picks, max(spaces)),
+        spectra_bytes=sum(p[2] for p in picks.values() if p[3] == "fft-keep"), batch=batch,
     )
