@@ -229,23 +229,24 @@ def test_bad_arguments() -> None:
     assert windows_touching(grid, (3, 3, 3), (3, 5, 5)) == []
 
 
-def test_window_groups_partition_each_row_along_x() -> None:
-    """Groups are runs of up to `batch` consecutive x starts of one (z, y) row, counted
-    from the row's start: every window is in exactly one group, found from any member."""
+def test_window_groups_partition_the_scan_order() -> None:
+    """Groups are runs of up to `batch` consecutive windows in MONAI's scan order (across
+    rows), counted from the first window: every window is in exactly one group, found
+    from any of its members."""
     grid = WindowGrid.for_volume((9, 20, 31), (4, 6, 5), 0.3)
-    xs = grid.starts[2]
-    assert len(xs) == 10
-    for batch in (1, 2, 3, 10, 11):
-        seen = []
-        for start in grid.all_windows():
+    order = grid.all_windows()
+    assert len(order) == 4 * 5 * 10
+    for batch in (1, 2, 3, 7, 200, 201):
+        groups = []
+        for start in order:
             group = window_group(grid, start, batch)
-            assert start in group and all(g[:2] == start[:2] for g in group)
-            i = xs.index(group[0][2])
-            assert i % batch == 0 and [g[2] for g in group] == list(xs[i : i + batch])
+            i = order.index(group[0])
+            assert i % batch == 0 and list(group) == order[i : i + batch] and start in group
             assert all(window_group(grid, g, batch) == group for g in group)
-            seen.extend(g for g in group if g == start)
-        assert sorted(seen) == sorted(grid.all_windows())
+            if group[0] == start:
+                groups.append(group)
+        assert [w for g in groups for w in g] == order
     with pytest.raises(ValueError, match="at least 1"):
-        window_group(grid, grid.all_windows()[0], 0)
+        window_group(grid, order[0], 0)
     with pytest.raises(ValueError, match="not a window start"):
         window_group(grid, (0, 0, 1), 2)

@@ -131,18 +131,29 @@ def windows_touching(
 
 
 def window_group(grid: WindowGrid, start: Triple, batch: int) -> tuple[Triple, ...]:
-    """The up to `batch` windows run together with the window at `start`: consecutive
-    along x in its (z, y) row, groups counted from the row's first window. Fixed by the
-    grid alone, so every block and every Dask worker runs a window in the same company,
-    and the batched arithmetic (and so the result) does not depend on the blocks."""
+    """The up to `batch` windows run together with the window at `start`: consecutive in
+    MONAI's scan order (a group may run on into the next row), groups counted from the
+    first window. Fixed by the grid alone, so every block and every Dask worker runs a
+    window in the same company, and the batched arithmetic (and so the result) does not
+    depend on the blocks. Rows rather than whole groups within a row: BasicUNet's 3
+    windows per row at 128^3 would run in pairs only two thirds of the time."""
     if batch < 1:
         raise ValueError(f"window batch must be at least 1, got {batch}")
-    xs = grid.starts[2]
-    i = bisect_left(xs, start[2])
-    if i == len(xs) or xs[i] != start[2]:
-        raise ValueError(f"{start} is not a window start of the grid")
-    first = i // batch * batch
-    return tuple((start[0], start[1], x) for x in xs[first : first + batch])
+    index = 0
+    for axis in range(3):
+        starts = grid.starts[axis]
+        i = bisect_left(starts, start[axis])
+        if i == len(starts) or starts[i] != start[axis]:
+            raise ValueError(f"{start} is not a window start of the grid")
+        index = index * len(starts) + i
+    first = index // batch * batch
+    counts = [len(s) for s in grid.starts]
+    group = []
+    for k in range(first, min(first + batch, grid.num_windows)):
+        iz, rest = divmod(k, counts[1] * counts[2])
+        iy, ix = divmod(rest, counts[2])
+        group.append((grid.starts[0][iz], grid.starts[1][iy], grid.starts[2][ix]))
+    return tuple(group)
 
 
 @functools.lru_cache(maxsize=16)
