@@ -106,24 +106,41 @@ class Graph:
         self, batch: int = 1, itemsize: int = 4, unbuilt: frozenset[str] = frozenset()
     ) -> int:
         """Most bytes of buffers alive at once as the host executor runs the nodes in order
-        (engine.graph_forward; node workspaces not included): a buffer is freed after the
-        last reader of every tensor it holds; an activation fused into the node before it,
-        an in-place op on a dying tensor, and views (slices, identities, zero pads) hold
-        their input's buffer instead of a new one. `unbuilt`: concats the conv right after
-        reads part by part (Winograd): no buffer, their inputs live on to that conv."""
+        (engine.graph_forward; node workspaces not included): the largest of
+        `live_tensor_bytes`, or the input's bytes where there are no nodes."""
+        if not self.nodes:
+            return batch * int(np.prod(self.shapes[self.input][1:])) * itemsize
+        return max(self.live_tensor_bytes(batch, itemsize, unbuilt))
+
+    def live_tensor_bytes(
+        self, batch: int = 1, itemsize: int = 4, unbuilt: frozenset[str] = frozenset()
+    ) -> list[int]:
+        """Per node, the bytes of buffers alive while it runs (its outputs allocated, before
+        any frees), as the host executor holds them (engine.graph_forward): a buffer is freed
+        after the last reader of every tensor it holds, but the input's lives through the
+        pass (run_graph's `source` and the caller hold it); an activation fused into the
+        node before it, an in-place op on a dying tensor, and views (slices, identities,
+        zero pads) hold their input's buffer instead of a new one. `unbuilt`: concats the
+        conv right after reads part by part (Winograd): no buffer; their inputs live on to
+        that conv (ChannelParts holds them) and are freed after it."""
         if not self.shapes:
             raise ValueError(f"graph {self.name!r} carries no tensor shapes")
         last, readers = self.last_use(), reader_counts(self)
         for i, node in enumerate(self.nodes):
             if node.outputs[0] in unbuilt:
                 last.update({t: max(last[t], i + 1) for t in node.inputs})
+        dying: dict[int, set[str]] = {}  # node index -> tensors whose last reader it is
+        for t, i in last.items():
+            if t not in (self.output, self.input):
+                dying.setdefault(i, set()).add(t)
 
         def size(t: str) -> int:
             return 0 if t in unbuilt else batch * int(np.prod(self.shapes[t][1:])) * itemsize
 
         owner = {self.input: self.input}  # tensor -> the buffer (first tensor) holding it
         holders = {self.input: {self.input}}  # buffer -> its live tensors
-        live = peak = size(self.input)
+        live = size(self.input)
+        per_node = []
         views: set[str] = set()  # tensors that are strided views: never overwritten in place
         for i, node in enumerate(self.nodes):
             shared = self._shared_buffer(i, node, last, readers, owner, holders, views)
@@ -136,14 +153,13 @@ class Graph:
                 holders[b].add(t)
             if shared is not None and node.op == "slice":
                 views.add(node.outputs[0])
-            peak = max(peak, live)
-            for t in set(node.inputs):
-                if last.get(t, -1) <= i and t != self.output:
-                    held = holders[owner[t]]
-                    held.discard(t)
-                    if not held:
-                        live -= size(owner[t])
-        return peak
+            per_node.append(live)
+            for t in dying.get(i, ()):
+                held = holders[owner[t]]
+                held.discard(t)
+                if not held:
+                    live -= size(owner[t])
+        return per_node
 
     def _shared_buffer(self, i: int, node: Node, last: dict[str, int],
                        readers: dict[str, int], owner: dict[str, str],

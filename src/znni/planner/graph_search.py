@@ -239,8 +239,10 @@ def winograd_seconds(layer: LayerShape, machine: MachineProfile) -> float:
 
 def winograd_bytes(layer: LayerShape, cores: int) -> tuple[int, int]:
     """(workspace, kept) bytes. Workspace: per worker a chunk of V + M, the transforms'
-    intermediates freed as they go (16 -> 16 channels at 64^3 with pads: 4.6 MiB resident
-    growth beyond the output on 2 workers, CI kind, 2026-11-23); pads, concatenated parts
+    intermediates freed as they go (16 -> 16 channels at 64^3 with pads, 12 -> 12 at 88^3:
+    7.2-7.9 MiB of numpy arrays beyond the output on 2 workers, tracemalloc, CI kind,
+    2026-11-23, 10.1 for 32 -> 16 at 64^3 once winograd gathered y and x windows too;
+    4.6 MiB of resident growth, pages the arenas reuse); pads, concatenated parts
     and ragged edges are read in place, with no copies. Kept across windows: the kernel
     transform U (216, Cout, Cin) and the weight copy it is checked against
     (primitives/cpu/winograd)."""
@@ -262,7 +264,12 @@ def large_window_factor(graph: Graph) -> float:
 
 def _peak(tensors: int, picks: dict[int, tuple[float, int, int, str]], other: int = 0) -> int:
     """Kept spectra and kernel transforms stay across windows, so every conv's workspace
-    (`other`: the largest of the graph_ops convs') meets all of them."""
+    (`other`: the largest of the graph_ops convs') meets all of them. The largest workspace
+    adds to the tensors' peak even where the two fall on different nodes: glibc keeps freed
+    workspace pages in its arenas. The six benchmarks/graph_planner.py windows (CI kind,
+    2026-11-23, ZNNI_KEEP_HEAP=0): a first pass's resident peak ran from 7 MiB below numpy's
+    own peak (tracemalloc; free heap the process held before the pass, reused unseen) to
+    31 MiB above it (freed pages kept), and 0.81-1.10 of this sum."""
     kept = sum(p[2] for p in picks.values())
     return tensors + kept + max([other, *(p[1] for p in picks.values())])
 

@@ -1,0 +1,55 @@
+"""Graph.live_tensor_bytes / peak_tensor_bytes: the buffers the host executor holds at each
+node, against hand counts (engine.graph_forward.run_graph's lifetimes)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from znni.model.graph import Graph, Node
+
+ONE = (1, 1, 4, 4, 4)  # 64 float32: 256 bytes
+
+
+def decoder() -> Graph:
+    """x -> a, b; concat(a, b) read by a padded 3^3 conv -> y; then z = tanh(y), out = y + z."""
+    conv = {"weight": np.zeros((1, 2, 3, 3, 3), np.float32), "bias": None,
+            "strides": (1, 1, 1), "pads": (1,) * 6, "dilations": (1, 1, 1), "group": 1}
+    nodes = (
+        Node("r", "relu", ("x",), ("a",)),  # x is the caller's: a is a new buffer
+        Node("s", "sigmoid", ("a",), ("b",)),  # a is read again: b is a new buffer
+        Node("cat", "concat", ("a", "b"), ("c",)),  # 512 bytes, or none when read in parts
+        Node("k", "conv", ("c",), ("y",), conv),  # y: 256
+        Node("t", "tanh", ("y",), ("z",)),  # y is read again: z is a new buffer
+        Node("sum", "add", ("y", "z"), ("out",)),
+    )
+    shapes = {"x": ONE, "a": ONE, "b": ONE, "c": (1, 2, 4, 4, 4), "y": ONE, "z": ONE,
+              "out": ONE}
+    return Graph("decoder", "x", 1, (4, 4, 4), nodes, "out", 1, (4, 4, 4), "d", shapes)
+
+
+def test_a_concat_read_in_parts_frees_its_parts_after_the_conv() -> None:
+    """Unbuilt, the concat's parts a and b live until conv k has read them, then go; the
+    input x lives through the pass. By hand, in units of 256 bytes:
+    r: x a | s: x a b | cat: x a b | k: x a b y | t: x y z | sum: x y z out."""
+    graph = decoder()
+    got = graph.live_tensor_bytes(unbuilt=frozenset({"c"}))
+    assert got == [256 * n for n in (2, 3, 3, 4, 3, 4)]
+    assert graph.peak_tensor_bytes(unbuilt=frozenset({"c"})) == 4 * 256
+
+
+def test_a_built_concat_frees_its_parts_at_once() -> None:
+    """Built: cat holds x a b and c (2 units); a and b go after it; c after conv k."""
+    graph = decoder()
+    assert graph.live_tensor_bytes() == [256 * n for n in (2, 3, 5, 4, 3, 4)]
+    assert graph.peak_tensor_bytes() == 5 * 256
+
+
+def test_the_input_lives_through_the_pass() -> None:
+    """x's last reader is node 0, yet run_graph (and its caller) hold it: a chain of
+    relu (new buffer) and an in-place sigmoid holds x and one more buffer throughout."""
+    nodes = (Node("r", "relu", ("x",), ("a",)), Node("s", "sigmoid", ("a",), ("b",)),
+             Node("t", "tanh", ("b",), ("y",)))
+    shapes = {"x": ONE, "a": ONE, "b": ONE, "y": ONE}
+    graph = Graph("chain", "x", 1, (4, 4, 4), nodes, "y", 1, (4, 4, 4), "d", shapes)
+    assert graph.live_tensor_bytes() == [512, 512, 512]
+    assert graph.live_tensor_bytes(batch=2) == [1024, 1024, 1024]
