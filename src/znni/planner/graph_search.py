@@ -241,8 +241,7 @@ def winograd_bytes(layer: LayerShape, cores: int) -> tuple[int, int]:
     """(workspace, kept) bytes. Workspace: per worker a chunk of V + M, the transforms'
     intermediates freed as they go (16 -> 16 channels at 64^3 with pads, 12 -> 12 at 88^3:
     7.2-7.9 MiB of numpy arrays beyond the output on 2 workers, tracemalloc, CI kind,
-    2026-11-23, 10.1 for 32 -> 16 at 64^3 once winograd gathered y and x windows too;
-    4.6 MiB of resident growth, pages the arenas reuse); pads, concatenated parts
+    2026-11-23; 4.6 MiB of resident growth, pages the arenas reuse); pads, concatenated parts
     and ragged edges are read in place, with no copies. Kept across windows: the kernel
     transform U (216, Cout, Cin) and the weight copy it is checked against
     (primitives/cpu/winograd)."""
