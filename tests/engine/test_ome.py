@@ -157,9 +157,14 @@ def test_level_and_channel_axis(tmp_path: Path) -> None:
     np.testing.assert_array_equal(got, np.asarray(zarr.open_array(level1, mode="r")[...]))
 
 
-def test_resume_after_cancel_equals_uninterrupted(tmp_path: Path, net: dict) -> None:
+def test_resume_after_cancel_equals_uninterrupted(tmp_path: Path, net: dict,
+                                                  monkeypatch) -> None:
     """Blocks that do not align with the deepest factor make pyramid updates wait for their
-    neighbours; a cancelled and resumed run still leaves every level bit-equal."""
+    neighbours; a cancelled and resumed run still leaves every level bit-equal. The run is
+    cancelled at its first record, so coarse chunks are written as soon as a block's levels
+    are made (flush 0): with writes held 2 s, the first record of a run this small may
+    come after its last block (test_pyramid_writes.py cancels and resumes the builder)."""
+    monkeypatch.setenv("ZNNI_PYRAMID_FLUSH_S", "0")
     vol = np.random.default_rng(3).integers(0, 256, size=(14, 22, 26)).astype(np.uint8)
     inp = write_ome(tmp_path / "in.ome.zarr", vol, "0.5", space(None), [1.0, 1.0, 1.0])
     opts = dict(chunks=(3, 5, 5), block=(3, 5, 5), pyramid=2, dtype="uint8")
@@ -330,7 +335,10 @@ def test_sigkill_then_resume_leaves_every_level_as_a_clean_run(tmp_path: Path) -
     spec = write_network(tmp_path, layers, params, scale=1 / 255)
     vol = np.random.default_rng(12).integers(0, 256, size=(24, 40, 40)).astype(np.uint8)
     inp = write_ome(tmp_path / "in.ome.zarr", vol, "0.5", space(), [1.0, 1.0, 1.0])
-    env = {**os.environ, "ZNNI_BACKEND": "reference", "OMP_NUM_THREADS": "1"}
+    # coarse chunks wait 50 ms at most (not 2 s), so that the 64 blocks of this sub-second
+    # run are recorded in several batches, one of which the kill can follow
+    env = {**os.environ, "ZNNI_BACKEND": "reference", "OMP_NUM_THREADS": "1",
+           "ZNNI_PYRAMID_FLUSH_S": "0.05"}
 
     def cmd(out: Path) -> list[str]:  # blocks of 6: the level-2 footprints cross blocks
         return [sys.executable, "-m", "znni.cli", "segment", str(spec), inp, str(out),

@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from znni.engine.geometry import Block
 from znni.engine.job import SegmentCancelled
@@ -25,6 +25,9 @@ from znni.engine.progress import StageTimer
 from znni.engine.stores import is_url, restore
 from znni.engine.volume import open_output_array
 from znni.engine.windowed import Spec, Worker, make_worker
+
+if TYPE_CHECKING:
+    import numpy as np
 
 TASK_RETRIES = 3  # task errors (not worker deaths, which the scheduler retries itself)
 
@@ -73,13 +76,14 @@ def _connect(scheduler: str) -> tuple[Any, Any]:
 def run_dask(
     spec: Spec,
     blocks: Sequence[Block],
-    on_done: Callable[[Block], None],
+    on_done: Callable[[Block, np.ndarray | None], None],
     timer: StageTimer,
     scheduler: str,
     cancel: threading.Event | None = None,
     options: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> None:
-    """Run `blocks` as tasks; `on_done` is called in this process as each one finishes.
+    """Run `blocks` as tasks; `on_done(block, None)` is called in this process as each one
+    finishes (its values stay on the workers).
     `options`: storage options by bucket (`stores.registered()`) for the workers."""
     if not blocks:
         return
@@ -102,7 +106,7 @@ def run_dask(
             fut.release()  # forget the result, so a later worker death cannot resurrect it
             timer.add("wait", time.perf_counter() - t_wait)
             timer.merge(times)
-            on_done(by_key[key])
+            on_done(by_key[key], None)
             if cancel is not None and cancel.is_set() and pending:
                 client.cancel(list(pending))
                 raise SegmentCancelled(f"cancelled after {n} of {len(blocks)} blocks")

@@ -153,9 +153,10 @@ def _scale_translation(transforms: Any, ndim: int, where: str) -> tuple[list[flo
     return scale, shift
 
 
-def ome_level(group_path: str, level: int) -> OmeLevel:
-    """Level `level` of the OME-Zarr image group at `group_path`, with its metadata checked."""
-    version, ms = multiscale(group_attrs(group_path), group_path)
+def ome_level(group_path: str, level: int, attrs: dict[str, Any] | None = None) -> OmeLevel:
+    """Level `level` of the OME-Zarr image group at `group_path`, with its metadata checked
+    (`attrs`: the group's attributes when already read, so each level costs no new read)."""
+    version, ms = multiscale(group_attrs(group_path) if attrs is None else attrs, group_path)
     datasets = ms["datasets"]
     if not 0 <= level < len(datasets):
         raise ValueError(

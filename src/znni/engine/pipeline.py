@@ -7,6 +7,8 @@ layout's memory rule counts. A block is reported done only after its write
 returned, so the ledger never claims a block whose output is not on disk.
 The writer thread reports it (`on_done`: the ledger record, progress), so a
 ledger put to an object store or an fsync waits behind compute, not in front of it.
+`on_done` also gets the values just written, so an OME pyramid can be made from them
+instead of reading level 0 back (`pyramid.PyramidBuilder.land`).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ def _timed(timer: StageTimer, stage: str, fn: Callable[[], object]) -> object:
 def run_local(
     worker: Worker,
     blocks: Sequence[Block],
-    on_done: Callable[[Block], None],
+    on_done: Callable[[Block, np.ndarray | None], None],
     timer: StageTimer,
     cancel: threading.Event | None = None,
 ) -> None:
@@ -50,7 +52,7 @@ def run_local(
 
     def write(block: Block, values: np.ndarray) -> None:
         _timed(timer, "write", lambda: worker.write(block, values))
-        on_done(block)  # in order: one writer thread
+        on_done(block, values)  # in order: one writer thread
 
     def wait(fut: Future) -> object:
         return _timed(timer, "wait", fut.result)

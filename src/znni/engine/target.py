@@ -18,7 +18,7 @@ import numpy as np
 
 from znni.engine.geometry import Block, Box, Triple
 from znni.engine.job import SegmentJob
-from znni.engine.ome import is_group, ome_level, output_metadata
+from znni.engine.ome import group_attrs, is_group, ome_level, output_metadata
 from znni.engine.provenance import ATTR, provenance
 from znni.engine.pyramid import Factors, PyramidBuilder, cumulative, level_shapes, level_steps
 from znni.engine.stores import basename, holds_anything, zarr_store
@@ -35,10 +35,11 @@ def existing_format(path: str) -> str | None:
     return "ome-zarr" if is_group(path) else "zarr"
 
 
-def output_plan(job: SegmentJob, volume: InputVolume, out_shape: tuple[int, ...]) -> tuple[
-        str, Factors]:
-    """(output format, pyramid halving steps) of a job, checked against an existing output;
-    raises ValueError, writes nothing."""
+def output_plan(job: SegmentJob, volume: InputVolume, out_shape: tuple[int, ...],
+                check: bool = True) -> tuple[str, Factors]:
+    """(output format, pyramid halving steps) of a job, checked against an existing output
+    (its levels' arrays too, unless `check` is False: checked already); raises ValueError,
+    writes nothing."""
     fmt, existing = job.output_format, existing_format(job.output_path)
     if fmt is not None and fmt not in FORMATS:
         raise ValueError(f"output format {fmt!r} is not one of {', '.join(FORMATS)}")
@@ -55,28 +56,31 @@ def output_plan(job: SegmentJob, volume: InputVolume, out_shape: tuple[int, ...]
             raise ValueError("--pyramid applies to OME-Zarr outputs (--output-format ome-zarr)")
         return fmt, []
     levels = job.pyramid
+    attrs = group_attrs(job.output_path) if existing is not None else {}  # read once
     if levels is None and existing is not None:
-        levels = ome_level(job.output_path, 0).levels - 1
+        levels = ome_level(job.output_path, 0, attrs).levels - 1
     voxel = volume.ome.scale if volume.ome is not None else (1.0, 1.0, 1.0)
     steps = level_steps(volume.shape, voxel, levels)
-    if existing is not None:
-        _check_levels(job, out_shape, steps)
+    if existing is not None and check:
+        _check_levels(job, out_shape, steps, attrs)
     return fmt, steps
 
 
-def _check_levels(job: SegmentJob, out_shape: tuple[int, ...], steps: Factors) -> None:
-    """An existing OME-Zarr output must hold exactly the levels this run would write."""
+def _check_levels(job: SegmentJob, out_shape: tuple[int, ...], steps: Factors,
+                  attrs: dict[str, Any]) -> None:
+    """An existing OME-Zarr output (whose group attributes are `attrs`) must hold exactly the
+    levels this run would write."""
     import zarr
 
     path = job.output_path
-    first = ome_level(path, 0)
+    first = ome_level(path, 0, attrs)
     if first.levels != len(steps) + 1:
         raise ValueError(
             f"existing output {path} has {first.levels - 1} pyramid levels, this run writes "
             f"{len(steps)}; give --pyramid {first.levels - 1}, remove it or choose another path"
         )
     for k, shape in enumerate(level_shapes(volume_shape(out_shape), steps)):
-        array_path = ome_level(path, k).array_path
+        array_path = ome_level(path, k, attrs).array_path
         try:
             arr = zarr.open_array(store=zarr_store(array_path, read_only=True), mode="r")
         except Exception as e:  # zarr raises several unrelated types for "not an array"
@@ -111,11 +115,12 @@ class OutputTarget:
         return replace(job, output_path=self.level0_path)
 
     def track(self, blocks: Sequence[Block], done: frozenset[str],
-              record: Callable[[Block], None]) -> Callable[[Block], None]:
-        """The sweep's on_done: `record` at once without a pyramid, else after the block's
-        levels are updated (so the ledger covers every level)."""
+              record: Callable[[Block], None]) -> Callable[[Block, np.ndarray | None], None]:
+        """The sweep's on_done(block, values written or None): `record` at once without a
+        pyramid, else after the block's levels are updated (so the ledger covers every
+        level)."""
         if not self.steps:
-            return record
+            return lambda block, values: record(block)
         shape = volume_shape(tuple(self.level0.shape))
         self.builder = PyramidBuilder(self.level0, self.levels, self.steps, shape, self.dtype,
                                       blocks, done, record)
@@ -134,29 +139,33 @@ class OutputTarget:
 
 def open_target(job: SegmentJob, volume: InputVolume, out_shape: tuple[int, ...],
                 chunks: Triple, region: Box, plan: dict[str, Any] | None) -> OutputTarget:
-    """Create or open the job's output and record this run's provenance on it."""
-    fmt, steps = output_plan(job, volume, out_shape)
+    """Create or open the job's output and record this run's provenance on it (the job was
+    checked by `segment.prepare_run`, which also checked an existing output's levels)."""
+    fmt, steps = output_plan(job, volume, out_shape, check=False)
     record = provenance(job, volume, region, plan)
     if fmt == "zarr":
         array = open_or_create_output(job.output_path, out_shape, job.dtype, chunks)
         array.attrs.update({ATTR: record})
         return OutputTarget(job.output_path, fmt, array, job.output_path, [], [], job.dtype)
-    arrays = _open_ome(job, volume, out_shape, chunks, steps, record)
-    return OutputTarget(job.output_path, fmt, arrays[0], ome_level(job.output_path, 0).array_path,
-                        arrays[1:], steps, job.dtype)
+    arrays, level0_path = _open_ome(job, volume, out_shape, chunks, steps, record)
+    return OutputTarget(job.output_path, fmt, arrays[0], level0_path, arrays[1:], steps,
+                        job.dtype)
 
 
 def _open_ome(job: SegmentJob, volume: InputVolume, out_shape: tuple[int, ...], chunks: Triple,
-              steps: Factors, record: dict[str, Any]) -> list[Any]:
-    """The level arrays of an OME-Zarr output, creating the image when it is new."""
+              steps: Factors, record: dict[str, Any]) -> tuple[list[Any], str]:
+    """(the level arrays, level 0's array path) of an OME-Zarr output, creating the image
+    when it is new."""
     import zarr
 
     path = job.output_path
     if existing_format(path) is not None:
         group = zarr.open_group(store=zarr_store(path, read_only=False), mode="r+")
+        attrs = group.attrs.asdict()
+        paths = [ome_level(path, k, attrs).array_path for k in range(len(steps) + 1)]
         group.attrs.update({ATTR: record})
-        return [zarr.open_array(store=zarr_store(ome_level(path, k).array_path, read_only=False),
-                                mode="r+") for k in range(len(steps) + 1)]
+        return [zarr.open_array(store=zarr_store(p, read_only=False), mode="r+")
+                for p in paths], paths[0]
     meta = output_metadata(cumulative(steps), volume.ome, basename(path))
     group = zarr.create_group(store=zarr_store(path, read_only=False), zarr_format=3,
                               overwrite=True, attributes={"ome": meta, ATTR: record})
@@ -167,4 +176,4 @@ def _open_ome(job: SegmentJob, volume: InputVolume, out_shape: tuple[int, ...], 
             str(k), shape=(out_shape[0], *shape), chunks=(out_shape[0], *level_chunks),
             dtype=job.dtype, fill_value=0, dimension_names=DIMENSIONS,
         ))
-    return arrays
+    return arrays, ome_level(path, 0, {"ome": meta}).array_path
