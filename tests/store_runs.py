@@ -18,7 +18,7 @@ import zarr
 from engine_ref import slow_network, small_network, write_network, write_volume
 
 from znni.engine.job import SegmentJob
-from znni.engine.ledger import read_ledger
+from znni.engine.ledger import ObjectLedger, read_ledger
 from znni.engine.segment import segment
 from znni.engine.stores import zarr_store
 from znni.model.network import load_network
@@ -171,3 +171,60 @@ def down_for_good(server: Any, case: dict, env: Env, retries: int) -> str:
     assert line.count("\n") == 0 and "Traceback" not in line, line
     assert f"did not answer after {retries} tries" in line
     return line
+
+
+def ome_pyramid_run(server: Any, local: SegmentJob, vol: np.ndarray,
+                    tmp_path: Path) -> tuple[SegmentJob, Any]:
+    """An OME-Zarr output with one pyramid level from an input in the store equals the local
+    one, level by level, with the same multiscales and ledger; returns the store's job and
+    its report."""
+    prefix = server.prefix()
+    ome = {"output_format": "ome-zarr", "pyramid": 1}
+    here = SegmentJob(**{**local.__dict__, **ome, "output_path": str(tmp_path / "img.ome.zarr")})
+    there = SegmentJob(**{**local.__dict__, **ome, "input_path": upload(f"{prefix}/in", vol, 3),
+                          "output_path": f"{prefix}/img.ome.zarr"})
+    segment(here)
+    report = segment(there)
+    for level in ("0", "1"):
+        expected = zarr.open_array(f"{here.output_path}/{level}")[...]
+        assert np.array_equal(read_url(f"{there.output_path}/{level}"), expected)
+    attrs = zarr.open_group(store=zarr_store(there.output_path, read_only=True), mode="r").attrs
+    assert [d["path"] for d in attrs["ome"]["multiscales"][0]["datasets"]] == ["0", "1"]
+    assert read_ledger(there.output_path)[1] == read_ledger(here.output_path)[1]
+    return there, report
+
+
+def ledger_start_forgets_earlier_runs(server: Any) -> None:
+    """An object ledger records each block once, and a new run's start forgets the old
+    run's header and deletes its block objects."""
+    out = f"{server.prefix()}/out.zarr"
+    ledger = ObjectLedger(out)
+    ledger.start({"network": "a"}, (8, 8, 8))
+    ledger.record(["0:8,0:8,0:8", "0:8,0:8,8:16"])
+    ledger.record(["0:8,0:8,8:16"])  # recorded twice: still one block
+    header, done = read_ledger(out)
+    assert header is not None and header["block_shape"] == [8, 8, 8]
+    assert done == {"0:8,0:8,0:8", "0:8,0:8,8:16"}
+    again = ObjectLedger(out)
+    again.start({"network": "b"}, (4, 4, 4))
+    header, done = read_ledger(out)
+    assert header is not None and header["parts"] == {"network": "b"} and done == set()
+    assert len(server.keys_under(f"{out}/znni-ledger")) == 1  # stale block objects deleted
+
+
+def dask_reads_and_writes(server: Any, local: SegmentJob, vol: np.ndarray,
+                          monkeypatch: Any, endpoint_env: str) -> None:
+    """A Dask LocalCluster run whose workers open the store themselves, with the job's
+    --storage-option endpoint (`endpoint_env` is taken out of the environment for the run),
+    equals the local run."""
+    prefix = server.prefix()
+    inp = upload(f"{prefix}/in.zarr", vol)
+    monkeypatch.delenv(endpoint_env)
+    job = SegmentJob(**{**local.__dict__, "input_path": inp, "output_path": f"{prefix}/dask.zarr",
+                        "scheduler": "local:2",
+                        "storage_options": {"endpoint_url": server.endpoint}})
+    report = segment(job)
+    assert report.blocks_computed == report.blocks_total
+    monkeypatch.setenv(endpoint_env, server.endpoint)
+    assert np.array_equal(read_url(job.output_path), zarr.open_array(local.output_path)[...])
+    assert len(read_ledger(job.output_path)[1]) == report.blocks_total

@@ -8,11 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from store_runs import local_job, read_url, upload
+from store_runs import (
+    dask_reads_and_writes,
+    ledger_start_forgets_earlier_runs,
+    local_job,
+    ome_pyramid_run,
+)
 
 from znni.engine.job import SegmentJob
-from znni.engine.ledger import ObjectLedger, read_ledger
-from znni.engine.segment import segment
 from znni.engine.stores import is_transient, options_for, refusal, zarr_store
 
 
@@ -24,39 +27,15 @@ def case(tmp_path: Path) -> tuple[SegmentJob, np.ndarray]:
 
 @pytest.mark.usefixtures("gcs_env")
 def test_ome_zarr_output_with_pyramid_on_gs_equals_the_local_one(gcs, case, tmp_path) -> None:  # noqa: ANN001
-    local, vol = case
-    prefix = gcs.prefix()
-    ome = {"output_format": "ome-zarr", "pyramid": 1}
-    here = SegmentJob(**{**local.__dict__, **ome, "output_path": str(tmp_path / "img.ome.zarr")})
-    there = SegmentJob(**{**local.__dict__, **ome, "input_path": upload(f"{prefix}/in", vol, 3),
-                          "output_path": f"{prefix}/img.ome.zarr"})
-    segment(here)
-    report = segment(there)
+    there, report = ome_pyramid_run(gcs, *case, tmp_path)
     assert report.blocks_computed == report.blocks_total >= 8
-    for level in ("0", "1"):
-        expected = zarr.open_array(f"{here.output_path}/{level}")[...]
-        assert np.array_equal(read_url(f"{there.output_path}/{level}"), expected)
     attrs = zarr.open_group(store=zarr_store(there.output_path, read_only=True), mode="r").attrs
-    assert [d["path"] for d in attrs["ome"]["multiscales"][0]["datasets"]] == ["0", "1"]
-    assert attrs["znni"]["input"] == f"{prefix}/in"
-    assert read_ledger(there.output_path)[1] == read_ledger(here.output_path)[1]
+    assert attrs["znni"]["input"] == there.input_path
 
 
 @pytest.mark.usefixtures("gcs_env")
 def test_object_ledger_start_forgets_earlier_runs(gcs) -> None:  # noqa: ANN001
-    out = f"{gcs.prefix()}/out.zarr"
-    ledger = ObjectLedger(out)
-    ledger.start({"network": "a"}, (8, 8, 8))
-    ledger.record(["0:8,0:8,0:8", "0:8,0:8,8:16"])
-    ledger.record(["0:8,0:8,8:16"])  # recorded twice: still one block
-    header, done = read_ledger(out)
-    assert header is not None and header["block_shape"] == [8, 8, 8]
-    assert done == {"0:8,0:8,0:8", "0:8,0:8,8:16"}
-    again = ObjectLedger(out)
-    again.start({"network": "b"}, (4, 4, 4))
-    header, done = read_ledger(out)
-    assert header is not None and header["parts"] == {"network": "b"} and done == set()
-    assert len(gcs.keys_under(f"{out}/znni-ledger")) == 1  # stale block objects deleted
+    ledger_start_forgets_earlier_runs(gcs)
 
 
 @pytest.mark.slow
@@ -64,17 +43,7 @@ def test_object_ledger_start_forgets_earlier_runs(gcs) -> None:  # noqa: ANN001
 def test_dask_local_cluster_reads_and_writes_gs(gcs, case, monkeypatch) -> None:  # noqa: ANN001
     """Workers open the store themselves, with the job's --storage-option values (the
     endpoint is not in their environment)."""
-    local, vol = case
-    prefix = gcs.prefix()
-    inp = upload(f"{prefix}/in.zarr", vol)
-    monkeypatch.delenv("STORAGE_EMULATOR_HOST")
-    job = SegmentJob(**{**local.__dict__, "input_path": inp, "output_path": f"{prefix}/dask.zarr",
-                        "scheduler": "local:2", "storage_options": {"endpoint_url": gcs.endpoint}})
-    report = segment(job)
-    assert report.blocks_computed == report.blocks_total
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs.endpoint)
-    assert np.array_equal(read_url(job.output_path), zarr.open_array(local.output_path)[...])
-    assert len(read_ledger(job.output_path)[1]) == report.blocks_total
+    dask_reads_and_writes(gcs, *case, monkeypatch, "STORAGE_EMULATOR_HOST")
 
 
 def test_gcsfs_errors_are_classified() -> None:

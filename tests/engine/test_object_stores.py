@@ -13,10 +13,17 @@ import numpy as np
 import pytest
 import zarr
 from engine_ref import write_volume
-from store_runs import local_job, read_url, upload
+from store_runs import (
+    dask_reads_and_writes,
+    ledger_start_forgets_earlier_runs,
+    local_job,
+    ome_pyramid_run,
+    read_url,
+    upload,
+)
 
 from znni.engine.job import SegmentJob
-from znni.engine.ledger import ObjectLedger, read_ledger
+from znni.engine.ledger import read_ledger
 from znni.engine.segment import segment
 from znni.engine.stores import (
     StoreError,
@@ -54,20 +61,7 @@ def test_s3_in_and_out_equals_the_local_run_bit_for_bit(s3, case) -> None:  # no
 
 
 def test_ome_zarr_output_with_pyramid_on_s3_equals_the_local_one(s3, case, tmp_path) -> None:  # noqa: ANN001
-    local, vol = case
-    prefix = s3.prefix()
-    ome = {"output_format": "ome-zarr", "pyramid": 1}
-    here = SegmentJob(**{**local.__dict__, **ome, "output_path": str(tmp_path / "img.ome.zarr")})
-    there = SegmentJob(**{**local.__dict__, **ome, "input_path": upload(f"{prefix}/in", vol, 3),
-                          "output_path": f"{prefix}/img.ome.zarr"})
-    segment(here)
-    segment(there)
-    for level in ("0", "1"):
-        expected = zarr.open_array(f"{here.output_path}/{level}")[...]
-        assert np.array_equal(read_url(f"{there.output_path}/{level}"), expected)
-    attrs = zarr.open_group(store=zarr_store(there.output_path, read_only=True), mode="r").attrs
-    assert [d["path"] for d in attrs["ome"]["multiscales"][0]["datasets"]] == ["0", "1"]
-    assert read_ledger(there.output_path)[1] == read_ledger(here.output_path)[1]
+    ome_pyramid_run(s3, *case, tmp_path)
 
 
 @pytest.fixture()
@@ -105,19 +99,7 @@ def test_read_only_http_input(case, http_root, tmp_path: Path) -> None:  # noqa:
 
 
 def test_object_ledger_start_forgets_earlier_runs(s3) -> None:  # noqa: ANN001
-    out = f"{s3.prefix()}/out.zarr"
-    ledger = ObjectLedger(out)
-    ledger.start({"network": "a"}, (8, 8, 8))
-    ledger.record(["0:8,0:8,0:8", "0:8,0:8,8:16"])
-    ledger.record(["0:8,0:8,8:16"])  # recorded twice: still one block
-    header, done = read_ledger(out)
-    assert header is not None and header["block_shape"] == [8, 8, 8]
-    assert done == {"0:8,0:8,0:8", "0:8,0:8,8:16"}
-    again = ObjectLedger(out)
-    again.start({"network": "b"}, (4, 4, 4))
-    header, done = read_ledger(out)
-    assert header is not None and header["parts"] == {"network": "b"} and done == set()
-    assert len(s3.keys_under(f"{out}/znni-ledger")) == 1  # stale block objects deleted
+    ledger_start_forgets_earlier_runs(s3)
 
 
 def test_storage_options_parse_json_else_text() -> None:
@@ -153,16 +135,7 @@ def test_transient_errors_are_retried_then_named(monkeypatch: pytest.MonkeyPatch
 def test_dask_local_cluster_reads_and_writes_s3(s3, case, monkeypatch) -> None:  # noqa: ANN001
     """Workers open the store themselves, with the job's --storage-option values (the
     endpoint is not in their environment)."""
-    local, vol = case
-    prefix = s3.prefix()
-    inp = upload(f"{prefix}/in.zarr", vol)
-    monkeypatch.delenv("AWS_ENDPOINT_URL")
-    job = SegmentJob(**{**local.__dict__, "input_path": inp, "output_path": f"{prefix}/dask.zarr",
-                        "scheduler": "local:2", "storage_options": {"endpoint_url": s3.endpoint}})
-    report = segment(job)
-    assert report.blocks_computed == report.blocks_total
-    assert np.array_equal(read_url(job.output_path), zarr.open_array(local.output_path)[...])
-    assert len(read_ledger(job.output_path)[1]) == report.blocks_total
+    dask_reads_and_writes(s3, *case, monkeypatch, "AWS_ENDPOINT_URL")
 
 
 def test_s3_stores_skip_the_head_before_each_get() -> None:
