@@ -76,6 +76,20 @@ def test_decoder_concats_read_in_parts_take_no_buffer_and_free_their_parts(model
     assert graph.peak_tensor_bytes() == 4 * 2**20 + 2**17
 
 
+def test_a_single_input_channel_conv_is_never_planned_on_winograd(model) -> None:
+    """Its 216 GEMMs would have depth 1, which numpy runs without BLAS; even with Winograd's
+    rate made enormous, the first conv (1 -> 8) gets another primitive, the others may not."""
+    ci = MachineProfile.load("ci-2core")
+    machine = replace(ci, cpu_rates={**ci.cpu_rates, "winograd_flops_per_s": 1e15})
+    graph = model.graph((32, 32, 32))
+    plan = plan_graph(graph, machine)
+    cubic = [(n, p) for n, p in zip(graph.nodes, plan.nodes, strict=True)
+             if fast_conv(n) and n.params["weight"].shape[2:] == (3, 3, 3)]
+    assert cubic[0][0].params["weight"].shape[1] == 1
+    assert cubic[0][1].primitive != "winograd"
+    assert any(p.primitive == "winograd" for _, p in cubic[1:])
+
+
 def test_a_tight_limit_drops_kept_spectra_and_then_refuses(model) -> None:
     ci = MachineProfile.load("ci-2core")  # with slow GEMMs, so FFTs (and kept spectra) win
     slow = {"direct_flops_per_s": 1e8, "openvino_flops_per_s": 1e8,

@@ -81,6 +81,12 @@ WINOGRAD_M, WINOGRAD_ALPHA3 = 4, 216
 # winograd_flops_per_s on benchmarks/winograd.py's five U-Net layers with 4 MiB chunks, CI
 # kind, 2026-11-23: 0.88-1.16 of measured; the 8 MiB chunks before streamed 2.7 times)
 WINOGRAD_PASSES = 1.08
+# one input channel makes its 216 GEMMs (Cout, 1) @ (1, T): numpy's matmul runs depth-1
+# products without BLAS, 13x slower than depth 2, and the 1 -> 16 conv of a 64^3 window
+# took 17-20 ms by Winograd against 5.2 ms direct (one GEMM of depth 27); as a
+# U-Net's first conv, direct made BasicUNet windows 7-12% faster (64^3, 64^3 in pairs,
+# 96^3; CI kind, 2026-11-23)
+WINOGRAD_MIN_CHANNELS_IN = 2
 WINOGRAD_CHUNK_BYTES = 2**22  # V + M per chunk, one chunk per worker (winograd.CHUNK_BYTES)
 
 
@@ -176,7 +182,8 @@ def _conv_options(
             spectra = kernel_spectra_bytes(layer) if prim == "fft-keep" else 0
             if tensors + spectra + work <= limit:
                 options.append((layer_seconds(layer, prim, machine), work, spectra, prim))
-        if node.params["weight"].shape[2:] == (3, 3, 3):
+        if node.params["weight"].shape[2:] == (3, 3, 3) and \
+                layer.channels_in >= WINOGRAD_MIN_CHANNELS_IN:
             work, kept = winograd_bytes(layer, machine.cores)
             if tensors + kept + work <= limit:
                 options.append((winograd_seconds(layer, machine), work, kept, "winograd"))
