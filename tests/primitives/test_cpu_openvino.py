@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from naive import close, naive_activation, naive_conv
@@ -44,3 +47,24 @@ def test_compiled_layers_are_reused_and_bounded() -> None:
         w = np.full((1, 1, 1, 1, 1), float(i), np.float32)
         assert convs.conv3d(x, w, b, None)[0, 0, 0, 0, 0] == i
     assert len(convs._compiled) == MAX_COMPILED
+
+
+def test_only_a_compiled_layer_imports_openvino() -> None:
+    """The planner asks whether OpenVINO is installed without importing it (0.1-0.2 s of
+    every run); the first layer compiled with it imports it and runs."""
+    code = (
+        "import sys\n"
+        "import numpy as np\n"
+        "from znni.planner.graph_search import openvino_ready\n"
+        "from znni.primitives.backends import make_backend\n"
+        "assert openvino_ready()\n"
+        "assert 'openvino' not in sys.modules, 'imported by the planner'\n"
+        "x = np.ones((1, 2, 5, 5, 5), np.float32)\n"
+        "w = np.ones((3, 2, 3, 3, 3), np.float32)\n"
+        "y = make_backend('cpu').conv3d(x, w, np.zeros(3, np.float32), None, 'openvino')\n"
+        "assert 'openvino' in sys.modules\n"
+        "print(float(y.min()), float(y.max()), y.shape)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["54.0", "54.0", "(1,", "3,", "3,", "3,", "3)"]
