@@ -154,11 +154,14 @@ def restart_mid_run(server: Any, case: dict, env: Env, tmp_path: Path) -> None:
     assert np.array_equal(read_url(out), case["expected"])
 
 
-def down_for_good(server: Any, case: dict, env: Env, retries: int) -> str:
-    """The server stops for good: exit 1 and one line on stderr, which is returned."""
+def down_for_good(server: Any, case: dict, env: Env, retries: int | None,
+                  default_tries: int = 0) -> str:
+    """The server stops for good: exit 1 and one line on stderr, which is returned.
+    `retries`: ZNNI_STORE_RETRIES, or None to leave the scheme's `default_tries`."""
     out = f"{case['prefix']}/down.zarr"
-    proc = subprocess.Popen(segment_cmd(case["spec"], case["input"], out),
-                            env=env(ZNNI_STORE_RETRIES=str(retries)),
+    extra = {} if retries is None else {"ZNNI_STORE_RETRIES": str(retries)}
+    n = default_tries if retries is None else retries
+    proc = subprocess.Popen(segment_cmd(case["spec"], case["input"], out), env=env(**extra),
                             stderr=subprocess.PIPE, text=True)
     try:
         wait_for_blocks(proc, out, 3)
@@ -169,7 +172,7 @@ def down_for_good(server: Any, case: dict, env: Env, retries: int) -> str:
     assert proc.returncode == 1, err
     line = err.strip()
     assert line.count("\n") == 0 and "Traceback" not in line, line
-    assert f"did not answer after {retries} tries" in line
+    assert f"did not answer after {n} {'try' if n == 1 else 'tries'} (" in line
     return line
 
 

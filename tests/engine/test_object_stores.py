@@ -129,6 +129,19 @@ def test_transient_errors_are_retried_then_named(monkeypatch: pytest.MonkeyPatch
 
     with pytest.raises(StoreError, match=r"s3://b/x did not answer after 5 tries"):
         retrying(down, "s3://b/x")
+    calls.clear()
+
+    def gcs_down() -> None:  # gcsfs has retried this request itself already
+        calls.append(1)
+        raise ConnectionRefusedError("refused")
+
+    with pytest.raises(StoreError, match=r"gs://b/x did not answer after 1 try \("):
+        retrying(gcs_down, "gs://b/x")
+    assert len(calls) == 1
+    monkeypatch.setenv("ZNNI_STORE_RETRIES", "3")
+    with pytest.raises(StoreError, match=r"gs://b/x did not answer after 3 tries"):
+        retrying(gcs_down, "gs://b/x")
+    assert len(calls) == 4
 
 
 @pytest.mark.slow

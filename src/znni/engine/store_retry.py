@@ -1,6 +1,7 @@
 """Retrying an object store's transient failures: connections refused or reset, timeouts,
 throttling and 5xx answers are retried with backoff, ZNNI_STORE_RETRIES tries in all
-(default 5); then `StoreError` names the URL. Refusals (401, 403) are never retried.
+(default 5, and 1 for gs://, whose client retries each request itself); then `StoreError`
+names the URL. Refusals (401, 403) are never retried.
 
 The clients say these things differently: s3fs raises PermissionError and OSErrors with an
 errno, gcsfs an `HttpError` with the HTTP `code`, a plain OSError "Forbidden: ..." for 403
@@ -21,6 +22,9 @@ from znni.engine.store_memo import forget, wrote
 
 RETRIES_ENV = "ZNNI_STORE_RETRIES"
 DEFAULT_TRIES = 5
+# gcsfs retries each request itself (6 tries, 1-16 s apart: about 31 s); znni's 5 tries
+# around that made a dead GCS endpoint take 2.5 min to fail, so gs:// gets one by default
+SELF_RETRYING_SCHEMES = ("gs://", "gcs://")
 BACKOFF_S, MAX_BACKOFF_S = 0.5, 8.0
 TRANSIENT_NAMES = frozenset({
     "ConnectionError", "EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError",
@@ -70,11 +74,13 @@ def is_transient(e: BaseException) -> bool:
     return status is not None and (status >= 500 or status in TRANSIENT_STATUS)
 
 
-def tries() -> int:
+def tries(url: str = "") -> int:
+    """ZNNI_STORE_RETRIES, else the default for `url`'s scheme."""
+    default = 1 if url.startswith(SELF_RETRYING_SCHEMES) else DEFAULT_TRIES
     try:
-        return max(1, int(os.environ.get(RETRIES_ENV, DEFAULT_TRIES)))
+        return max(1, int(os.environ.get(RETRIES_ENV, default)))
     except ValueError:
-        return DEFAULT_TRIES
+        return default
 
 
 def delay(attempt: int) -> float:
@@ -82,13 +88,13 @@ def delay(attempt: int) -> float:
 
 
 def gave_up(url: str, n: int, e: BaseException) -> StoreError:
-    return StoreError(f"the store at {url} did not answer after {n} tries "
-                      f"({type(e).__name__}: {e})")
+    return StoreError(f"the store at {url} did not answer after {n} "
+                      f"{'try' if n == 1 else 'tries'} ({type(e).__name__}: {e})")
 
 
 def retrying(fn: Callable[[], T], url: str) -> T:
     """fn(), retried with backoff while it fails transiently; then StoreError naming `url`."""
-    n = tries()
+    n = tries(url)
     for attempt in range(n):
         try:
             return fn()
@@ -128,7 +134,7 @@ def _retrying_store_class() -> type:
             return type(self)(store, self.url)
 
         async def _retry(self, key: str, make: Callable[[], Any]) -> Any:
-            n = tries()
+            n = tries(self.url)
             for attempt in range(n):
                 try:
                     return await make()

@@ -8,7 +8,8 @@
   anonymously, without options. Dask tasks register the job's options on their worker
   before opening anything.
 - Transient errors (connections refused or reset, timeouts, 5xx) are retried with backoff,
-  ZNNI_STORE_RETRIES tries in all (default 5); then `StoreError` names the URL.
+  ZNNI_STORE_RETRIES tries in all (default 5; 1 for gs://, whose client retries each
+  request itself); then `StoreError` names the URL.
 - Refusals (bad credentials, missing bucket, missing object, an http(s) or unwritable OUT)
   are ValueErrors of one sentence naming the URL.
 """
