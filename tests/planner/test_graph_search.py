@@ -4,12 +4,13 @@ peaks, and the window choice (costs only: nothing here is timed)."""
 from __future__ import annotations
 
 from dataclasses import replace
+from math import prod
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from znni.engine.graph_choice import choose, plan_window
+from znni.engine.graph_choice import _candidates, choose, plan_window
 from znni.engine.graph_forward import run_graph
 from znni.model.loading import load_model
 from znni.planner.costs import CPU_CONV_PRIMITIVES
@@ -17,6 +18,7 @@ from znni.planner.graph_search import (
     OPENVINO_KEPT_PER_TENSOR_BYTE,
     conv_layer,
     fast_conv,
+    first_pass_seconds,
     plan_graph,
     unbuilt_concats,
     winograd_bytes,
@@ -119,6 +121,19 @@ def test_the_chosen_window_is_the_fastest_that_fits(model) -> None:
         assert other.predicted_voxels_per_second <= best.predicted_voxels_per_second
     with pytest.raises(ValueError, match="memory budget"):
         plan_window(model, (96, 96, 96), 2**20, region)
+
+
+def test_the_first_pass_is_counted_once_per_run(model, monkeypatch) -> None:
+    """A fresh run pays once for the pages of its peak: weighed against the passes, it
+    moves a small region's choice to a window with a smaller peak when it is costly."""
+    budget, region = 2**32, (64, 64, 64)
+    free = choose(model, budget, region)
+    run_s = free.passes * free.plan.predicted_window_s + first_pass_seconds(free.plan.peak_bytes)
+    assert free.predicted_voxels_per_second == pytest.approx(prod(region) / run_s)
+    assert _candidates(model, (256, 256, 256))[-1] == (256, 256, 256)  # up to MAX_WINDOW
+    monkeypatch.setattr("znni.planner.graph_search.FIRST_PASS_S_PER_PEAK_BYTE", 1e-3)
+    costly = choose(model, budget, region)
+    assert costly.plan.peak_bytes < free.plan.peak_bytes and costly.window < free.window
 
 
 def test_the_executor_runs_the_planned_primitives(model) -> None:

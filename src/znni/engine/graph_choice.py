@@ -5,7 +5,9 @@ per-axis cap) is planned (planner.graph_search: a primitive per conv, a predicte
 time and peak); among those whose peak fits the budget, the one with the most
 predicted output voxels per second over the region wins. That weighs a window's
 cost against the recomputed overlap: windowed runs compute MONAI's scan of windows
-(more, smaller windows overlap more), exact runs one tile per grid step of output.
+(more, smaller windows overlap more), exact runs one tile per grid step of output; and
+a run's first pass, which pays once for the pages of its peak (planner.graph_search.
+first_pass_seconds): large windows make few passes to share it.
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ from znni.engine.execution import planning_machine
 from znni.engine.windows import WindowGrid
 from znni.model.graph import Graph
 from znni.model.onnx_model import OnnxModel
-from znni.planner.graph_search import GraphPlan, plan_graph
+from znni.planner.graph_search import GraphPlan, first_pass_seconds, plan_graph
 
 Triple = tuple[int, int, int]
-MAX_WINDOW = 160  # windowed: per axis; larger windows gain little and plan slowly
+# windowed: per axis. One 256^3 window covers a 256^3 volume at once where 160^3 windows
+# need 8 (MONAI's 0.25 overlap): 16-19 s against 22.4 s for BasicUNet, first pass included
+# (2026-11-23); planning up to 256 took 0.13-0.36 s for 128^3-512^3 volumes
+MAX_WINDOW = 256
 MAX_TILE = 192  # exact: input voxels per axis
 # windowed: windows run together share each node's per-call cost, and a batch of 64^3
 # BasicUNet windows ran 7-8% faster per window in pairs (2026-11-23); 96^3 windows did
@@ -60,7 +65,8 @@ def plan_window(model: OnnxModel, window: Triple, budget_bytes: int, region: Tri
             f"pass, beyond the {budget_bytes:,}-byte memory budget; choose a smaller window or "
             "a larger memory limit"
         )
-    return GraphChoice(window, plan, n, prod(region) / max(1e-12, n * plan.predicted_window_s))
+    run_s = n * plan.predicted_window_s + first_pass_seconds(plan.peak_bytes)
+    return GraphChoice(window, plan, n, prod(region) / max(1e-12, run_s))
 
 
 def _batched(graph: Graph, plan: GraphPlan, budget_bytes: int, passes: int) -> GraphPlan:
@@ -82,7 +88,8 @@ def _batched(graph: Graph, plan: GraphPlan, budget_bytes: int, passes: int) -> G
 
 def choose(model: OnnxModel, budget_bytes: int, region: Triple,
            overlap: float = 0.25) -> GraphChoice:
-    """The candidate with the most predicted voxels/s whose pass fits the budget."""
+    """The candidate with the most predicted voxels/s whose pass fits the budget (its
+    first pass's extra cost counted once)."""
     candidates = ([model.fixed_window] if model.fixed_window
                   else _fewer_passes(model, _candidates(model, region), region, overlap))
     best: GraphChoice | None = None

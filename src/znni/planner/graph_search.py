@@ -257,6 +257,21 @@ def winograd_bytes(layer: LayerShape, cores: int) -> tuple[int, int]:
     return cores * WINOGRAD_CHUNK_BYTES, u_bytes + w_bytes
 
 
+# A fresh process's first pass over a window pays once for what later passes reuse: the
+# page faults (and transparent huge-page compaction) of the pass's peak, and the kernel
+# transforms. BasicUNet first minus second pass over one window, over the planned peak
+# (fresh processes, CI kind, 2026-11-23): 1.3-2.2 ns/byte at 128^3 (446 MiB), 0.5-1.5 at
+# 160^3 (820 MiB), 1.3-2.4 at 192^3 (1.3 GiB), 0.3-1.8 at 256^3 (3.1 GiB). The low end is
+# taken: at 1.5 the planner chose 8 tiles of 104^3 for the valid U-Net over 128^3, which
+# ran slower (2.36-3.07 s end to end) than its one 168^3 tile (2.08-2.52 s)
+FIRST_PASS_S_PER_PEAK_BYTE = 0.5e-9
+
+
+def first_pass_seconds(peak_bytes: int) -> float:
+    """What a run's first pass costs beyond the steady-state prediction (once per run)."""
+    return FIRST_PASS_S_PER_PEAK_BYTE * peak_bytes
+
+
 def large_window_factor(graph: Graph) -> float:
     """Per-voxel slowdown of windows larger than the 64^3 the rates were fitted on: inside
     a window the convs ran 1.2-1.3x slower than alone at BasicUNet 96^3 (its norms and
