@@ -24,8 +24,9 @@ from znni.planner.graph_search import GraphPlan, first_pass_seconds, plan_graph
 
 Triple = tuple[int, int, int]
 # windowed: per axis. One 256^3 window covers a 256^3 volume at once where 160^3 windows
-# need 8 (MONAI's 0.25 overlap): 16-19 s against 22.4 s for BasicUNet, first pass included
-# (2026-11-23); planning up to 256 took 0.13-0.36 s for 128^3-512^3 volumes
+# need 8 (MONAI's 0.25 overlap): BasicUNet's whole segment took 17.4-19.5 s with it
+# against 22.7 s with the 80^3 windows chosen before (2026-11-23); planning up to 256
+# took 0.13-0.36 s for 128^3-512^3 volumes
 MAX_WINDOW = 256
 MAX_TILE = 192  # exact: input voxels per axis
 # windowed: windows run together share each node's per-call cost, and a batch of 64^3
