@@ -361,3 +361,26 @@ def test_sigkill_then_resume_leaves_every_level_as_a_clean_run(tmp_path: Path) -
     assert subprocess.run(cmd(out), env=env).returncode == 0
     for a, b in zip(levels_of(out), levels_of(tmp_path / "clean.ome.zarr")):
         np.testing.assert_array_equal(a, b)
+
+
+def test_float_outputs_are_stored_with_blosc_lz4_and_uint8_ones_with_zstd(tmp_path: Path) -> None:
+    """float32 network outputs barely compress, so they get the cheap codec; both read back
+    exactly through zarr and TensorStore."""
+    import tensorstore as ts
+
+    from znni.engine.volume import open_or_create_output
+
+    rng = np.random.default_rng(5)
+    values = {"float32": rng.standard_normal((2, 9, 8, 7)).astype(np.float32),
+              "uint8": rng.integers(0, 256, (2, 9, 8, 7)).astype(np.uint8)}
+    for dtype, codec in (("float32", "BloscCodec"), ("uint8", "ZstdCodec")):
+        path = tmp_path / f"{dtype}.zarr"
+        arr = open_or_create_output(str(path), (2, 9, 8, 7), dtype, (4, 4, 4))
+        arr[...] = values[dtype]
+        assert [type(c).__name__ for c in arr.compressors] == [codec]
+        if dtype == "float32":
+            assert arr.compressors[0].cname.value == "lz4"
+        np.testing.assert_array_equal(zarr.open_array(str(path), mode="r")[...], values[dtype])
+        store = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(path)}},
+                        open=True).result()
+        np.testing.assert_array_equal(store.read().result(), values[dtype])

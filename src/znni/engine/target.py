@@ -22,7 +22,7 @@ from znni.engine.ome import group_attrs, is_group, ome_level, output_metadata
 from znni.engine.provenance import ATTR, provenance
 from znni.engine.pyramid import Factors, PyramidBuilder, cumulative, level_shapes, level_steps
 from znni.engine.stores import basename, holds_anything, zarr_store
-from znni.engine.volume import InputVolume, open_or_create_output
+from znni.engine.volume import InputVolume, open_or_create_output, output_compressors
 
 FORMATS = ("zarr", "ome-zarr")
 DIMENSIONS = ("c", "z", "y", "x")
@@ -175,5 +175,6 @@ def _open_ome(job: SegmentJob, volume: InputVolume, out_shape: tuple[int, ...], 
         arrays.append(group.create_array(
             str(k), shape=(out_shape[0], *shape), chunks=(out_shape[0], *level_chunks),
             dtype=job.dtype, fill_value=0, dimension_names=DIMENSIONS,
+            compressors=output_compressors(job.dtype),
         ))
     return arrays, ome_level(path, 0, {"ome": meta}).array_path
