@@ -100,13 +100,16 @@ class WindowedWorker:
             x += np.float32(model.input_shift)
         origin = self.read_box(block).lo
         ready: dict[Triple, np.ndarray] = {}  # batched with an earlier window of this block
+        touching: set[Triple] = set()  # the block's windows, listed at its first group
 
         def run_window(start: Triple) -> np.ndarray:
             out = ready.pop(start, None)
             if out is None:
                 out = self._kept.get(start)
             if out is None:
-                out = self._run_group(x, origin, block, start, ready)
+                if not touching:
+                    touching.update(windows_touching(grid, block.write.lo, block.write.hi))
+                out = self._run_group(x, origin, block, start, ready, touching)
             return out
 
         mode: BlendMode = self.spec.blend  # type: ignore[assignment]
@@ -115,14 +118,14 @@ class WindowedWorker:
         return encode_output(out, self.spec.dtype)
 
     def _run_group(self, x: np.ndarray, origin: Triple, block: Block, start: Triple,
-                   ready: dict[Triple, np.ndarray]) -> np.ndarray:
+                   ready: dict[Triple, np.ndarray], touching: set[Triple]) -> np.ndarray:
         """Run `start`'s window group as one batch; the others' outputs go to `ready`
-        when this block blends them, and are kept when another block will."""
+        when this block (whose windows are `touching`) blends them, and are kept when
+        another block will."""
         grid = self.spec.grid
         group = window_group(grid, start, self.spec.batch)
         batch = np.stack([_window_input(x, origin, s, grid) for s in group])  # (B, C, *W)
         outs = run_graph(self.graph, batch, self.backend, self.primitives)  # (B, Cout, *W)
-        touching = set(windows_touching(grid, block.write.lo, block.write.hi))
         for s, out in zip(group, outs, strict=True):
             if not _inside(grid, s, block):
                 self._keep(s, out if len(group) == 1 else out.copy())  # not the whole batch
