@@ -46,9 +46,11 @@ def test_every_fast_conv_gets_a_primitive_and_the_peak_counts_lifetimes(model) -
     machine = MachineProfile.load("ci-2core")
     graph = model.graph((32, 32, 32))
     plan = plan_graph(graph, machine)
-    for node, p in zip(graph.nodes, plan.nodes, strict=True):
+    for i, (node, p) in enumerate(zip(graph.nodes, plan.nodes, strict=True)):
         assert (p.primitive in (*CPU_CONV_PRIMITIVES, "openvino", "winograd")) == fast_conv(node)
-        assert p.predicted_s > 0
+        # an OpenVINO conv applies the instance norm after it: the norm costs nothing
+        absorbed = node.op == "instance_norm" and plan.nodes[i - 1].primitive == "openvino"
+        assert (p.predicted_s == 0) == absorbed
     assert plan.predicted_window_s == pytest.approx(sum(n.predicted_s for n in plan.nodes))
     biggest = max(n.workspace_bytes for n in plan.nodes)
     kept = 0
@@ -78,9 +80,10 @@ def test_decoder_concats_read_in_parts_take_no_buffer_and_free_their_parts(model
     assert graph.peak_tensor_bytes() == 4 * 2**20 + 2**17
 
 
-def test_a_single_input_channel_conv_is_never_planned_on_winograd(model) -> None:
+def test_a_single_input_channel_conv_is_never_planned_on_winograd(model, monkeypatch) -> None:
     """Its 216 GEMMs would have depth 1, which numpy runs without BLAS; even with Winograd's
     rate made enormous, the first conv (1 -> 8) gets another primitive, the others may not."""
+    monkeypatch.setattr("znni.planner.graph_search.openvino_ready", lambda: False)
     ci = MachineProfile.load("ci-2core")
     machine = replace(ci, cpu_rates={**ci.cpu_rates, "winograd_flops_per_s": 1e15})
     graph = model.graph((32, 32, 32))
@@ -160,6 +163,38 @@ def test_the_executor_runs_the_planned_primitives(model) -> None:
         run_graph(graph, x, make_backend("cpu"), {one: "winograd"})
 
 
+def test_openvino_convs_apply_the_instance_norms_after_them(model, monkeypatch) -> None:
+    """Planned on OpenVINO, every conv of BasicUNet applies its instance norm (and the
+    LeakyReLU after it) in its own compiled layer: the host's norm never runs, the result
+    is the reference's, and the planner charges the norm to the conv."""
+    pytest.importorskip("openvino")
+    from znni.engine import graph_forward
+
+    graph = model.graph((16, 16, 16))
+    x = np.random.default_rng(1).random((2, 1, 16, 16, 16), dtype=np.float32)
+    ref = run_graph(graph, x, make_backend("reference"))
+    prims = {n.name: "openvino" for n in graph.nodes if fast_conv(n)}
+
+    def refuse(*args: object) -> None:
+        raise AssertionError("the host ran an instance norm")
+
+    monkeypatch.setitem(graph_forward.INPLACE, "instance_norm", refuse)
+    monkeypatch.setitem(graph_forward.KERNELS, "instance_norm", refuse)
+    got = run_graph(graph, x, make_backend("cpu"), prims)
+    assert np.abs(got - ref).max() <= 1e-4 * max(1.0, np.abs(ref).max())
+    norms = sum(n.op == "instance_norm" for n in graph.nodes)
+    assert norms >= 8
+    with pytest.raises(AssertionError, match="host ran"):  # on Winograd the host norms run
+        run_graph(graph, x, make_backend("cpu"), {k: "direct" for k in prims})
+
+    from znni.planner.graph_search import openvino_seconds
+
+    machine = MachineProfile.load("ci-2core")
+    i = next(i for i, n in enumerate(graph.nodes) if fast_conv(n))
+    layer = conv_layer(graph, i, graph.nodes[i])
+    assert openvino_seconds(layer, machine, norm=True) > openvino_seconds(layer, machine)
+
+
 def test_openvino_pays_for_idle_channel_lanes_and_shares_its_first_call() -> None:
     from znni.planner.costs import LayerShape
     from znni.planner.graph_search import openvino_seconds
@@ -187,7 +222,7 @@ def test_a_batch_of_windows_shares_each_nodes_call_cost(model) -> None:
     is half the batch's time. plan_window batches where that is BATCH_GAIN faster per window
     and the batch's peak fits, else runs one window at a time."""
     from znni.engine import graph_choice
-    from znni.planner.graph_search import NODE_OVERHEAD_S
+    from znni.planner.graph_search import NODE_OVERHEAD_S, WINOGRAD_CALL_S
 
     machine = MachineProfile(name="t", cores=2, memory_bytes=2**33)
     graph = model.graph((32, 32, 32))
@@ -196,9 +231,8 @@ def test_a_batch_of_windows_shares_each_nodes_call_cost(model) -> None:
     assert two.peak_bytes > one.peak_bytes and two.peak_bytes >= graph.peak_tensor_bytes(2)
     for a, b in zip(one.nodes, two.nodes, strict=True):
         if a.primitive == "winograd" and b.primitive == "winograd":
-            assert 2 * a.predicted_s - b.predicted_s == pytest.approx(
-                machine.rate("layer_overhead_s"))
-        elif a.primitive is None and a.op in ("maxpool", "instance_norm"):
+            assert 2 * a.predicted_s - b.predicted_s == pytest.approx(WINOGRAD_CALL_S)
+        elif a.primitive is None and a.op in ("maxpool", "instance_norm") and a.predicted_s:
             assert 2 * a.predicted_s - b.predicted_s >= NODE_OVERHEAD_S * 0.999
     factor = two.predicted_window_s * 2 / sum(n.predicted_s for n in two.nodes)
     assert factor == pytest.approx(one.predicted_window_s / sum(n.predicted_s for n in one.nodes))

@@ -8,9 +8,10 @@ import sys
 import numpy as np
 import pytest
 from naive import close, naive_activation, naive_conv
+from naive_graph import naive_instance_norm
 
 from znni.primitives.backends import make_backend
-from znni.primitives.base import Activation
+from znni.primitives.base import Activation, InstanceNorm
 
 pytest.importorskip("openvino")
 
@@ -35,6 +36,42 @@ def test_openvino_conv_equals_naive(cin, cout, kernel, size, act) -> None:
         if act:
             ref = naive_activation(ref, act, 0.1)
         assert close(got[s], ref)
+
+
+@pytest.mark.parametrize("sizes, pads, affine, act", [
+    ((3,), (1, 1, 1, 1, 1, 1), True, "leaky_relu"),  # a padded U-Net conv
+    ((2, 3), (1, 0, 2, 1, 1, 0), False, "relu"),  # a decoder's concat, uneven pads
+    ((4, 1, 2), (0,) * 6, True, None),  # three parts, valid
+])
+def test_a_layer_reads_parts_and_pads_and_applies_the_norm(sizes, pads, affine, act) -> None:
+    """conv(concat(parts) zero-padded) -> instance norm -> activation, against the naive
+    conv and a float64 norm by explicit sums; odd, anisotropic sizes, a batch of two; the
+    norm's statistics are over the whole output (the pads included), as ONNX's."""
+    rng = np.random.default_rng(sum(sizes) + sum(pads))
+    size, cin, cout = (7, 6, 9), sum(sizes), 4
+    parts = [(3 * rng.standard_normal((2, c, *size)) + 2).astype(np.float32) for c in sizes]
+    w = (rng.standard_normal((cout, cin, 3, 3, 3)) / np.sqrt(27 * cin)).astype(np.float32)
+    b = rng.standard_normal(cout).astype(np.float32)
+    scale, shift = (rng.standard_normal(cout).astype(np.float32) if affine else None
+                    for _ in range(2))
+    activation = Activation(act, 0.1) if act else None
+    norm = InstanceNorm(scale, shift, 1e-5)
+    got = make_backend("cpu").conv3d_parts(parts, pads, w, b, activation, "openvino", norm)
+    x = np.pad(np.concatenate(parts, axis=1),
+               [(0, 0), (0, 0)] + [(pads[a], pads[a + 3]) for a in range(3)])
+    conv = np.stack([naive_conv(x[s], w, b) for s in range(2)])
+    ones, zeros = np.ones(cout), np.zeros(cout)
+    ref = naive_instance_norm(conv, ones if scale is None else scale,
+                              zeros if shift is None else shift, 1e-5)
+    if act:
+        ref = naive_activation(ref, act, 0.1)
+    assert got.shape == ref.shape and got.dtype == np.float32
+    assert np.abs(got - ref).max() <= 1e-4 * max(1.0, np.abs(ref).max())
+    with pytest.raises(ValueError, match="only the 'openvino' conv primitive applies a norm"):
+        make_backend("cpu").conv3d_parts(parts, pads, w, b, activation, "winograd", norm)
+    with pytest.raises(ValueError, match="channels but the kernel expects"):
+        make_backend("cpu").conv3d_parts(parts, pads, np.concatenate([w, w], axis=1), b,
+                                         activation, "openvino", norm)
 
 
 def test_compiled_layers_are_reused_and_bounded() -> None:

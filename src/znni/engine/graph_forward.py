@@ -2,8 +2,10 @@
 
 Convolutions with stride 1, no dilation and one group (nearly all of a U-Net's
 work) run on the backend's fast primitives (direct, FFT kept, FFT recomputed,
-chosen per layer by the backend) after explicit zero padding, except Winograd, which
-reads its zero pads and a concat's parts (ChannelParts) where they lie; other convs and the
+chosen per layer by the backend) after explicit zero padding, except Winograd and
+OpenVINO, which read their zero pads and a concat's parts (ChannelParts) where they lie;
+an OpenVINO conv also applies the instance norm after it (model.graph.absorbs_next_norm).
+Other convs and the
 graph-only kernels (transposed conv, interpolation, normalisations, pad) run on
 the backend's `graph_op` where it has one (the GPU backend: on the device), else
 on `primitives.cpu.graph_ops`. A following ReLU-family activation is fused into the
@@ -19,14 +21,16 @@ import numpy as np
 
 from znni.model.graph import (
     HOST_NORMS,
+    PARTS_READERS,
     Graph,
     Node,
     absorbs_next_activation,
+    absorbs_next_norm,
     concat_read_in_parts,
     reader_counts,
     stride_one_conv,
 )
-from znni.primitives.base import Activation, Backend
+from znni.primitives.base import Activation, Backend, InstanceNorm
 
 
 def run_graph(
@@ -56,11 +60,14 @@ def run_graph(
     reads_parts = on_host and hasattr(backend, "conv3d_parts")
     while i < len(nodes):
         node = nodes[i]
-        fused = _fusable_activation(graph, i, readers, on_host)
+        norm = _fused_norm(graph, i, readers, chosen.get(node.name)) if reads_parts else None
+        absorbed = 0 if norm is None else 1  # nodes after node i it applies in its call
+        fused = _fusable_activation(graph, i + absorbed, readers, on_host)
         if fused is not None and node.op in HOST_NORMS:  # the host norms take it as a parameter
             node = Node(
                 node.name, node.op, node.inputs, node.outputs, {**node.params, "activation": fused}
             )
+        absorbed += fused is not None
         args = [env[t] for t in node.inputs]
         pads = _pads_for_next_conv(graph, i, readers) if on_host else None
         if node.op == "concat" and reads_parts and _read_in_place(graph, i, readers, chosen):
@@ -76,9 +83,9 @@ def run_graph(
             y = INPLACE[node.op](node.params, args[0])
         else:
             prepadded = bool(node.inputs) and node.inputs[0] in padded
-            y = run_node(node, args, backend, fused, chosen.get(node.name), prepadded)
-        if fused is not None:  # the activation node's output is the conv's
-            i += 1
+            y = run_node(node, args, backend, fused, chosen.get(node.name), prepadded, norm)
+        if absorbed:  # the last absorbed node's output is the conv's
+            i += absorbed
             node = Node(node.name, node.op, node.inputs, nodes[i].outputs, node.params)
         env[node.outputs[0]] = y
         for t in set(nodes[i].inputs) | set(node.inputs):
@@ -203,6 +210,16 @@ def _fusable_activation(
     return Activation(nxt.op, float(nxt.params.get("alpha", 0.01)))
 
 
+def _fused_norm(
+    graph: Graph, i: int, readers: dict[str, int], primitive: str | None
+) -> InstanceNorm | None:
+    """The instance norm node i + 1 when conv node i applies it in its call (model.graph)."""
+    if not absorbs_next_norm(graph, i, readers, primitive):
+        return None
+    p = graph.nodes[i + 1].params
+    return InstanceNorm(p["scale"], p["bias"], float(p["epsilon"]))
+
+
 def run_node(
     node: Node,
     args: list[np.ndarray],
@@ -210,15 +227,17 @@ def run_node(
     fused: Activation | None = None,
     primitive: str | None = None,
     prepadded: bool = False,
+    norm: InstanceNorm | None = None,
 ) -> np.ndarray:
     """One node on its input arrays: fast convs on `backend.conv3d` (`prepadded`: the
-    input already has the conv's zero pads), the rest on `backend.graph_op` when it has
-    one (a device), else on the host kernels."""
+    input already has the conv's zero pads; `norm`: the instance norm it applies before
+    `fused`, OpenVINO only), the rest on `backend.graph_op` when it has one (a device),
+    else on the host kernels."""
     graph_op = getattr(backend, "graph_op", None)
     if graph_op is not None and not stride_one_conv(node):
         return _checked(node, lambda: graph_op(node.op, node.params, *args))
     if node.op == "conv":
-        return _conv(node, args[0], backend, fused, primitive, prepadded)
+        return _conv(node, args[0], backend, fused, primitive, prepadded, norm)
     run = KERNELS.get(node.op)
     if run is None:
         raise ValueError(f"node {node.name!r}: no kernel for op {node.op!r}")
@@ -240,6 +259,7 @@ def _conv(
     fused: Activation | None,
     primitive: str | None,
     prepadded: bool = False,
+    norm: InstanceNorm | None = None,
 ) -> np.ndarray:
     from znni.primitives.cpu import graph_ops
 
@@ -257,10 +277,11 @@ def _conv(
     pads = p["pads"]
     bias = p["bias"] if p["bias"] is not None else np.zeros(p["weight"].shape[0], np.float32)
     conv_parts = getattr(backend, "conv3d_parts", None)
-    if conv_parts is not None and (primitive == "winograd" or isinstance(x, ChannelParts)):
+    if conv_parts is not None and (primitive in PARTS_READERS or isinstance(x, ChannelParts)):
         parts = list(x) if isinstance(x, ChannelParts) else [x]
+        extra = {} if norm is None else {"norm": norm}
         return conv_parts(parts, (0,) * 6 if prepadded else pads, p["weight"], bias, fused,
-                          primitive)
+                          primitive, **extra)
     if any(pads) and not prepadded:
         x = graph_ops.pad_constant(x, pads)
     return backend.conv3d(np.ascontiguousarray(x), p["weight"], bias, fused, primitive)

@@ -196,14 +196,17 @@ def stride_one_conv(node: Node) -> bool:
     return p["strides"] == (1, 1, 1) and p["dilations"] == (1, 1, 1) and p["group"] == 1
 
 
+PARTS_READERS = ("winograd", "openvino")  # conv primitives that read a concat's parts
+
+
 def concat_read_in_parts(
     graph: Graph, i: int, readers: dict[str, int], next_primitive: str | None
 ) -> bool:
     """Node i is a concat whose one reader is the fast conv right after it, and that conv
-    runs with `next_primitive` Winograd, which reads the concat's inputs part by part: the
-    concat is never built (engine.graph_forward.ChannelParts)."""
+    runs with `next_primitive` Winograd or OpenVINO, which read the concat's inputs part
+    by part: the concat is never built (engine.graph_forward.ChannelParts)."""
     node = graph.nodes[i]
-    if node.op != "concat" or next_primitive != "winograd" or i + 1 >= len(graph.nodes):
+    if node.op != "concat" or next_primitive not in PARTS_READERS or i + 1 >= len(graph.nodes):
         return False
     out, conv = node.outputs[0], graph.nodes[i + 1]
     return readers.get(out) == 1 and stride_one_conv(conv) and conv.inputs[0] == out
@@ -231,6 +234,20 @@ def absorbs_next_activation(
     nxt = nodes[i + 1]
     return (nxt.op in FUSABLE_ACTIVATIONS and nxt.inputs == node.outputs
             and readers[node.outputs[0]] == 1)
+
+
+def absorbs_next_norm(
+    graph: Graph, i: int, readers: dict[str, int], primitive: str | None
+) -> bool:
+    """Whether node i, a fast conv on `primitive` OpenVINO, applies the InstanceNormalization
+    right after it in its own compiled layer: that norm alone reads the conv's output (its
+    own following activation then goes with it, see absorbs_next_activation)."""
+    nodes = graph.nodes
+    if primitive != "openvino" or not stride_one_conv(nodes[i]) or i + 1 >= len(nodes):
+        return False
+    nxt = nodes[i + 1]
+    return (nxt.op == "instance_norm" and nxt.inputs == nodes[i].outputs
+            and readers[nodes[i].outputs[0]] == 1)
 
 
 def digest_arrays(parts: list[bytes], arrays: list[np.ndarray]) -> str:

@@ -19,6 +19,7 @@ from znni.model.graph import (
     Graph,
     Node,
     absorbs_next_activation,
+    absorbs_next_norm,
     concat_read_in_parts,
     reader_counts,
     stride_one_conv,
@@ -59,28 +60,40 @@ NODE_OVERHEAD_S = 5e-5  # Python dispatch and one allocation per node
 # ~1/2.75 of the calibrated direct-conv GEMM rate (MONAI UNet 64^3 per-op breakdown, this
 # machine kind, 2026-11-23; see docs/benchmarks.md "Graph planner")
 GENERAL_GEMM_SLOWDOWN = 2.75
-OPENVINO_CALL_S = 5e-4  # per call: input copy in, blocked reorders, output copy out
+# openvino_seconds' terms, fitted (least squares on relative error, with the rate) on the
+# same 17 layer shapes as WINOGRAD_PASSES, each with and without the instance norm after
+# it: within 0.67-1.28 of measured but 128 -> 128 at 4^3 (0.42). The reorders into and out
+# of its blocked layout stream input and output 1.8 times each way (2 x 1.8 passes), the
+# norm its output once more (MVN on the blocked output, then scale/shift/activation, in the
+# same kernel: 1.2-1.6 ms for 16 x 64^3 alone); 0.5 ms a call (binding the shared input
+# and output, waking its threads)
+OPENVINO_COPY_PASSES = 1.8
+OPENVINO_CALL_S = 5e-4
 # its JIT kernels work on blocks of 16 channels (AVX-512 here); fewer input channels leave
 # lanes idle: 18-31 GFLOP/s at Cin 1, 59 at 4, 100-113 at 12, 117-162 at 16-48 measured
 # (3^3 convs, 64^3-166^3 outputs, CI kind, 2026-11-23): rate x sqrt(min(1, Cin / 16))
 OPENVINO_CHANNEL_BLOCK = 16
-# the first call of a compiled layer (compile, JIT, first-touch of its buffers) took 0.1-0.4 s
-# more than later ones, growing with its tensors (0.13 s at 64->64 8^3, 0.37 s at 12->12
-# 130^3, about 1 s at 1->12 166^3; same runs): a fixed part plus a part per tensor byte,
-# shared by the windows of a run
+# the first call of a compiled layer (compile, JIT, first-touch of its buffers) took 25-34 ms
+# more than later ones at 4^3-16^3, 105 ms at 16->16 64^3 (33.6 MB in + out), growing with
+# its tensors (BasicUNet 64^3 window, CI kind, 2026-11-24): a fixed part plus a part per
+# tensor byte, shared by the windows of a run
 # a compiled layer keeps its own buffers between calls (blocked input and output, scratch):
 # resident bytes grew by 2.4-2.7x the input + output bytes of the layers compiled, over
 # a first pass (BasicUNet 64^3 and the valid U-Net 92^3 windows, CI kind, 2026-11-23),
 # of which the largest layer's input + output count as its workspace
 OPENVINO_KEPT_PER_TENSOR_BYTE = 2.0
-OPENVINO_FIRST_CALL_S = 0.1
-OPENVINO_FIRST_CALL_S_PER_BYTE = 1.5e-9
+OPENVINO_FIRST_CALL_S = 0.03
+OPENVINO_FIRST_CALL_S_PER_BYTE = 2.5e-9
 # Winograd F(4, 3) (primitives/cpu/winograd.py): tiles of 4^3 outputs from 6^3 inputs
 WINOGRAD_M, WINOGRAD_ALPHA3 = 4, 216
-# its axis passes stream V and M about 1.1 times at the element-wise rate (least squares with
-# winograd_flops_per_s on benchmarks/winograd.py's five U-Net layers with 4 MiB chunks, CI
-# kind, 2026-11-23: 0.88-1.16 of measured; the 8 MiB chunks before streamed 2.7 times)
-WINOGRAD_PASSES = 1.08
+# its axis passes stream V and M about 2.4 times at the element-wise rate, plus ~1 ms a call
+# (dispatch to the pool, the kernel transform's lookup, 216 small GEMMs at 4^3-8^3): least
+# squares with winograd_flops_per_s kept, on 17 U-Net layer shapes (12-128 channels,
+# 4^3-96^3, zero pads and concat parts read in place; one process, scaled by the direct
+# conv's measured / predicted there, CI kind, 2026-11-24): 0.57-1.33 of measured, median
+# 0.96. The fit of 2026-11-23 (1.08 passes, no fixed cost; five layers) predicted 0.29-0.81.
+WINOGRAD_PASSES = 2.37
+WINOGRAD_CALL_S = 1e-3
 # one input channel makes its 216 GEMMs (Cout, 1) @ (1, T): numpy's matmul runs depth-1
 # products without BLAS, 13x slower than depth 2, and the 1 -> 16 conv of a 64^3 window
 # took 17-20 ms by Winograd against 5.2 ms direct (one GEMM of depth 27); as a
@@ -172,6 +185,7 @@ def _conv_options(
     """Per fast conv node index: (seconds, workspace, kept bytes, primitive) of each
     primitive whose workspace fits beside the window's tensors, fastest first."""
     out = {}
+    readers = reader_counts(graph)
     for i, node in enumerate(graph.nodes):
         if not fast_conv(node):
             continue
@@ -191,8 +205,11 @@ def _conv_options(
             work = layer.in_bytes + layer.out_bytes  # its blocked copies of input and output
             kept = int(OPENVINO_KEPT_PER_TENSOR_BYTE * work)
             if tensors + kept + work <= limit:
-                options.append((openvino_seconds(layer, machine, passes), work, kept,
-                                "openvino"))
+                norm = absorbs_next_norm(graph, i, readers, "openvino")
+                seconds = openvino_seconds(layer, machine, passes, norm)
+                if norm:  # net of the norm node it makes free (see plan_graph)
+                    seconds -= other_seconds(graph, graph.nodes[i + 1], machine, batch)
+                options.append((seconds, work, kept, "openvino"))
         if not options:
             raise ValueError(f"no conv primitive for node {node.name!r} fits in {limit:,} bytes "
                              f"beside the window's {tensors:,} bytes of tensors")
@@ -208,15 +225,17 @@ def openvino_ready() -> bool:
 
 
 def openvino_seconds(
-    layer: LayerShape, machine: MachineProfile, passes: int | None = None
+    layer: LayerShape, machine: MachineProfile, passes: int | None = None, norm: bool = False
 ) -> float:
     """Multiply-adds at the OpenVINO conv rate (lower with fewer input channels than a
     channel block), the copies of input and output into and out of its blocked layout
-    (read and written: few-channel layers are bound by them), a fixed cost per call, and,
+    (read and written: few-channel layers are bound by them), a fixed cost per call,
+    with `norm` the instance norm it applies (one pass over its blocked output), and,
     for a run of `passes` windows, its share of the layer's first call (None: steady state)."""
     rate = machine.cpu_rates.get("openvino_flops_per_s", DEFAULT_CPU_RATES["openvino_flops_per_s"])
     rate *= sqrt(min(1.0, layer.channels_in / OPENVINO_CHANNEL_BLOCK))
-    copies_bytes = 2 * (layer.in_bytes + layer.out_bytes)
+    copies_bytes = OPENVINO_COPY_PASSES * (2 * (layer.in_bytes + layer.out_bytes)
+                                           + (layer.out_bytes if norm else 0))
     first_s = 0.0
     if passes is not None:
         tensor_bytes = layer.in_bytes + layer.out_bytes
@@ -240,8 +259,7 @@ def winograd_seconds(layer: LayerShape, machine: MachineProfile) -> float:
                    * (layer.channels_in + layer.channels_out) * FLOAT_BYTES)
     rate = machine.cpu_rates.get("winograd_flops_per_s",
                                  DEFAULT_CPU_RATES["winograd_flops_per_s"])
-    return (gemm_flops / rate + moved_bytes / machine.rate("memory_bytes_per_s")
-            + machine.rate("layer_overhead_s"))
+    return gemm_flops / rate + moved_bytes / machine.rate("memory_bytes_per_s") + WINOGRAD_CALL_S
 
 
 def winograd_bytes(layer: LayerShape, cores: int) -> tuple[int, int]:
@@ -343,15 +361,22 @@ def plan_graph(
 
         i = min(keeping, key=loss)
         picks[i] = next(o for o in options[i] if not o[2])
-    readers, fused = reader_counts(graph), set()
+    readers, fused, free = reader_counts(graph), set(), {}
     for i in range(len(graph.nodes)):
         if absorbs_next_activation(graph, i, readers):
             fused.add(i + 1)  # applied in the conv's or the norm's output pass
+        if i in picks and absorbs_next_norm(graph, i, readers, picks[i][3]):
+            free[i + 1] = other_seconds(graph, graph.nodes[i + 1], machine, batch)
+    seconds = [  # a conv that applies the norm after it also takes the norm's time
+        picks[i][0] + free.get(i + 1, 0.0) if i in picks
+        else 0.0 if i in free  # applied in the conv's call: never dispatched
+        else NODE_OVERHEAD_S if i in fused
+        else other_seconds(graph, node, machine, batch)
+        for i, node in enumerate(graph.nodes)
+    ]
     plans = [
-        NodePlan(node.name, node.op, picks[i][3], picks[i][0], picks[i][1]) if i in picks
-        else NodePlan(node.name, node.op, None,
-                      NODE_OVERHEAD_S if i in fused
-                      else other_seconds(graph, node, machine, batch), spaces[i])
+        NodePlan(node.name, node.op, picks[i][3] if i in picks else None, seconds[i],
+                 picks[i][1] if i in picks else spaces[i])
         for i, node in enumerate(graph.nodes)
     ]
     return GraphPlan(

@@ -24,12 +24,12 @@ DEFAULT_CPU_RATES: dict[str, float] = {
     "madd_flops_per_s": 60e9,  # complex frequency-domain matmul, compute-bound (S > 1)
     "madd_bytes_per_s": 15e9,  # the same, memory-bound at S = 1 (spectra read once)
     "direct_flops_per_s": 40e9,  # direct conv as GEMMs
-    # one Conv3d compiled with OpenVINO 2026.4 at f32: 117-162 GFLOP/s alone (16-48
-    # channels, 16^3-96^3), ~100 inside U-Net windows, where our norms' and pools' threads
-    # and OpenVINO's take turns (BasicUNet 64^3/96^3: 1.3x its time alone; with 130 its
-    # layers were chosen at 64^3 and a 256^3 run took 32 s instead of 26), CI kind,
-    # 2026-11-23; not calibrated per machine yet
-    "openvino_flops_per_s": 100e9,
+    # one Conv3d compiled with OpenVINO 2026.4 at f32 (+ the instance norm after it), its
+    # layers reading and writing numpy's memory in place: 1.1-2.9x faster than Winograd +
+    # our norm on 17 U-Net layer shapes (12-128 channels, 4^3-96^3; one process, CI kind,
+    # 2026-11-24), fitted with graph_search.OPENVINO_COPY_PASSES (its brgconv kernel alone
+    # ran at 202 GFLOP/s on 16 -> 16 at 64^3); not calibrated per machine yet
+    "openvino_flops_per_s": 290e9,
     # Winograd F(4,3): the alpha^3 = 216 batched (Cout, Cin) @ (Cin, T) GEMMs, fitted with
     # planner/graph_search.WINOGRAD_PASSES on benchmarks/winograd.py's five U-Net layers
     # (16-128 channels, 16^3-64^3 outputs, 4 MiB chunks; medians of two runs, each layer

@@ -8,7 +8,7 @@ the planner's spec types leaking into `primitives/`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -43,6 +43,22 @@ class Pool:
     """Max-pool with window p and stride p; applied densely as MPF."""
 
     window: Triple
+
+
+@dataclass(frozen=True, eq=False)
+class InstanceNorm:
+    """ONNX InstanceNormalization, as a conv primitive may apply it to its output: per
+    (n, c) over Z, Y, X, (y - mean) / sqrt(biased var + epsilon) * scale + bias."""
+
+    scale: np.ndarray | None  # (Cout,) or None
+    bias: np.ndarray | None  # (Cout,) or None
+    epsilon: float
+
+    def digest(self, h: Any) -> None:
+        """Feed its values to hashlib object `h` (caches keyed by the norm)."""
+        for v in (self.scale, self.bias):
+            h.update(b"-" if v is None else np.asarray(v, np.float32).tobytes())
+        h.update(repr(float(self.epsilon)).encode())
 
 
 @dataclass(frozen=True)

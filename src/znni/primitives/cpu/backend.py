@@ -17,7 +17,7 @@ from math import prod
 import numpy as np
 
 from znni.primitives.activations import apply_activation
-from znni.primitives.base import Activation, Triple
+from znni.primitives.base import Activation, InstanceNorm, Triple
 from znni.primitives.cpu.choice import PrimitiveChooser, estimate_s, layer_key, time_call
 from znni.primitives.cpu.direct_conv import direct_conv3d
 from znni.primitives.cpu.fft_conv import (
@@ -30,7 +30,10 @@ from znni.primitives.cpu.fft_conv import (
 )
 from znni.primitives.cpu.fftw_plans import PlanCache
 from znni.primitives.cpu.heap import keep_freed_memory
-from znni.primitives.cpu.openvino_conv import OpenVinoConvs, openvino_available
+from znni.primitives.cpu.openvino_conv import (
+    OpenVinoConvs,
+    openvino_available,
+)
 from znni.primitives.cpu.pooling import maxpool, mpf
 from znni.primitives.cpu.spectra_cache import SpectraCache, spectra_key
 from znni.primitives.cpu.threads import warn_if_blas_forced
@@ -43,7 +46,7 @@ from znni.primitives.cpu.tiling import (
     tile_geometry,
     tile_origins,
 )
-from znni.primitives.cpu.winograd import winograd_conv3d
+from znni.primitives.cpu.winograd import channel_parts, winograd_conv3d
 from znni.primitives.fft_sizes import padded_shape
 
 CONV_PRIMITIVES = ("direct", "fft-keep", "fft-recompute")
@@ -136,12 +139,21 @@ class CpuBackend:
         bias: np.ndarray,
         activation: Activation | None = None,
         primitive: str | None = None,
+        norm: InstanceNorm | None = None,
     ) -> np.ndarray:
         """conv3d of the channel concatenation of `parts` (S, Cin_i, Z, Y, X) with zero
-        `pads` (z, y, x before, then after) around it: Winograd reads them where they lie,
-        the other primitives get the padded concatenation built once."""
+        `pads` (z, y, x before, then after) around it: Winograd and OpenVINO read them
+        where they lie, the other primitives get the padded concatenation built once.
+        `norm`, OpenVINO only: the instance norm after the conv, before `activation`."""
+        if norm is not None and primitive != "openvino":
+            raise ValueError(f"only the 'openvino' conv primitive applies a norm, "
+                             f"got primitive {primitive!r}")
         if primitive == "winograd":
             return winograd_conv3d(parts, weight, bias, activation, pool=self._pool, pads=pads)
+        if primitive == "openvino":
+            arrays, pads, shape = channel_parts(parts, pads)
+            weight, bias = _checked_weights(shape, weight, bias)
+            return self._openvino().conv3d(arrays, weight, bias, activation, pads, norm)
         from znni.primitives.cpu.graph_ops import concat_channels
 
         x = concat_channels(parts, pads) if len(parts) > 1 or any(pads) else parts[0]
@@ -275,21 +287,8 @@ class CpuBackend:
     def _check_conv(
         x: np.ndarray, weight: np.ndarray, bias: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        if x.ndim != 5 or weight.ndim != 5:
-            raise ValueError(
-                f"conv3d needs a (S, C, Z, Y, X) input and a (Cout, Cin, kz, ky, kx) weight, "
-                f"got shapes {x.shape} and {weight.shape}"
-            )
-        if x.shape[1] != weight.shape[1]:
-            raise ValueError(
-                f"input has {x.shape[1]} channels but the kernel expects {weight.shape[1]}"
-            )
-        if any(n < k for n, k in zip(x.shape[2:], weight.shape[2:], strict=True)):
-            raise ValueError(f"input {x.shape[2:]} is smaller than kernel {weight.shape[2:]}")
-        if bias.shape != (weight.shape[0],):
-            raise ValueError(f"bias has shape {bias.shape}, expected ({weight.shape[0]},)")
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        return x, np.ascontiguousarray(weight, dtype=np.float32), bias.astype(np.float32)
+        weight, bias = _checked_weights(x.shape, weight, bias)
+        return np.ascontiguousarray(x, dtype=np.float32), weight, bias
 
     def maxpool(self, x: np.ndarray, window: Triple) -> np.ndarray:
         return maxpool(x, _check_window(window))
@@ -299,3 +298,21 @@ class CpuBackend:
 
     def activation(self, x: np.ndarray, activation: Activation) -> np.ndarray:
         return apply_activation(x, activation)
+
+
+def _checked_weights(
+    shape: tuple[int, ...], weight: np.ndarray, bias: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(weight, bias) as contiguous float32, checked against an input of `shape` (padded)."""
+    if len(shape) != 5 or weight.ndim != 5:
+        raise ValueError(
+            f"conv3d needs a (S, C, Z, Y, X) input and a (Cout, Cin, kz, ky, kx) weight, "
+            f"got shapes {tuple(shape)} and {weight.shape}"
+        )
+    if shape[1] != weight.shape[1]:
+        raise ValueError(f"input has {shape[1]} channels but the kernel expects {weight.shape[1]}")
+    if any(n < k for n, k in zip(shape[2:], weight.shape[2:], strict=True)):
+        raise ValueError(f"input {tuple(shape[2:])} is smaller than kernel {weight.shape[2:]}")
+    if bias.shape != (weight.shape[0],):
+        raise ValueError(f"bias has shape {bias.shape}, expected ({weight.shape[0]},)")
+    return np.ascontiguousarray(weight, dtype=np.float32), bias.astype(np.float32)

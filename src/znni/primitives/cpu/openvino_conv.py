@@ -7,7 +7,13 @@ may choose, never the whole network: each call is a single Conv (+ bias, + fused
 activation) compiled for the input's shape, so the planner, the memory model and MPF
 keep control. float32 is forced: the CPU plugin's default may compute in bf16
 (relative errors ~2e-3). Compiled layers are cached, keyed by everything that shapes
-them (input shape, weight and bias bytes, activation), bounded by count.
+them (input shapes, pads, weight, bias and norm bytes, activation), bounded by count.
+
+A layer may also take the zero pads and a concat's parts as its inputs (no padded or
+joined copy is built), and the InstanceNormalization after the conv (+ its activation):
+OpenVINO's MVN runs on the conv's blocked output before it is reordered back, 1.2-1.6 ms
+for 16 x 64^3 against 5 ms for our two passes over it. Inputs and output are shared
+with numpy, not copied (a 16 -> 16 64^3 conv: 32.0 -> 27.8 ms).
 """
 
 from __future__ import annotations
@@ -16,12 +22,13 @@ import hashlib
 import importlib.util
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
-from znni.primitives.base import Activation
+from znni.primitives.base import Activation, InstanceNorm
 
 MAX_COMPILED = 48  # compiled layers kept (one per conv and window shape in a run)
 
@@ -56,29 +63,56 @@ class OpenVinoConvs:
         self.threads = threads
         self._compiled: OrderedDict[tuple, Any] = OrderedDict()
         self._lock = threading.Lock()
+        self._ov: Any = None  # the openvino module, once a layer is compiled
 
     def conv3d(
-        self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray, act: Activation | None
+        self,
+        x: np.ndarray | Sequence[np.ndarray],
+        weight: np.ndarray,
+        bias: np.ndarray,
+        act: Activation | None,
+        pads: Sequence[int] = (0,) * 6,
+        norm: InstanceNorm | None = None,
     ) -> np.ndarray:
-        """(S, Cin, Z, Y, X) valid cross-correlation + bias (+ activation), float32."""
-        request = self._request(x.shape, weight, bias, act)
-        with request[1]:  # one inference at a time per compiled layer
-            request[0].infer({0: np.ascontiguousarray(x, np.float32)})
-            return np.array(request[0].get_output_tensor(0).data, np.float32)  # copy out
+        """(S, Cin, Z, Y, X) valid cross-correlation + bias (+ norm) (+ activation), float32.
+
+        `x` may be the channel parts of a concat (S, Cin_i, Z, Y, X), read as one input,
+        and `pads` (z, y, x before, then after) zeros around it; neither is built here."""
+        parts = [np.ascontiguousarray(p, np.float32) for p in
+                 ([x] if isinstance(x, np.ndarray) else x)]
+        pads = tuple(int(v) for v in pads)
+        shapes = tuple(p.shape for p in parts)
+        request, out_shape, lock = self._request(shapes, pads, weight, bias, act, norm)
+        out = np.empty(out_shape, np.float32)  # (S, Cout, Z', Y', X')
+        with lock:  # one inference at a time per compiled layer
+            for k, part in enumerate(parts):
+                request.set_input_tensor(k, self._ov.Tensor(part, shared_memory=True))
+            request.set_output_tensor(self._ov.Tensor(out, shared_memory=True))
+            request.infer()
+        return out
 
     def _request(
-        self, shape: tuple, weight: np.ndarray, bias: np.ndarray, act: Activation | None
-    ) -> tuple[Any, threading.Lock]:
+        self,
+        shapes: tuple,
+        pads: tuple,
+        weight: np.ndarray,
+        bias: np.ndarray,
+        act: Activation | None,
+        norm: InstanceNorm | None,
+    ) -> tuple[Any, tuple, threading.Lock]:
         digest = hashlib.sha1(np.ascontiguousarray(weight).tobytes())
         digest.update(np.ascontiguousarray(bias).tobytes())
-        key = (tuple(shape), weight.shape, digest.hexdigest(), act)
+        if norm is not None:
+            norm.digest(digest)
+        key = (shapes, pads, weight.shape, digest.hexdigest(), act, norm is not None)
         with self._lock:
             hit = self._compiled.get(key)
             if hit is not None:
                 self._compiled.move_to_end(key)
                 return hit
-        compiled = self._compile(shape, weight, bias, act)
-        entry = (compiled.create_infer_request(), threading.Lock())
+        compiled = self._compile(shapes, pads, weight, bias, act, norm)
+        out_shape = tuple(int(d) for d in compiled.output(0).get_shape())
+        entry = (compiled.create_infer_request(), out_shape, threading.Lock())
         with self._lock:
             self._compiled[key] = entry
             while len(self._compiled) > MAX_COMPILED:
@@ -86,19 +120,42 @@ class OpenVinoConvs:
         return entry
 
     def _compile(
-        self, shape: tuple, weight: np.ndarray, bias: np.ndarray, act: Activation | None
+        self,
+        shapes: tuple,
+        pads: tuple,
+        weight: np.ndarray,
+        bias: np.ndarray,
+        act: Activation | None,
+        norm: InstanceNorm | None,
     ) -> Any:
+        ov, ops = self._import()
+        inputs = [ops.parameter(list(shape), ov.Type.f32, name=f"x{k}")
+                  for k, shape in enumerate(shapes)]
+        x = inputs[0] if len(inputs) == 1 else ops.concat(inputs, 1)
+        w = ops.constant(np.ascontiguousarray(weight, np.float32))
+        y = ops.convolution(x, w, [1, 1, 1], list(pads[:3]), list(pads[3:]), [1, 1, 1])
+        y = ops.add(y, ops.constant(np.asarray(bias, np.float32).reshape(1, -1, 1, 1, 1)))
+        if norm is not None:
+            y = ops.mvn(y, ops.constant(np.array([2, 3, 4])), True, float(norm.epsilon),
+                        "inside_sqrt")
+            if norm.scale is not None:
+                y = ops.multiply(y, ops.constant(_per_channel(norm.scale)))
+            if norm.bias is not None:
+                y = ops.add(y, ops.constant(_per_channel(norm.bias)))
+        y = _activation(ops, y, act)
+        config = {"INFERENCE_NUM_THREADS": self.threads, "INFERENCE_PRECISION_HINT": "f32"}
+        return ov.Core().compile_model(ov.Model([y], inputs), "CPU", config)
+
+    def _import(self) -> tuple[Any, Any]:
         try:
             import openvino as ov
             from openvino import opset13 as ops
         except ImportError as e:  # installed (openvino_available) but broken
             raise ValueError(f"conv primitive 'openvino': the openvino package is installed "
                              f"but does not import ({e})") from e
+        self._ov = ov
+        return ov, ops
 
-        x = ops.parameter(list(shape), ov.Type.f32, name="x")
-        w = ops.constant(np.ascontiguousarray(weight, np.float32))
-        y = ops.convolution(x, w, [1, 1, 1], [0, 0, 0], [0, 0, 0], [1, 1, 1])
-        y = ops.add(y, ops.constant(np.asarray(bias, np.float32).reshape(1, -1, 1, 1, 1)))
-        y = _activation(ops, y, act)
-        config = {"INFERENCE_NUM_THREADS": self.threads, "INFERENCE_PRECISION_HINT": "f32"}
-        return ov.Core().compile_model(ov.Model([y], [x]), "CPU", config)
+
+def _per_channel(v: np.ndarray) -> np.ndarray:
+    return np.asarray(v, np.float32).reshape(1, -1, 1, 1, 1)  # (1, C, 1, 1, 1)

@@ -278,7 +278,7 @@ def _check(shape: tuple[int, ...], weight: np.ndarray, m: int) -> None:
     transforms(m)  # ValueError for an unsupported m
 
 
-def _as_parts(
+def channel_parts(
     x: np.ndarray | Sequence[np.ndarray], pads: Sequence[int]
 ) -> tuple[list[np.ndarray], tuple[int, ...], tuple[int, ...]]:
     """(float32 channel parts, pads, shape of the padded concatenation they stand for)."""
@@ -312,7 +312,7 @@ def winograd_conv3d(
     concatenation, and `pads` (z, y, x before, z, y, x after) zeros around it, neither
     built (a U-Net decoder's concat and every padded conv). Chunks run on `pool` with BLAS
     single-threaded inside; with no pool, in the calling thread (BLAS threads as they are)."""
-    parts, p, shape = _as_parts(x, pads)
+    parts, p, shape = channel_parts(x, pads)
     _check(shape, weight, m)
     weight = np.ascontiguousarray(weight, dtype=np.float32)
     s, cin, cout = shape[0], shape[1], int(weight.shape[0])
