@@ -86,14 +86,13 @@ OPENVINO_FIRST_CALL_S = 0.03
 OPENVINO_FIRST_CALL_S_PER_BYTE = 2.5e-9
 # Winograd F(4, 3) (primitives/cpu/winograd.py): tiles of 4^3 outputs from 6^3 inputs
 WINOGRAD_M, WINOGRAD_ALPHA3 = 4, 216
-# its axis passes stream V and M about 2.4 times at the element-wise rate, plus ~1 ms a call
-# (dispatch to the pool, the kernel transform's lookup, 216 small GEMMs at 4^3-8^3): least
-# squares with winograd_flops_per_s kept, on 17 U-Net layer shapes (12-128 channels,
-# 4^3-96^3, zero pads and concat parts read in place; one process, scaled by the direct
-# conv's measured / predicted there, CI kind, 2026-11-24): 0.57-1.33 of measured, median
-# 0.96. The fit of 2026-11-23 (1.08 passes, no fixed cost; five layers) predicted 0.29-0.81.
-WINOGRAD_PASSES = 2.37
-WINOGRAD_CALL_S = 1e-3
+# its axis passes stream V and M about 1.1 times at the element-wise rate (least squares with
+# winograd_flops_per_s on benchmarks/winograd.py's five U-Net layers with 4 MiB chunks, CI
+# kind, 2026-11-23: 0.88-1.16 of measured; the 8 MiB chunks before streamed 2.7 times).
+# On 17 layer shapes (12-128 channels, 4^3-96^3) measured 2026-11-24 it predicted
+# 0.56-1.06 of measured (median 0.8) on a quiet host, and 0.29-0.81 an hour before, when
+# the host's memory was slow: a shared machine moves this memory-bound primitive most.
+WINOGRAD_PASSES = 1.08
 # one input channel makes its 216 GEMMs (Cout, 1) @ (1, T): numpy's matmul runs depth-1
 # products without BLAS, 13x slower than depth 2, and the 1 -> 16 conv of a 64^3 window
 # took 17-20 ms by Winograd against 5.2 ms direct (one GEMM of depth 27); as a
@@ -259,7 +258,8 @@ def winograd_seconds(layer: LayerShape, machine: MachineProfile) -> float:
                    * (layer.channels_in + layer.channels_out) * FLOAT_BYTES)
     rate = machine.cpu_rates.get("winograd_flops_per_s",
                                  DEFAULT_CPU_RATES["winograd_flops_per_s"])
-    return gemm_flops / rate + moved_bytes / machine.rate("memory_bytes_per_s") + WINOGRAD_CALL_S
+    return (gemm_flops / rate + moved_bytes / machine.rate("memory_bytes_per_s")
+            + machine.rate("layer_overhead_s"))
 
 
 def winograd_bytes(layer: LayerShape, cores: int) -> tuple[int, int]:

@@ -81,9 +81,9 @@ class OpenVinoConvs:
         parts = [np.ascontiguousarray(p, np.float32) for p in
                  ([x] if isinstance(x, np.ndarray) else x)]
         pads = tuple(int(v) for v in pads)
-        shapes = tuple(p.shape for p in parts)
+        shapes = tuple(p.shape[1:] for p in parts)  # the batch is dynamic: one layer for all
         request, out_shape, lock = self._request(shapes, pads, weight, bias, act, norm)
-        out = np.empty(out_shape, np.float32)  # (S, Cout, Z', Y', X')
+        out = np.empty((parts[0].shape[0], *out_shape), np.float32)  # (S, Cout, Z', Y', X')
         with lock:  # one inference at a time per compiled layer
             for k, part in enumerate(parts):
                 request.set_input_tensor(k, self._ov.Tensor(part, shared_memory=True))
@@ -111,7 +111,7 @@ class OpenVinoConvs:
                 self._compiled.move_to_end(key)
                 return hit
         compiled = self._compile(shapes, pads, weight, bias, act, norm)
-        out_shape = tuple(int(d) for d in compiled.output(0).get_shape())
+        out_shape = tuple(d.get_length() for d in compiled.output(0).get_partial_shape()[1:])
         entry = (compiled.create_infer_request(), out_shape, threading.Lock())
         with self._lock:
             self._compiled[key] = entry
@@ -129,8 +129,8 @@ class OpenVinoConvs:
         norm: InstanceNorm | None,
     ) -> Any:
         ov, ops = self._import()
-        inputs = [ops.parameter(list(shape), ov.Type.f32, name=f"x{k}")
-                  for k, shape in enumerate(shapes)]
+        inputs = [ops.parameter(ov.PartialShape([-1, *shape]), ov.Type.f32, name=f"x{k}")
+                  for k, shape in enumerate(shapes)]  # any batch: (S, Cin_k, Z, Y, X)
         x = inputs[0] if len(inputs) == 1 else ops.concat(inputs, 1)
         w = ops.constant(np.ascontiguousarray(weight, np.float32))
         y = ops.convolution(x, w, [1, 1, 1], list(pads[:3]), list(pads[3:]), [1, 1, 1])
