@@ -82,6 +82,11 @@ OPENVINO_CHANNEL_BLOCK = 16
 # a first pass (BasicUNet 64^3 and the valid U-Net 92^3 windows, CI kind, 2026-11-23),
 # of which the largest layer's input + output count as its workspace
 OPENVINO_KEPT_PER_TENSOR_BYTE = 2.0
+# and its runtime, once a layer is compiled (plugin, thread pool, JIT code): resident bytes
+# grew by 70-74 MiB + 1.4-1.9x the OpenVINO layers' input + output bytes over a pass with
+# none (BasicUNet 64^3 with 14 and 17 of its convs on OpenVINO, the valid U-Net 92^3 with
+# 4 and 9; CI kind, 2026-11-24)
+OPENVINO_RUNTIME_BYTES = 70 * 2**20
 OPENVINO_FIRST_CALL_S = 0.03
 OPENVINO_FIRST_CALL_S_PER_BYTE = 2.5e-9
 # Winograd F(4, 3) (primitives/cpu/winograd.py): tiles of 4^3 outputs from 6^3 inputs
@@ -310,6 +315,8 @@ def _peak(tensors: int, picks: dict[int, tuple[float, int, int, str]], other: in
     own peak (tracemalloc; free heap the process held before the pass, reused unseen) to
     31 MiB above it (freed pages kept), and 0.81-1.10 of this sum."""
     kept = sum(p[2] for p in picks.values())
+    if any(p[3] == "openvino" for p in picks.values()):
+        kept += OPENVINO_RUNTIME_BYTES
     return tensors + kept + max([other, *(p[1] for p in picks.values())])
 
 
