@@ -61,12 +61,12 @@ NODE_OVERHEAD_S = 5e-5  # Python dispatch and one allocation per node
 # machine kind, 2026-11-23; see docs/benchmarks.md "Graph planner")
 GENERAL_GEMM_SLOWDOWN = 2.75
 # openvino_seconds' terms, fitted (least squares on relative error, with the rate) on the
-# same 17 layer shapes as WINOGRAD_PASSES, each with and without the instance norm after
-# it: within 0.67-1.28 of measured but 128 -> 128 at 4^3 (0.42). The reorders into and out
-# of its blocked layout stream input and output 1.8 times each way (2 x 1.8 passes), the
-# norm its output once more (MVN on the blocked output, then scale/shift/activation, in the
-# same kernel: 1.2-1.6 ms for 16 x 64^3 alone); 0.5 ms a call (binding the shared input
-# and output, waking its threads)
+# 17 layer shapes of machine.py's rate, each with and without the instance norm after it,
+# in two hours: within 0.67-1.32 of measured but 128 -> 128 at 4^3 (0.42-0.46). The
+# reorders into and out of its blocked layout stream input and output 1.8 times each way
+# (2 x 1.8 passes), the norm its output once more (MVN on the blocked output, then
+# scale/shift/activation, in the same kernel: 1.2-1.6 ms for 16 x 64^3 alone); 0.5 ms a
+# call (binding the shared input and output, waking its threads)
 OPENVINO_COPY_PASSES = 1.8
 OPENVINO_CALL_S = 5e-4
 # its JIT kernels work on blocks of 16 channels (AVX-512 here); fewer input channels leave
@@ -79,8 +79,9 @@ OPENVINO_CHANNEL_BLOCK = 16
 # tensor byte, shared by the windows of a run
 # a compiled layer keeps its own buffers between calls (blocked input and output, scratch):
 # resident bytes grew by 2.4-2.7x the input + output bytes of the layers compiled, over
-# a first pass (BasicUNet 64^3 and the valid U-Net 92^3 windows, CI kind, 2026-11-23),
-# of which the largest layer's input + output count as its workspace
+# a first pass (BasicUNet 64^3 and the valid U-Net 92^3 windows, CI kind, 2026-11-23; with
+# its output in numpy's memory since, 1.4-1.9x beside its runtime, below), of which the
+# largest layer's input + output count as its workspace
 OPENVINO_KEPT_PER_TENSOR_BYTE = 2.0
 # and its runtime, once a layer is compiled (plugin, thread pool, JIT code): resident bytes
 # grew by 70-74 MiB + 1.4-1.9x the OpenVINO layers' input + output bytes over a pass with

@@ -25,10 +25,11 @@ DEFAULT_CPU_RATES: dict[str, float] = {
     "madd_bytes_per_s": 15e9,  # the same, memory-bound at S = 1 (spectra read once)
     "direct_flops_per_s": 40e9,  # direct conv as GEMMs
     # one Conv3d compiled with OpenVINO 2026.4 at f32 (+ the instance norm after it), its
-    # layers reading and writing numpy's memory in place: 1.1-2.9x faster than Winograd +
-    # our norm on 17 U-Net layer shapes (12-128 channels, 4^3-96^3; one process, CI kind,
-    # 2026-11-24), fitted with graph_search.OPENVINO_COPY_PASSES (its brgconv kernel alone
-    # ran at 202 GFLOP/s on 16 -> 16 at 64^3); not calibrated per machine yet
+    # layers reading and writing numpy's memory in place, fitted with
+    # graph_search.OPENVINO_COPY_PASSES on 17 U-Net layer shapes (12-128 channels,
+    # 4^3-96^3; one process, CI kind, 2026-11-24): 289-299 in two hours whose host ran
+    # Winograd + our norm at 0.92-1.95x and 1.1-2.9x OpenVINO's time (its brgconv kernel
+    # alone: 202 GFLOP/s on 16 -> 16 at 64^3); not calibrated per machine yet
     "openvino_flops_per_s": 290e9,
     # Winograd F(4,3): the alpha^3 = 216 batched (Cout, Cin) @ (Cin, T) GEMMs, fitted with
     # planner/graph_search.WINOGRAD_PASSES on benchmarks/winograd.py's five U-Net layers

@@ -30,10 +30,7 @@ from znni.primitives.cpu.fft_conv import (
 )
 from znni.primitives.cpu.fftw_plans import PlanCache
 from znni.primitives.cpu.heap import keep_freed_memory
-from znni.primitives.cpu.openvino_conv import (
-    OpenVinoConvs,
-    openvino_available,
-)
+from znni.primitives.cpu.openvino_conv import OpenVinoConvs, openvino_available
 from znni.primitives.cpu.pooling import maxpool, mpf
 from znni.primitives.cpu.spectra_cache import SpectraCache, spectra_key
 from znni.primitives.cpu.threads import warn_if_blas_forced
