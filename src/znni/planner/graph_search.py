@@ -66,9 +66,14 @@ GENERAL_GEMM_SLOWDOWN = 2.75
 # reorders into and out of its blocked layout stream input and output 1.8 times each way
 # (2 x 1.8 passes), the norm its output once more (MVN on the blocked output, then
 # scale/shift/activation, in the same kernel: 1.2-1.6 ms for 16 x 64^3 alone); 0.5 ms a
-# call (binding the shared input and output, waking its threads)
+# call alone (binding the shared input and output, waking its threads), 2.3 ms a call in a
+# run: with 13 of BasicUNet's 19 convs on it (the 32^3 and smaller levels), steady 64^3
+# windows ran 194 -> 174 ms alone but whole 256^3 segments (343 windows, the pipeline's
+# reader and writer threads beside it) 0.88-1.21x the time without it (median 1.02-1.06,
+# 5 alternated runs each, CI kind, 2026-11-24): about 23 ms a window more than alone,
+# 1.8 ms a call. With it the planner picks OpenVINO for no layer of the benchmark U-Nets.
 OPENVINO_COPY_PASSES = 1.8
-OPENVINO_CALL_S = 5e-4
+OPENVINO_CALL_S = 2.3e-3
 # its JIT kernels work on blocks of 16 channels (AVX-512 here); fewer input channels leave
 # lanes idle: 18-31 GFLOP/s at Cin 1, 59 at 4, 100-113 at 12, 117-162 at 16-48 measured
 # (3^3 convs, 64^3-166^3 outputs, CI kind, 2026-11-23): rate x sqrt(min(1, Cin / 16))
