@@ -60,16 +60,20 @@ class GcsEmulator:
         if first:
             httpx.post(f"{self.endpoint}/storage/v1/b", params={"project": "test"},
                        json={"name": BUCKET}).raise_for_status()
+        self._wait_until_up(f"/storage/v1/b/{BUCKET}")  # reloaded from disk after a restart
         return self
 
-    def _wait_until_up(self) -> None:
+    def _wait_until_up(self, path: str = "/storage/v1/b") -> None:
+        """Until `path` answers 200: the bucket list, or after a restart the bucket itself
+        (a run that starts before the server has read its bucket back gets a 404)."""
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc is None or self.proc.poll() is not None:
                 break
             try:
-                if httpx.get(f"{self.endpoint}/storage/v1/b", timeout=1.0).status_code == 200:
+                if httpx.get(f"{self.endpoint}{path}", timeout=1.0).status_code == 200:
                     return
+                time.sleep(0.1)
             except httpx.HTTPError:
                 time.sleep(0.1)
         self.stop()
@@ -77,13 +81,12 @@ class GcsEmulator:
         raise EmulatorDidNotStart(f"fake-gcs-server on {self.endpoint}: {tail!r}")
 
     def stop(self) -> None:
+        """SIGKILL, as a server that dies: terminated, it went on answering while it shut
+        down, with 404s for the bucket (a run then saw "the bucket does not exist" where
+        the test means a store that does not answer). Its objects are files on disk."""
         if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            self.proc.kill()
+            self.proc.wait()
             self.proc = None
 
     def restart(self) -> None:
