@@ -279,9 +279,8 @@ def _conv(
     conv_parts = getattr(backend, "conv3d_parts", None)
     if conv_parts is not None and (primitive in PARTS_READERS or isinstance(x, ChannelParts)):
         parts = list(x) if isinstance(x, ChannelParts) else [x]
-        extra = {} if norm is None else {"norm": norm}
         return conv_parts(parts, (0,) * 6 if prepadded else pads, p["weight"], bias, fused,
-                          primitive, **extra)
+                          primitive, norm)
     if any(pads) and not prepadded:
         x = graph_ops.pad_constant(x, pads)
     return backend.conv3d(np.ascontiguousarray(x), p["weight"], bias, fused, primitive)

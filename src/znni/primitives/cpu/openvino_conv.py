@@ -24,7 +24,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -56,6 +56,26 @@ def _activation(ops: Any, y: Any, act: Activation | None) -> Any:
     return ops.prelu(y, slope)  # leaky_relu
 
 
+class _Layer(NamedTuple):
+    """What shapes one compiled layer (the batch apart: it is dynamic)."""
+
+    shapes: tuple  # (Cin_k, Z, Y, X) of each input part
+    pads: tuple  # z, y, x before, then after
+    weight: np.ndarray
+    bias: np.ndarray
+    act: Activation | None
+    norm: InstanceNorm | None
+
+    def key(self) -> tuple:
+        """The compiled-layer cache key: shapes, pads and a digest of the values."""
+        digest = hashlib.sha1(np.ascontiguousarray(self.weight).tobytes())
+        digest.update(np.ascontiguousarray(self.bias).tobytes())
+        if self.norm is not None:
+            self.norm.digest(digest)
+        return (self.shapes, self.pads, self.weight.shape, digest.hexdigest(), self.act,
+                self.norm is not None)
+
+
 class OpenVinoConvs:
     """Compiled single-conv OpenVINO models, run on the caller's arrays."""
 
@@ -82,7 +102,8 @@ class OpenVinoConvs:
                  ([x] if isinstance(x, np.ndarray) else x)]
         pads = tuple(int(v) for v in pads)
         shapes = tuple(p.shape[1:] for p in parts)  # the batch is dynamic: one layer for all
-        request, out_shape, lock = self._request(shapes, pads, weight, bias, act, norm)
+        layer = _Layer(shapes, pads, weight, bias, act, norm)
+        request, out_shape, lock = self._request(layer)
         out = np.empty((parts[0].shape[0], *out_shape), np.float32)  # (S, Cout, Z', Y', X')
         with lock:  # one inference at a time per compiled layer
             for k, part in enumerate(parts):
@@ -91,26 +112,14 @@ class OpenVinoConvs:
             request.infer()
         return out
 
-    def _request(
-        self,
-        shapes: tuple,
-        pads: tuple,
-        weight: np.ndarray,
-        bias: np.ndarray,
-        act: Activation | None,
-        norm: InstanceNorm | None,
-    ) -> tuple[Any, tuple, threading.Lock]:
-        digest = hashlib.sha1(np.ascontiguousarray(weight).tobytes())
-        digest.update(np.ascontiguousarray(bias).tobytes())
-        if norm is not None:
-            norm.digest(digest)
-        key = (shapes, pads, weight.shape, digest.hexdigest(), act, norm is not None)
+    def _request(self, layer: _Layer) -> tuple[Any, tuple, threading.Lock]:
+        key = layer.key()
         with self._lock:
             hit = self._compiled.get(key)
             if hit is not None:
                 self._compiled.move_to_end(key)
                 return hit
-        compiled = self._compile(shapes, pads, weight, bias, act, norm)
+        compiled = self._compile(layer)
         out_shape = tuple(d.get_length() for d in compiled.output(0).get_partial_shape()[1:])
         entry = (compiled.create_infer_request(), out_shape, threading.Lock())
         with self._lock:
@@ -119,16 +128,9 @@ class OpenVinoConvs:
                 self._compiled.popitem(last=False)
         return entry
 
-    def _compile(
-        self,
-        shapes: tuple,
-        pads: tuple,
-        weight: np.ndarray,
-        bias: np.ndarray,
-        act: Activation | None,
-        norm: InstanceNorm | None,
-    ) -> Any:
+    def _compile(self, layer: _Layer) -> Any:
         ov, ops = self._import()
+        shapes, pads, weight, bias, act, norm = layer
         inputs = [ops.parameter(ov.PartialShape([-1, *shape]), ov.Type.f32, name=f"x{k}")
                   for k, shape in enumerate(shapes)]  # any batch: (S, Cin_k, Z, Y, X)
         x = inputs[0] if len(inputs) == 1 else ops.concat(inputs, 1)
