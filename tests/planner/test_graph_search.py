@@ -157,14 +157,43 @@ def test_the_executor_runs_the_planned_primitives(model) -> None:
         prims = {n.name: prim for n in graph.nodes if fast_conv(n)}
         got = run_graph(graph, x, make_backend("cpu"), prims)
         assert np.abs(got - ref).max() <= 1e-4 * max(1.0, np.abs(ref).max())
-    cubic = {n.name: "winograd" for n in graph.nodes
-             if fast_conv(n) and n.params["weight"].shape[2:] == (3, 3, 3)}
-    assert cubic
-    got = run_graph(graph, x, make_backend("cpu"), cubic)
-    assert np.abs(got - ref).max() <= 1e-4 * max(1.0, np.abs(ref).max())
+    for prim in ("winograd", "winograd6"):  # F(6,3) on 16^3: ragged edge tiles
+        cubic = {n.name: prim for n in graph.nodes
+                 if fast_conv(n) and n.params["weight"].shape[2:] == (3, 3, 3)}
+        assert cubic
+        got = run_graph(graph, x, make_backend("cpu"), cubic)
+        assert np.abs(got - ref).max() <= 1e-4 * max(1.0, np.abs(ref).max())
     one = next(n.name for n in graph.nodes if fast_conv(n) and n.params["weight"].shape[2] == 1)
     with pytest.raises(ValueError, match="3x3x3 kernels only"):
         run_graph(graph, x, make_backend("cpu"), {one: "winograd"})
+
+
+def test_f63_is_weighed_on_whole_tiles_of_long_rows_within_its_error_bound(
+    model, monkeypatch
+) -> None:
+    """BasicUNet(8, ..) at 96^3: its 96^3 convs (16 x tiles of 6) get F(6,3), faster by the
+    model; the 48^3 ones (8 x tiles), the 1-channel first conv and every conv of a 64^3
+    window (ragged tiles) never; with the error bound at 0, no conv."""
+    monkeypatch.setattr("znni.planner.graph_search.openvino_ready", lambda: False)
+    machine = MachineProfile.load("ci-2core")
+
+    def winograd6(window: int) -> dict[tuple[int, ...], set[str]]:
+        graph = model.graph((window,) * 3)
+        plan = plan_graph(graph, machine)
+        seen: dict[tuple[int, ...], set[str]] = {}
+        for n, p in zip(graph.nodes, plan.nodes, strict=True):
+            if fast_conv(n) and n.params["weight"].shape[2:] == (3, 3, 3):
+                size = graph.shapes[n.outputs[0]][2:]
+                seen.setdefault(size, set()).add(f"{p.primitive}:{n.params['weight'].shape[1]}")
+        return seen
+
+    at96 = winograd6(96)
+    assert at96[(96, 96, 96)] == {"direct:1", "winograd6:8", "winograd6:16"}
+    assert all(not any(p.startswith("winograd6") for p in prims)
+               for size, prims in at96.items() if size != (96, 96, 96))
+    assert not any("winograd6" in p for prims in winograd6(64).values() for p in prims)
+    monkeypatch.setattr("znni.planner.winograd_costs.WINOGRAD6_MAX_TILE_ERROR", 0.0)
+    assert not any("winograd6" in p for prims in winograd6(96).values() for p in prims)
 
 
 def test_openvino_convs_apply_the_instance_norms_after_them(model, monkeypatch) -> None:

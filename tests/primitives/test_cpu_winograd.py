@@ -1,4 +1,5 @@
-"""Winograd F(4,3) / F(2,3) conv against float64 references (scipy and a plain einsum)."""
+"""Winograd F(6,3) / F(4,3) / F(2,3) conv against float64 references (scipy and a plain
+einsum), and the tile-error check the planner gates F(6,3) with."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from znni.primitives.base import Activation
 from znni.primitives.cpu.winograd import chunks, transforms, winograd_conv3d
+from znni.primitives.cpu.winograd_error import layer_tile_error, tile_error
 
 
 def _einsum_ref(x, w, b):
@@ -29,7 +31,7 @@ def _layer(rng, s, cin, cout, size, dist="normal"):
     return x.astype(np.float32), w.astype(np.float32), b.astype(np.float32)
 
 
-@pytest.mark.parametrize("m", [2, 4])
+@pytest.mark.parametrize("m", [2, 4, 6])
 @pytest.mark.parametrize(
     ("s", "cin", "cout", "out_size", "act"),
     [
@@ -60,6 +62,22 @@ def test_f43_accuracy_bound_on_unet_statistics(pool, dist, cin, cout):
     err = _rel_err(winograd_conv3d(x, w, b, pool=pool), _einsum_ref(x, w, b))
     assert err <= 1e-4
     assert err <= 2e-5  # the chosen points (0, +-1, 1/2, -2) keep a 5x margin
+
+
+def test_f63_accuracy_and_its_tile_check_on_unet_statistics(pool):
+    """F(6,3) stays within the 1e-4 bound with half of it to spare, ten times F(4,3)'s
+    error; the planner's check on 2 tiles per axis reads the same order as a whole layer."""
+    rng = np.random.default_rng(63)
+    x, w, b = _layer(rng, 1, 32, 16, (20, 15, 26))
+    ref = _einsum_ref(x, w, b)
+    err6 = _rel_err(winograd_conv3d(x, w, b, pool=pool, m=6), ref)
+    err4 = _rel_err(winograd_conv3d(x, w, b, pool=pool, m=4), ref)
+    assert err6 <= 5e-5 and err4 <= err6 / 3
+    tile6, tile4 = tile_error(w, 6), tile_error(w, 4)
+    assert err6 / 4 <= tile6 <= 4 * err6 and tile4 <= tile6 / 3
+    assert layer_tile_error(w.copy(), 6) == tile6  # remembered by the weight's bytes
+    w[0, 0, 1, 1, 1] += 1.0
+    assert layer_tile_error(w, 6) != tile6
 
 
 @pytest.mark.parametrize("chunk_bytes", [1, 2**15, 2**30])  # tile rows, planes, everything
@@ -133,7 +151,8 @@ def test_bad_tile_size_and_shapes_are_refused():
         ((4,), (0, 1, 5, 2, 0, 0), (3, 4, 9)),  # one part, pads wider than a tile
     ],
 )
-def test_channel_parts_and_pads_read_as_their_padded_concatenation(pool, channels, pads, size):
+@pytest.mark.parametrize("m", [4, 6])
+def test_channel_parts_and_pads_read_as_their_padded_concatenation(pool, channels, pads, size, m):
     rng = np.random.default_rng(sum(channels) + sum(pads))
     parts = [rng.standard_normal((2, c, *size)).astype(np.float32) for c in channels]
     x = np.concatenate(parts, axis=1)
@@ -142,9 +161,9 @@ def test_channel_parts_and_pads_read_as_their_padded_concatenation(pool, channel
     act = Activation("leaky_relu", 0.01)
     ref = naive_activation(naive_conv_batch(x, w, b), act.kind, act.slope)
     for p in (pool, None):
-        out = winograd_conv3d(parts, w, b, act, pool=p, pads=pads, chunk_bytes=2**14)
+        out = winograd_conv3d(parts, w, b, act, pool=p, pads=pads, chunk_bytes=2**14, m=m)
         assert out.shape == ref.shape
-        assert _rel_err(out, ref) <= 1e-5
+        assert _rel_err(out, ref) <= (1e-5 if m == 4 else 1e-4)
 
 
 def test_parts_and_pads_are_checked():

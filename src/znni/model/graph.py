@@ -196,7 +196,8 @@ def stride_one_conv(node: Node) -> bool:
     return p["strides"] == (1, 1, 1) and p["dilations"] == (1, 1, 1) and p["group"] == 1
 
 
-PARTS_READERS = ("winograd", "openvino")  # conv primitives that read a concat's parts
+# conv primitives that read a concat's parts (primitives/cpu: Winograd F(4,3), F(6,3))
+PARTS_READERS = ("winograd", "winograd6", "openvino")
 
 
 def concat_read_in_parts(

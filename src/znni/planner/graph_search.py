@@ -1,7 +1,8 @@
 """The planner for graph networks: per conv node a primitive, per window a time and a peak.
 
 For each stride-1 conv the fastest CPU primitive (direct, FFT kept, FFT recomputed,
-Winograd F(4,3) for 3^3 kernels, and OpenVINO's conv where installed)
+Winograd F(4,3) and F(6,3) for 3^3 kernels (winograd_costs.py), and OpenVINO's conv
+where installed)
 whose workspace fits beside the tensors alive in the window, costed with the same
 calibrated model as sequential layers (costs.layer_seconds: ZNNi's FFT and direct
 work counts over this machine's rates). Other nodes are costed by the element-wise
@@ -35,6 +36,7 @@ from znni.planner.graph_op_costs import (
 )
 from znni.planner.machine import DEFAULT_CPU_RATES, MachineProfile
 from znni.planner.memory import conv_workspace_bytes, kernel_spectra_bytes
+from znni.planner.winograd_costs import winograd_bytes, winograd_primitives, winograd_seconds
 
 GEMM_OPS = ("conv", "conv_transpose")  # general convs run as GEMMs over kernel offsets
 PASS_THROUGH = ("identity", "dropout", "slice")  # views (engine/graph_forward): no traffic
@@ -95,22 +97,6 @@ OPENVINO_KEPT_PER_TENSOR_BYTE = 2.0
 OPENVINO_RUNTIME_BYTES = 70 * 2**20
 OPENVINO_FIRST_CALL_S = 0.03
 OPENVINO_FIRST_CALL_S_PER_BYTE = 2.5e-9
-# Winograd F(4, 3) (primitives/cpu/winograd.py): tiles of 4^3 outputs from 6^3 inputs
-WINOGRAD_M, WINOGRAD_ALPHA3 = 4, 216
-# its axis passes stream V and M about 1.1 times at the element-wise rate (least squares with
-# winograd_flops_per_s on benchmarks/winograd.py's five U-Net layers with 4 MiB chunks, CI
-# kind, 2026-11-23: 0.88-1.16 of measured; the 8 MiB chunks before streamed 2.7 times).
-# On 17 layer shapes (12-128 channels, 4^3-96^3) measured 2026-11-24 it predicted
-# 0.56-1.06 of measured (median 0.8) on a quiet host, and 0.29-0.81 an hour before, when
-# the host's memory was slow: a shared machine moves this memory-bound primitive most.
-WINOGRAD_PASSES = 1.08
-# one input channel makes its 216 GEMMs (Cout, 1) @ (1, T): numpy's matmul runs depth-1
-# products without BLAS, 13x slower than depth 2, and the 1 -> 16 conv of a 64^3 window
-# took 17-20 ms by Winograd against 5.2 ms direct (one GEMM of depth 27); as a
-# U-Net's first conv, direct made BasicUNet windows 7-12% faster (64^3, 64^3 in pairs,
-# 96^3; CI kind, 2026-11-23)
-WINOGRAD_MIN_CHANNELS_IN = 2
-WINOGRAD_CHUNK_BYTES = 2**22  # V + M per chunk, one chunk per worker (winograd.CHUNK_BYTES)
 
 
 @dataclass(frozen=True)
@@ -206,11 +192,10 @@ def _conv_options(
             spectra = kernel_spectra_bytes(layer) if prim == "fft-keep" else 0
             if tensors + spectra + work <= limit:
                 options.append((layer_seconds(layer, prim, machine), work, spectra, prim))
-        if node.params["weight"].shape[2:] == (3, 3, 3) and \
-                layer.channels_in >= WINOGRAD_MIN_CHANNELS_IN:
-            work, kept = winograd_bytes(layer, machine.cores)
+        for prim in winograd_primitives(layer, node.params["weight"]):
+            work, kept = winograd_bytes(layer, machine.cores, prim)
             if tensors + kept + work <= limit:
-                options.append((winograd_seconds(layer, machine), work, kept, "winograd"))
+                options.append((winograd_seconds(layer, machine, prim), work, kept, prim))
         if openvino_ready():
             work = layer.in_bytes + layer.out_bytes  # its blocked copies of input and output
             kept = int(OPENVINO_KEPT_PER_TENSOR_BYTE * work)
@@ -253,37 +238,6 @@ def openvino_seconds(
                    + OPENVINO_FIRST_CALL_S_PER_BYTE * tensor_bytes) / max(1, passes)
     return (layer.direct_flops / rate + copies_bytes / machine.rate("memory_bytes_per_s")
             + OPENVINO_CALL_S + first_s)
-
-
-def winograd_tiles(layer: LayerShape) -> int:
-    """T: output tiles of 4^3 voxels over the batch (edges padded up to whole tiles)."""
-    return layer.batch_in * prod(-(-o // WINOGRAD_M) for o in layer.size_out)
-
-
-def winograd_seconds(layer: LayerShape, machine: MachineProfile) -> float:
-    """Lavin & Gray (CVPR 2016) work counts: 216 (Cout x Cin) @ (Cin x T) GEMMs, plus
-    the transforms' traffic over V (216, Cin, T) and M (216, Cout, T) float32."""
-    t = winograd_tiles(layer)
-    gemm_flops = 2.0 * WINOGRAD_ALPHA3 * layer.channels_in * layer.channels_out * t
-    moved_bytes = (WINOGRAD_PASSES * WINOGRAD_ALPHA3 * t
-                   * (layer.channels_in + layer.channels_out) * FLOAT_BYTES)
-    rate = machine.cpu_rates.get("winograd_flops_per_s",
-                                 DEFAULT_CPU_RATES["winograd_flops_per_s"])
-    return (gemm_flops / rate + moved_bytes / machine.rate("memory_bytes_per_s")
-            + machine.rate("layer_overhead_s"))
-
-
-def winograd_bytes(layer: LayerShape, cores: int) -> tuple[int, int]:
-    """(workspace, kept) bytes. Workspace: per worker a chunk of V + M, the transforms'
-    intermediates freed as they go (16 -> 16 channels at 64^3 with pads, 12 -> 12 at 88^3:
-    7.2-7.9 MiB of numpy arrays beyond the output on 2 workers, tracemalloc, CI kind,
-    2026-11-23; 4.6 MiB of resident growth, pages the arenas reuse); pads, concatenated parts
-    and ragged edges are read in place, with no copies. Kept across windows: the kernel
-    transform U (216, Cout, Cin) and the weight copy it is checked against
-    (primitives/cpu/winograd)."""
-    w_bytes = 27 * layer.channels_in * layer.channels_out * FLOAT_BYTES
-    u_bytes = WINOGRAD_ALPHA3 * layer.channels_in * layer.channels_out * FLOAT_BYTES
-    return cores * WINOGRAD_CHUNK_BYTES, u_bytes + w_bytes
 
 
 # A fresh process's first pass over a window pays once for what later passes reuse: the

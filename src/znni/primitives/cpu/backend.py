@@ -43,13 +43,13 @@ from znni.primitives.cpu.tiling import (
     tile_geometry,
     tile_origins,
 )
-from znni.primitives.cpu.winograd import channel_parts, winograd_conv3d
+from znni.primitives.cpu.winograd import PRIMITIVE_TILES, channel_parts, winograd_conv3d
 from znni.primitives.fft_sizes import padded_shape
 
 CONV_PRIMITIVES = ("direct", "fft-keep", "fft-recompute")
 # only when chosen explicitly (the graph planner): OpenVINO is an optional dependency,
-# Winograd F(4,3) runs 3x3x3 kernels only
-OPTIONAL_PRIMITIVES = ("openvino", "winograd")
+# Winograd F(4,3) ("winograd") and F(6,3) ("winograd6") run 3x3x3 kernels only
+OPTIONAL_PRIMITIVES = ("openvino", *PRIMITIVE_TILES)
 
 
 def usable_cores() -> int:
@@ -145,8 +145,9 @@ class CpuBackend:
         if norm is not None and primitive != "openvino":
             raise ValueError(f"only the 'openvino' conv primitive applies a norm, "
                              f"got primitive {primitive!r}")
-        if primitive == "winograd":
-            return winograd_conv3d(parts, weight, bias, activation, pool=self._pool, pads=pads)
+        if primitive in PRIMITIVE_TILES:
+            return winograd_conv3d(parts, weight, bias, activation, pool=self._pool, pads=pads,
+                                   m=PRIMITIVE_TILES[primitive])
         if primitive == "openvino":
             arrays, pads, shape = channel_parts(parts, pads)
             weight, bias = _checked_weights(shape, weight, bias)
@@ -168,8 +169,9 @@ class CpuBackend:
             return direct_conv3d(self._pool, x, weight, bias, activation)
         if primitive == "openvino":
             return self._openvino().conv3d(x, weight, bias, activation)
-        if primitive == "winograd":
-            return winograd_conv3d(x, weight, bias, activation, pool=self._pool)
+        if primitive in PRIMITIVE_TILES:
+            return winograd_conv3d(x, weight, bias, activation, pool=self._pool,
+                                   m=PRIMITIVE_TILES[primitive])
         return self._run_fft(primitive == "fft-keep", x, weight, bias, activation)
 
     def _openvino(self) -> OpenVinoConvs:

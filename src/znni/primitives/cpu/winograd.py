@@ -13,10 +13,15 @@ Vandermonde) matrix, the Lagrange denominators moved into G. F(4,3) uses the poi
 0, 1, -1, 1/2, -2 (Barabasz, Anderson, Soodhalter & Gregg, "Error analysis and improving
 the accuracy of Winograd convolution for deep neural networks", ACM TOMS 2020): in float32
 with 32 channels and N(0,1) inputs, max|error| / max|ref| is 5e-6 there against 2.6e-5
-with 0, +-1, +-1/2 (both within the 1e-4 bound). F(2,3) uses 0, 1, -1.
+with 0, +-1, +-1/2 (both within the 1e-4 bound). F(2,3) uses 0, 1, -1. F(6,3) (alpha = 8:
+512/216 = 2.4 multiplies per output and input channel, and 30% less V and M per output)
+uses 0, +-1, +-1/2, +-2: 4-5e-5 on the same statistics (16-128 channels, 8^3-96^3; the
+points +-3/2 or +-3 instead of +-2 gave 7e-5 and 3e-4), so the planner offers it only for
+the big layers where it measures faster and only after `tile_error` on the layer's own
+weights (winograd_error.py, planner/graph_search.py).
 
 Layout: a chunk of tiles (one sample, a range of z-tile rows and y-tile rows, every x
-tile) is transformed axis by axis (x, then y, then z) as GEMMs with the 6x6 B^T on strided
+tile) is transformed axis by axis (x, then y, then z) as GEMMs with B^T (alpha x alpha) on strided
 windows of the previous pass (x windows gathered first), ending in V (alpha^3, Cin, T);
 one batched matmul with the kernel transform U (alpha^3, Cout, Cin) gives M (alpha^3,
 Cout, T); three GEMMs with A^T give (m^3, Cout, T), which gets the bias and activation
@@ -52,7 +57,13 @@ FLOAT_BYTES = 4
 # V (alpha^3, Cin, T) + M (alpha^3, Cout, T) per chunk of T tiles: BasicUNet windows ran
 # 5% (64^3) and 13% (96^3) faster with 4 MiB than with 8, valid U-Net 132^3 5% (2026-11-23)
 CHUNK_BYTES = 2**22
-POINTS: dict[int, tuple[float, ...]] = {2: (0.0, 1.0, -1.0), 4: (0.0, 1.0, -1.0, 0.5, -2.0)}
+POINTS: dict[int, tuple[float, ...]] = {
+    2: (0.0, 1.0, -1.0),
+    4: (0.0, 1.0, -1.0, 0.5, -2.0),
+    6: (0.0, 1.0, -1.0, 0.5, -0.5, 2.0, -2.0),
+}
+# the CPU conv primitives (primitives/cpu/backend.py) that run F(m, 3), by their m
+PRIMITIVE_TILES = {"winograd": 4, "winograd6": 6}
 # kernel transforms kept (with a copy of their weight): every conv of a U-Net window comes
 # back each window, so the bound is bytes (BasicUNet(16..128): 52 MB), not a few entries
 CACHE_BYTES = 256 * 2**20

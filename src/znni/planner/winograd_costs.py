@@ -1,0 +1,94 @@
+"""What the Winograd conv primitives cost (primitives/cpu/winograd.py): F(4,3) for every
+3^3 conv with two or more input channels, F(6,3) where it measured faster and its rounding
+on the layer's own weights stays within WINOGRAD6_MAX_TILE_ERROR."""
+
+from __future__ import annotations
+
+from math import prod
+
+import numpy as np
+
+from znni.model.network import FLOAT_BYTES, LayerShape
+from znni.planner.machine import DEFAULT_CPU_RATES, MachineProfile
+
+# Winograd F(4, 3) (primitives/cpu/winograd.py): tiles of 4^3 outputs from 6^3 inputs
+WINOGRAD_M = 4
+# its axis passes stream V and M about 1.1 times at the element-wise rate (least squares with
+# winograd_flops_per_s on benchmarks/winograd.py's five U-Net layers with 4 MiB chunks, CI
+# kind, 2026-11-23: 0.88-1.16 of measured; the 8 MiB chunks before streamed 2.7 times).
+# On 17 layer shapes (12-128 channels, 4^3-96^3) measured 2026-11-24 it predicted
+# 0.56-1.06 of measured (median 0.8) on a quiet host, and 0.29-0.81 an hour before, when
+# the host's memory was slow: a shared machine moves this memory-bound primitive most.
+WINOGRAD_PASSES = 1.08
+# one input channel makes its 216 GEMMs (Cout, 1) @ (1, T): numpy's matmul runs depth-1
+# products without BLAS, 13x slower than depth 2, and the 1 -> 16 conv of a 64^3 window
+# took 17-20 ms by Winograd against 5.2 ms direct (one GEMM of depth 27); as a
+# U-Net's first conv, direct made BasicUNet windows 7-12% faster (64^3, 64^3 in pairs,
+# 96^3; CI kind, 2026-11-23)
+WINOGRAD_MIN_CHANNELS_IN = 2
+WINOGRAD_CHUNK_BYTES = 2**22  # V + M per chunk, one chunk per worker (winograd.CHUNK_BYTES)
+TILE_SIZES = {"winograd": 4, "winograd6": 6}  # primitive -> m (winograd.PRIMITIVE_TILES)
+# F(6,3), tiles of 6^3 outputs from 8^3 inputs, against F(4,3), one 3^3 conv with pads
+# alone (2 workers, 4 MiB chunks, medians of 9 alternated, CI kind, 2026-11-24): 0.76x the
+# time at 16 -> 16 96^3 (86.9 against 114.5 ms), 0.88x at 32 -> 16 96^3; equal at 16 -> 16
+# 48^3 (8 x tiles); slower where a side is not a multiple of 6 (ragged edge tiles) and the
+# x rows are short: 1.25x at 64^3, 1.13x at 128^3, 1.47x at 32^3. So it is offered only on
+# whole tiles with at least WINOGRAD6_MIN_X_TILES per x row (winograd.SHORT_ROW), where the
+# F(4,3) model with alpha^3 = 512 predicted 0.70-0.71x against the measured 0.76-0.88x:
+WINOGRAD6_TIME_FACTOR = 1.15
+WINOGRAD6_MIN_X_TILES = 16
+# F(6,3) rounds ten times worse than F(4,3): on 2 tiles per axis with the layer's weights
+# (winograd_error.tile_error), 2.0-3.9e-5 for each of BasicUNet's 3^3 convs against
+# 2.2-4.3e-6; a whole 96^3 window with F(6,3) on every conv was within 5.4e-5 of
+# onnxruntime (F(4,3): 1.2e-5). A layer above this bound keeps F(4,3), leaving the output
+# within DESIGN.md's 1e-4
+WINOGRAD6_MAX_TILE_ERROR = 5e-5
+
+
+def winograd_primitives(layer: LayerShape, weight: np.ndarray) -> list[str]:
+    """The Winograd primitives the planner may weigh for this conv."""
+    if tuple(weight.shape[2:]) != (3, 3, 3) or layer.channels_in < WINOGRAD_MIN_CHANNELS_IN:
+        return []
+    if any(o % 6 for o in layer.size_out) or layer.size_out[2] // 6 < WINOGRAD6_MIN_X_TILES:
+        return ["winograd"]
+    from znni.primitives.cpu.winograd_error import layer_tile_error
+
+    return ["winograd", "winograd6"] if (
+        layer_tile_error(weight, 6) <= WINOGRAD6_MAX_TILE_ERROR) else ["winograd"]
+
+
+def winograd_tiles(layer: LayerShape, m: int = WINOGRAD_M) -> int:
+    """T: output tiles of m^3 voxels over the batch (edges padded up to whole tiles)."""
+    return layer.batch_in * prod(-(-o // m) for o in layer.size_out)
+
+
+def winograd_seconds(
+    layer: LayerShape, machine: MachineProfile, primitive: str = "winograd"
+) -> float:
+    """Lavin & Gray (CVPR 2016) work counts: alpha^3 (Cout x Cin) @ (Cin x T) GEMMs, plus
+    the transforms' traffic over V (alpha^3, Cin, T) and M (alpha^3, Cout, T) float32."""
+    m = TILE_SIZES[primitive]
+    alpha3 = (m + 2) ** 3
+    t = winograd_tiles(layer, m)
+    gemm_flops = 2.0 * alpha3 * layer.channels_in * layer.channels_out * t
+    moved_bytes = (WINOGRAD_PASSES * alpha3 * t
+                   * (layer.channels_in + layer.channels_out) * FLOAT_BYTES)
+    rate = machine.cpu_rates.get("winograd_flops_per_s",
+                                 DEFAULT_CPU_RATES["winograd_flops_per_s"])
+    factor = WINOGRAD6_TIME_FACTOR if m == 6 else 1.0
+    return (factor * (gemm_flops / rate + moved_bytes / machine.rate("memory_bytes_per_s"))
+            + machine.rate("layer_overhead_s"))
+
+
+def winograd_bytes(layer: LayerShape, cores: int, primitive: str = "winograd") -> tuple[int, int]:
+    """(workspace, kept) bytes. Workspace: per worker a chunk of V + M, the transforms'
+    intermediates freed as they go (16 -> 16 channels at 64^3 with pads, 12 -> 12 at 88^3:
+    7.2-7.9 MiB of numpy arrays beyond the output on 2 workers, tracemalloc, CI kind,
+    2026-11-23; 4.6 MiB of resident growth, pages the arenas reuse); pads, concatenated parts
+    and ragged edges are read in place, with no copies. Kept across windows: the kernel
+    transform U (alpha^3, Cout, Cin) and the weight copy it is checked against
+    (primitives/cpu/winograd)."""
+    alpha3 = (TILE_SIZES[primitive] + 2) ** 3
+    w_bytes = 27 * layer.channels_in * layer.channels_out * FLOAT_BYTES
+    u_bytes = alpha3 * layer.channels_in * layer.channels_out * FLOAT_BYTES
+    return cores * WINOGRAD_CHUNK_BYTES, u_bytes + w_bytes
