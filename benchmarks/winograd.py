@@ -1,10 +1,12 @@
-"""Winograd F(4,3) conv vs znni direct conv vs PyTorch CPU conv3d (oneDNN) on U-Net layers.
+"""Winograd F(4,3) and F(6,3) conv vs znni direct conv vs PyTorch CPU conv3d (oneDNN) on
+U-Net layers.
 
 3x3x3 kernels, batch 1, input n+2 per axis (output n^3). Each time is the median of
-`--reps` runs, the three taken alternately (one of each per round) after one warm-up run
-each. Errors are max|out - ref| / max(1, max|ref|) against a float64 reference (torch
-conv3d in float64), inputs ~N(0, 1), weights ~N(0, 1/(Cin*27)). Both znni paths and torch
-use 2 threads. Run: `python benchmarks/winograd.py`.
+`--reps` runs, the four taken alternately (one of each per round) after one warm-up run
+each, with freed memory kept in the process as `znni segment` keeps it (cpu.heap).
+Errors are max|out - ref| / max(1, max|ref|) against a float64 reference (torch conv3d in
+float64), inputs ~N(0, 1), weights ~N(0, 1/(Cin*27)). znni and torch use 2 threads.
+Run: `python benchmarks/winograd.py`.
 """
 
 from __future__ import annotations
@@ -22,9 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import fmt_ratio, fmt_s, print_table, torch_conv, torch_or_none  # noqa: E402
 
 from znni.primitives.backends import make_backend  # noqa: E402
+from znni.primitives.cpu.heap import keep_freed_memory  # noqa: E402
 from znni.primitives.cpu.winograd import winograd_conv3d  # noqa: E402
 
-SHAPES = [(16, 16, 64), (32, 16, 64), (32, 32, 48), (64, 64, 32), (128, 128, 16)]
+# the five of a BasicUNet 64^3 window, then the two big ones of a 96^3 window (F(6,3)'s case)
+SHAPES = [(16, 16, 64), (32, 16, 64), (32, 32, 48), (64, 64, 32), (128, 128, 16), (16, 16, 96),
+          (32, 16, 96)]
 
 
 def _err(out: np.ndarray, ref: np.ndarray) -> float:
@@ -40,6 +45,7 @@ def bench(cin: int, cout: int, n: int, reps: int, threads: int, torch) -> list[s
     pool = ThreadPoolExecutor(threads)
     runs = {
         "winograd": lambda: winograd_conv3d(x, w, b, pool=pool),
+        "winograd6": lambda: winograd_conv3d(x, w, b, pool=pool, m=6),
         "direct": lambda: backend.conv3d(x, w, b, primitive="direct"),
     }
     if torch is not None:
@@ -57,11 +63,13 @@ def bench(cin: int, cout: int, n: int, reps: int, threads: int, torch) -> list[s
     pool.shutdown()
     backend.close()
     flop = 2.0 * 27 * cin * cout * n**3
-    return [f"{cin}->{cout} n={n}", fmt_s(med["winograd"]), fmt_s(med["direct"]),
-            fmt_s(med.get("torch")), fmt_ratio(med["direct"], med["winograd"]),
+    return [f"{cin}->{cout} n={n}", fmt_s(med["winograd"]), fmt_s(med["winograd6"]),
+            fmt_s(med["direct"]), fmt_s(med.get("torch")),
+            fmt_ratio(med["winograd"], med["winograd6"]),
+            fmt_ratio(med["direct"], med["winograd"]),
             fmt_ratio(med.get("torch"), med["winograd"]),
             f"{flop / med['winograd'] / 1e9:.0f}", f"{_err(outs['winograd'], ref):.1e}",
-            f"{_err(outs['direct'], ref):.1e}"]
+            f"{_err(outs['winograd6'], ref):.1e}", f"{_err(outs['direct'], ref):.1e}"]
 
 
 def main() -> None:
@@ -69,12 +77,14 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
+    keep_freed_memory()
     torch = torch_or_none()
     if torch is not None:
         torch.set_num_threads(args.threads)
     rows = [bench(ci, co, n, args.reps, args.threads, torch) for ci, co, n in SHAPES]
-    print_table(["layer", "winograd s", "direct s", "torch s", "direct/wino", "torch/wino",
-                 "wino eff. GF/s", "wino err", "direct err"], rows)
+    print_table(["layer", "F(4,3) s", "F(6,3) s", "direct s", "torch s", "F(4,3)/F(6,3)",
+                 "direct/F(4,3)", "torch/F(4,3)", "F(4,3) eff. GF/s", "F(4,3) err",
+                 "F(6,3) err", "direct err"], rows)
 
 
 if __name__ == "__main__":
