@@ -27,7 +27,6 @@ WINOGRAD_PASSES = 1.08
 # 96^3; CI kind, 2026-11-23)
 WINOGRAD_MIN_CHANNELS_IN = 2
 WINOGRAD_CHUNK_BYTES = 2**22  # V + M per chunk, one chunk per worker (winograd.CHUNK_BYTES)
-TILE_SIZES = {"winograd": 4, "winograd6": 6}  # primitive -> m (winograd.PRIMITIVE_TILES)
 # F(6,3), tiles of 6^3 outputs from 8^3 inputs, against F(4,3), one 3^3 conv with pads
 # alone (2 workers, 4 MiB chunks, medians of 9 alternated, CI kind, 2026-11-24): 0.76x the
 # time at 16 -> 16 96^3 (86.9 against 114.5 ms), 0.88x at 32 -> 16 96^3; equal at 16 -> 16
@@ -36,12 +35,12 @@ TILE_SIZES = {"winograd": 4, "winograd6": 6}  # primitive -> m (winograd.PRIMITI
 # whole tiles with at least WINOGRAD6_MIN_X_TILES per x row (winograd.SHORT_ROW), where the
 # F(4,3) model with alpha^3 = 512 predicted 0.70-0.71x against the measured 0.76-0.88x:
 WINOGRAD6_TIME_FACTOR = 1.15
-WINOGRAD6_MIN_X_TILES = 16
+WINOGRAD6_MIN_X_TILES = 16  # winograd.SHORT_ROW: shorter rows take the y pass's slow path
 # F(6,3) rounds ten times worse than F(4,3): on 2 tiles per axis with the layer's weights
 # (winograd_error.tile_error), 2.0-3.9e-5 for each of BasicUNet's 3^3 convs against
 # 2.2-4.3e-6; a whole 96^3 window with F(6,3) on every conv was within 5.4e-5 of
 # onnxruntime (F(4,3): 1.2e-5). A layer above this bound keeps F(4,3), leaving the output
-# within DESIGN.md's 1e-4
+# within the 1e-4 of docs/design.md
 WINOGRAD6_MAX_TILE_ERROR = 5e-5
 
 
@@ -57,6 +56,14 @@ def winograd_primitives(layer: LayerShape, weight: np.ndarray) -> list[str]:
         layer_tile_error(weight, 6) <= WINOGRAD6_MAX_TILE_ERROR) else ["winograd"]
 
 
+def _tile(primitive: str) -> int:
+    """The primitive's tile size m; imported when asked, so that planning alone does not
+    load the CPU backend (and pyFFTW) with it."""
+    from znni.primitives.cpu.winograd import PRIMITIVE_TILES
+
+    return PRIMITIVE_TILES[primitive]
+
+
 def winograd_tiles(layer: LayerShape, m: int = WINOGRAD_M) -> int:
     """T: output tiles of m^3 voxels over the batch (edges padded up to whole tiles)."""
     return layer.batch_in * prod(-(-o // m) for o in layer.size_out)
@@ -67,7 +74,7 @@ def winograd_seconds(
 ) -> float:
     """Lavin & Gray (CVPR 2016) work counts: alpha^3 (Cout x Cin) @ (Cin x T) GEMMs, plus
     the transforms' traffic over V (alpha^3, Cin, T) and M (alpha^3, Cout, T) float32."""
-    m = TILE_SIZES[primitive]
+    m = _tile(primitive)
     alpha3 = (m + 2) ** 3
     t = winograd_tiles(layer, m)
     gemm_flops = 2.0 * alpha3 * layer.channels_in * layer.channels_out * t
@@ -88,7 +95,7 @@ def winograd_bytes(layer: LayerShape, cores: int, primitive: str = "winograd") -
     and ragged edges are read in place, with no copies. Kept across windows: the kernel
     transform U (alpha^3, Cout, Cin) and the weight copy it is checked against
     (primitives/cpu/winograd)."""
-    alpha3 = (TILE_SIZES[primitive] + 2) ** 3
+    alpha3 = (_tile(primitive) + 2) ** 3
     w_bytes = 27 * layer.channels_in * layer.channels_out * FLOAT_BYTES
     u_bytes = alpha3 * layer.channels_in * layer.channels_out * FLOAT_BYTES
     return cores * WINOGRAD_CHUNK_BYTES, u_bytes + w_bytes
