@@ -99,6 +99,19 @@ def test_chunks_cover_every_tile_once(per_chunk):
     assert (seen == 1).all()
 
 
+@pytest.mark.parametrize(("tiles", "per_chunk", "runs"), [
+    ((1, 17, 17), 8 * 17, [9, 8]),  # not 8, 8 and a last chunk of one row
+    ((5, 16, 16), 9 * 16, [8, 8]),
+    ((7, 2, 4), 3 * 2 * 4, [4, 3]),  # whole planes per chunk: z runs, not 3, 3, 1
+])
+def test_chunk_rows_split_into_near_equal_runs(tiles, per_chunk, runs):
+    got = chunks(1, tiles, per_chunk, 1)
+    planes = tiles[1] * tiles[2] <= per_chunk
+    lengths = sorted({(z0, z1 - z0) if planes else (y0, y1 - y0)
+                      for _, z0, z1, y0, y1 in got})
+    assert [n for _, n in lengths] == runs
+
+
 def test_small_layers_are_not_split_below_min_chunk_tiles():
     """Halving for the workers stops where a half would hold fewer than MIN_CHUNK_TILES
     tiles; large layers still get two chunks per worker."""
