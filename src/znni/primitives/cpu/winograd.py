@@ -73,7 +73,10 @@ KERNEL_BLOCK_BYTES = 2**21  # float64 transform of a block of output channels at
 # 15-20% faster in one chunk than in four, 16^3 ones 15-25% faster in two than in four
 # (2 workers, CI kind, 2026-11-23); 32^3 ones unchanged
 MIN_CHUNK_TILES = 32
-SHORT_ROW = 16  # floats: shorter window rows are gathered before their B^T GEMM
+# floats: shorter window rows are gathered before their B^T GEMM. 12 rather than 16: rows
+# of 12-13 tiles (48^3 and 52^3 outputs) ran 11-25% faster by per-window GEMMs, rows of
+# 10-11 7-30% slower (16-32 channels, medians of 11 alternated, CI kind, 2026-11-24)
+SHORT_ROW = 12
 
 Chunk = tuple[int, int, int, int, int]  # (sample, z-tile 0, z-tile 1, y-tile 0, y-tile 1)
 
