@@ -100,9 +100,9 @@ def test_chunks_cover_every_tile_once(per_chunk):
 
 
 @pytest.mark.parametrize(("tiles", "per_chunk", "runs"), [
-    ((1, 17, 17), 8 * 17, [9, 8]),  # not 8, 8 and a last chunk of one row
-    ((5, 16, 16), 9 * 16, [8, 8]),
-    ((7, 2, 4), 3 * 2 * 4, [4, 3]),  # whole planes per chunk: z runs, not 3, 3, 1
+    ((1, 17, 17), 8 * 17, [6, 5, 6]),  # not 8, 8 and a last chunk of one row
+    ((5, 16, 16), 9 * 16, [8, 8]),  # not 9, 7
+    ((7, 2, 4), 3 * 2 * 4, [2, 3, 2]),  # whole planes per chunk: z runs, not 3, 3, 1
 ])
 def test_chunk_rows_split_into_near_equal_runs(tiles, per_chunk, runs):
     got = chunks(1, tiles, per_chunk, 1)

@@ -240,32 +240,34 @@ def output_transform(mt: np.ndarray, at: np.ndarray) -> np.ndarray:
 
 
 def chunks(s: int, tiles: tuple[int, int, int], per_chunk: int, workers: int) -> list[Chunk]:
-    """(sample, z0, z1, y0, y1) tile ranges of about `per_chunk` tiles, every x tile each,
-    the rows split into near-equal runs (`_even`), halved while there are fewer than 2 per
-    worker, more than one tile row to split, and the halves keep MIN_CHUNK_TILES."""
+    """(sample, z0, z1, y0, y1) tile ranges of at most about `per_chunk` tiles, every x tile
+    each, halved while there are fewer than 2 per worker, more than one tile row to split,
+    and the halves keep MIN_CHUNK_TILES; the rows are then dealt into that many near-equal
+    runs (`_runs`)."""
     tz, ty, tx = tiles
     per_chunk = max(1, per_chunk)
     if ty * tx <= per_chunk:
-        zb, yb = _even(tz, max(1, min(tz, per_chunk // (ty * tx)))), ty
+        zb, yb = max(1, min(tz, per_chunk // (ty * tx))), ty
     else:
-        zb, yb = 1, _even(ty, max(1, min(ty, per_chunk // tx)))
+        zb, yb = 1, max(1, min(ty, per_chunk // tx))
     while s * -(-tz // zb) * -(-ty // yb) < 2 * workers and (zb > 1 or yb > 1):
         half = (zb // 2, yb) if zb > 1 else (zb, yb // 2)
         if half[0] * half[1] * tx < MIN_CHUNK_TILES:
             break
         zb, yb = half
-    return [(si, z0, min(tz, z0 + zb), y0, min(ty, y0 + yb))
-            for si in range(s) for z0 in range(0, tz, zb) for y0 in range(0, ty, yb)]
+    return [(si, z0, z1, y0, y1) for si in range(s) for z0, z1 in _runs(tz, zb)
+            for y0, y1 in _runs(ty, yb)]
 
 
-def _even(rows: int, step: int) -> int:
-    """A step near `step` that splits `rows` into round(rows / step) near-equal runs: a
-    chunk's fixed cost (its numpy calls and alpha^3 GEMMs) is paid as often for a last
-    run of one row as for a full one. 17 rows of 8 made 8, 8, 1; now 9, 8: ragged 66^3
-    outputs (16 -> 16) 40-42 -> 37-37.7 ms, 166^3 (12 -> 12) 441 -> 381-406 ms, 18^3
-    (48 -> 48) 8.2 -> 7.2 ms, medians of 9 alternated, CI kind, 2026-11-24."""
-    runs = max(1, round(rows / step))
-    return -(-rows // runs)
+def _runs(rows: int, step: int) -> list[tuple[int, int]]:
+    """[r0, r1) runs of at most `step` rows, as many as steps of `step` need, lengths
+    differing by one at most: a chunk's fixed cost (its numpy calls and alpha^3 GEMMs) is
+    paid as often for a last run of one row as for a full one. 17 rows by 8 made 8, 8, 1,
+    now 6, 5, 6: ragged 66^3 outputs (16 -> 16) 35.8 -> 31.0 ms, 35^3 (48 -> 48) 23.4 ->
+    21.6 ms alone (medians of 9 alternated, CI kind, 2026-11-24)."""
+    k = -(-rows // step)
+    edges = [round(i * rows / k) for i in range(k + 1)]
+    return list(zip(edges, edges[1:], strict=False))
 
 
 def run_shared(
