@@ -32,14 +32,17 @@ WINOGRAD_CHUNK_BYTES = 2**22  # V + M per chunk, one chunk per worker (winograd.
 # time at 16 -> 16 96^3 (86.9 against 114.5 ms), 0.88x at 32 -> 16 96^3; equal at 16 -> 16
 # 48^3 (8 x tiles); slower where a side is not a multiple of 6 (ragged edge tiles) and the
 # x rows are short: 1.25x at 64^3, 1.13x at 128^3, 1.47x at 32^3. So it is offered only on
-# whole tiles with at least WINOGRAD6_MIN_X_TILES per x row (16 and 8 measured), where the
+# whole tiles with at least WINOGRAD6_MIN_X_TILES per x row, where the
 # F(4,3) model with alpha^3 = 512 predicted 0.70-0.71x against the measured 0.76-0.88x
 # alone (a factor 1.15). Inside BasicUNet's 96^3 window its three convs ran 1.37-1.66x the
 # bare model, F(4,3)'s big convs of a 128^3 window 1.11-1.22x theirs (CI kind, 2026-11-24):
 # 1.15 let the planner pick 96^3 windows over 128^3 for a 512^3 volume (806 against 803
 # thousand voxels/s predicted), which measured 221 against 184 s. Hence 1.3:
 WINOGRAD6_TIME_FACTOR = 1.3
-WINOGRAD6_MIN_X_TILES = 16
+# rows of 12 or more x tiles take winograd.SHORT_ROW's per-window GEMMs; with them F(6,3)
+# ran 0.81-0.95x F(4,3)'s time at 72^3 (12 x tiles; 16-32 channels) and 0.87x at 84^3,
+# while 48^3 (8) stayed equal (medians of 9 alternated, CI kind, 2026-11-24)
+WINOGRAD6_MIN_X_TILES = 12
 # F(6,3) rounds ten times worse than F(4,3): on 2 tiles per axis with the layer's weights
 # (winograd_error.tile_error), 2.0-3.9e-5 for each of BasicUNet's 3^3 convs against
 # 2.2-4.3e-6; a whole 96^3 window with F(6,3) on every conv was within 5.4e-5 of
