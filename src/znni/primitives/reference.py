@@ -15,7 +15,9 @@ from znni.primitives.fragments import fragments_reference
 
 
 def conv3d_reference(x: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
-    """Valid cross-correlation: (S, Cin, Z, Y, X) x (Cout, Cin, kz, ky, kx) -> (S, Cout, ...)."""
+    """Valid cross-correlation: (S, Cin, Z, Y, X) x (Cout, Cin, kz, ky, kx) -> (S, Cout, ...),
+    float32; float64 inputs accumulate and return float64 (the exact side of a rounding
+    check, e.g. cpu.winograd_error)."""
     s, cin, nz, ny, nx = x.shape
     cout, wcin, kz, ky, kx = weight.shape
     if wcin != cin:
@@ -23,13 +25,14 @@ def conv3d_reference(x: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> np.
     oz, oy, ox = nz - kz + 1, ny - ky + 1, nx - kx + 1
     if min(oz, oy, ox) < 1:
         raise ValueError(f"input {x.shape[2:]} is smaller than kernel {(kz, ky, kx)}")
-    acc = np.zeros((cout, s, oz, oy, ox), dtype=np.float32)  # (Cout, S, oz, oy, ox)
+    dtype = np.float64 if x.dtype == np.float64 else np.float32
+    acc = np.zeros((cout, s, oz, oy, ox), dtype=dtype)  # (Cout, S, oz, oy, ox)
     for dz in range(kz):
         for dy in range(ky):
             for dx in range(kx):
                 window = x[:, :, dz : dz + oz, dy : dy + oy, dx : dx + ox]
                 acc += np.tensordot(weight[:, :, dz, dy, dx], window, axes=([1], [1]))
-    acc += bias.astype(np.float32).reshape(cout, 1, 1, 1, 1)
+    acc += bias.astype(dtype).reshape(cout, 1, 1, 1, 1)
     return np.ascontiguousarray(acc.transpose(1, 0, 2, 3, 4))  # (S, Cout, oz, oy, ox)
 
 

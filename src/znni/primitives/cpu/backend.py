@@ -146,8 +146,7 @@ class CpuBackend:
             raise ValueError(f"only the 'openvino' conv primitive applies a norm, "
                              f"got primitive {primitive!r}")
         if primitive in PRIMITIVE_TILES:
-            return winograd_conv3d(parts, weight, bias, activation, pool=self._pool, pads=pads,
-                                   m=PRIMITIVE_TILES[primitive])
+            return self._winograd(primitive, parts, pads, weight, bias, activation)
         if primitive == "openvino":
             arrays, pads, shape = channel_parts(parts, pads)
             weight, bias = _checked_weights(shape, weight, bias)
@@ -170,9 +169,21 @@ class CpuBackend:
         if primitive == "openvino":
             return self._openvino().conv3d(x, weight, bias, activation)
         if primitive in PRIMITIVE_TILES:
-            return winograd_conv3d(x, weight, bias, activation, pool=self._pool,
-                                   m=PRIMITIVE_TILES[primitive])
+            return self._winograd(primitive, x, (0,) * 6, weight, bias, activation)
         return self._run_fft(primitive == "fft-keep", x, weight, bias, activation)
+
+    def _winograd(
+        self,
+        primitive: str,
+        x: np.ndarray | Sequence[np.ndarray],
+        pads: Sequence[int],
+        weight: np.ndarray,
+        bias: np.ndarray,
+        activation: Activation | None,
+    ) -> np.ndarray:
+        """Winograd F(m, 3) with the primitive's m, over the backend's thread pool."""
+        return winograd_conv3d(x, weight, bias, activation, pool=self._pool, pads=pads,
+                               m=PRIMITIVE_TILES[primitive])
 
     def _openvino(self) -> OpenVinoConvs:
         """The OpenVINO layer cache; ValueError naming the fix when it is not installed."""
