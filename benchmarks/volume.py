@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/volume.py [--shape 64,128,128] [--block 32,64,64]
         [--backend cpu] [--channels 16] [--reps 5] [--pyramid 2] [--no-s3]
-        [--s3-server moto|moto-uvicorn|s3rver] [--s3-chunks 64,64,64]
+        [--s3-server moto|moto-uvicorn|s3rver] [--s3-chunks 64,64,64] [--s3-latency MS]
 
 Compute-only: every block's input is read into memory first, then only the
 compute of segment()'s own block worker (same blocks, same plan) is timed.
@@ -21,7 +21,9 @@ the S3 lines print the ratio as measured and, separately and labelled, with
 the server's CPU seconds taken off the wall time. Servers: `moto` (moto_server,
 the tests' server: werkzeug, which closes the connection after every request),
 `moto-uvicorn` (moto's app under uvicorn, with keep-alive), `s3rver` (the npm
-package, `npm install s3rver`; on PATH or $S3RVER).
+package, `npm install s3rver`; on PATH or $S3RVER). `--s3-latency MS` makes moto wait MS
+milliseconds before each answer, as a store across a network does: it shows whether
+the run hides request latency, not only bandwidth.
 """
 
 from __future__ import annotations
@@ -89,11 +91,26 @@ uvicorn.run(DomainDispatcherApplication(create_backend_app), host="127.0.0.1",
 """
 
 
-def start_s3(kind: str, data: Path) -> subprocess.Popen:
+# moto's app under werkzeug (threaded, as moto_server) that waits `latency` ms before it
+# answers each request, as a store across a network does (S3's first byte: tens of ms)
+MOTO_DELAYED = """
+import sys, time
+from werkzeug.serving import run_simple
+from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+app, delay_s = DomainDispatcherApplication(create_backend_app), float(sys.argv[2]) / 1000
+def delayed(environ, start_response):
+    time.sleep(delay_s)
+    return app(environ, start_response)
+run_simple("127.0.0.1", int(sys.argv[1]), delayed, threaded=True)
+"""
+
+
+def start_s3(kind: str, data: Path, latency_ms: float = 0.0) -> subprocess.Popen:
     """An S3-API server in its own process on 127.0.0.1, with bucket `bench`; the
     environment points at it. `moto`: moto_server (moto[server], the tests' server);
     `s3rver`: the s3rver npm package (Node; `npm install s3rver`, found on PATH or as
-    $S3RVER), storing objects as files under `data`."""
+    $S3RVER), storing objects as files under `data`. `latency_ms` > 0: moto's app waits that
+    long before each answer."""
     import shutil
     import socket
 
@@ -102,7 +119,11 @@ def start_s3(kind: str, data: Path) -> subprocess.Popen:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    if kind == "moto":
+    if latency_ms > 0:
+        if kind != "moto":
+            raise SystemExit("--s3-latency needs --s3-server moto")
+        cmd, key = [sys.executable, "-c", MOTO_DELAYED, str(port), str(latency_ms)], "bench"
+    elif kind == "moto":
         cmd, key = [str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1",
                     "-p", str(port)], "bench"
     elif kind == "moto-uvicorn":
@@ -162,6 +183,9 @@ def main() -> None:
     ap.add_argument("--s3-server", choices=("moto", "moto-uvicorn", "s3rver"), default="moto",
                     help="the local S3-API server: moto_server (moto[server], as the tests), "
                     "moto's app under uvicorn (keep-alive), or s3rver (npm)")
+    ap.add_argument("--s3-latency", type=float, default=0.0, metavar="MS",
+                    help="moto waits MS milliseconds before answering each request, as a "
+                    "store across a network does (default 0)")
     ap.add_argument("--server-core", action="store_true",
                     help="pin the S3-API server to the last core and this process to the "
                     "others, so the server's CPU is not taken from the compute")
@@ -178,7 +202,7 @@ def main() -> None:
     backend = make_backend(args.backend or default_backend_name())
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        s3 = None if args.no_s3 else start_s3(args.s3_server, tmp / "s3")
+        s3 = None if args.no_s3 else start_s3(args.s3_server, tmp / "s3", args.s3_latency)
         if s3 is not None and args.server_core:
             os.sched_setaffinity(s3.pid, cores[-1:])
         try:
@@ -299,8 +323,10 @@ def print_s3(args: argparse.Namespace, run: Run, compute: float, job: object) ->
     """The S3 case with the server's CPU share shown, never silently subtracted."""
     server = run.server_cpu or 0.0
     where = "its own core" if args.server_core else f"this machine's {os.cpu_count()} cores"
+    wait = f", {args.s3_latency:g} ms before each answer" if args.s3_latency else ""
     print(f"S3: output chunks {job.chunks}, block {job.block}, input chunks "  # type: ignore[attr-defined]
-          f"{args.s3_chunks or 'as local'}; the S3-API server ({args.s3_server}) ran on {where} "
+          f"{args.s3_chunks or 'as local'}; the S3-API server ({args.s3_server}{wait}) ran on "
+          f"{where} "
           f"and used {server:.2f} CPU s during the run's {run.seconds:.2f} s")
     if args.server_core:
         print(f"  ratio as measured (the server on its own core): {compute / run.seconds:.3f}")

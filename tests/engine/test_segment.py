@@ -132,3 +132,46 @@ def test_stage_times_and_progress_reported(tmp_path: Path) -> None:
     assert stages["compute"] > 0 and report.voxels_per_second > 0
     assert [e.blocks_done for e in seen] == list(range(1, report.blocks_total + 1))
     assert seen[-1].voxels_done == seen[-1].voxels_total == 19 * 22 * 25
+
+
+def test_first_block_is_read_while_the_output_is_created(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """The output's creation waits here until the first block's read has begun: a run that
+    read only after creating its output would never start, and the wait would time out."""
+    import znni.engine.segment as seg
+    from znni.engine.blockwork import BlockWorker
+
+    job, vol, layers, params = _job(tmp_path)
+    reading, created = threading.Event(), []
+    read = BlockWorker.read
+
+    def read_and_tell(self, block):  # noqa: ANN001, ANN202
+        reading.set()
+        return read(self, block)
+
+    open_target = seg.open_target
+
+    def open_after_the_read(*args, **kw):  # noqa: ANN002, ANN003, ANN202
+        created.append(reading.wait(timeout=30))
+        return open_target(*args, **kw)
+
+    monkeypatch.setattr(BlockWorker, "read", read_and_tell)
+    monkeypatch.setattr(seg, "open_target", open_after_the_read)
+    segment(job, backend=make_backend("reference"))
+    assert created == [True]
+    assert close(zarr.open_array(job.output_path)[...], dense_volume(layers, params, vol[None],
+                                                                     "reflect"))
+
+
+def test_a_failed_output_creation_stops_the_early_read(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    import znni.engine.segment as seg
+
+    job, *_ = _job(tmp_path)
+
+    def refuse(*args, **kw):  # noqa: ANN002, ANN003, ANN202
+        raise ValueError("output refused")
+
+    monkeypatch.setattr(seg, "open_target", refuse)
+    with pytest.raises(ValueError, match="output refused"):
+        segment(job, backend=make_backend("reference"))
+    assert not [t for t in threading.enumerate() if t.name.startswith("znni-read")]
+    assert not Path(job.output_path).exists()

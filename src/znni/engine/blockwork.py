@@ -19,7 +19,7 @@ from znni.engine.borders import read_with_border
 from znni.engine.cpu_gpu import run_patches_cpu_gpu
 from znni.engine.execution import Execution, build_backends, default_split_op, execution_for
 from znni.engine.geometry import Block, Box, Triple, patch_tiling
-from znni.engine.volume import encode_output, open_input, open_output_array, write_box
+from znni.engine.volume import encode_output, open_input, write_block
 from znni.model.network import Network
 from znni.primitives.base import Backend
 from znni.primitives.dense import dense_forward
@@ -65,8 +65,7 @@ class BlockWorker:
             self.execution = Execution("cpu", backend.name)
         else:
             self.backend, self.gpu_backend = build_backends(execution)
-        self.output = output_array if output_array is not None else open_output_array(
-            spec.output_path)
+        self.output = output_array  # None: spec.output_path, opened at the first write
 
     def read(self, block: Block) -> np.ndarray:
         """Raw (C, *block.read.shape) input of the block, border mode applied."""
@@ -115,7 +114,7 @@ class BlockWorker:
             yield dense_forward(net.ops, xp, backend, prims)
 
     def write(self, block: Block, values: np.ndarray) -> None:
-        write_box(self.output, block.write, values)
+        self.output = write_block(self.output, self.spec.output_path, block.write, values)
 
     def run(self, block: Block) -> None:
         self.write(block, self.compute(block, self.read(block)))

@@ -21,7 +21,7 @@ from znni.engine.blockwork import trace_block
 from znni.engine.borders import read_with_border
 from znni.engine.geometry import Block, Box, Triple
 from znni.engine.graph_forward import make_graph_backend, run_graph
-from znni.engine.volume import encode_output, open_input, open_output_array, write_box
+from znni.engine.volume import encode_output, open_input, write_block
 from znni.model.onnx_model import OnnxModel
 from znni.primitives.base import Backend
 
@@ -76,11 +76,7 @@ class ExactGraphWorker:
         self.graph = spec.model.graph(spec.tile)
         self.primitives = dict(spec.primitives)
         self.out = tile_output(spec.model, spec.tile)
-        self.output = (
-            output_array
-            if output_array is not None
-            else open_output_array(spec.output_path)
-        )
+        self.output = output_array  # None: spec.output_path, opened at the first write
 
     def _starts(self, block: Block) -> list[list[int]]:
         f = self.spec.model.size_factor
@@ -130,7 +126,7 @@ class ExactGraphWorker:
         return run_graph(self.graph, window, self.backend, self.primitives)[0]
 
     def write(self, block: Block, values: np.ndarray) -> None:
-        write_box(self.output, block.write, values)
+        self.output = write_block(self.output, self.spec.output_path, block.write, values)
 
     def run(self, block: Block) -> None:
         self.write(block, self.compute(block, self.read(block)))

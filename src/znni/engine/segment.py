@@ -27,13 +27,14 @@ from znni.engine.layout import (
     memory_budget_bytes,
 )
 from znni.engine.ledger import (
+    BlockLedger,
     fingerprint,
     fingerprint_parts,
     mismatch_sentence,
     open_ledger,
     read_ledger,
 )
-from znni.engine.pipeline import run_local
+from znni.engine.pipeline import ReadAhead, run_local
 from znni.engine.progress import Progress, StageTimer
 from znni.engine.store_memo import memo
 from znni.engine.stores import (
@@ -43,7 +44,7 @@ from znni.engine.stores import (
     registered,
     resolved,
 )
-from znni.engine.target import open_target, output_plan
+from znni.engine.target import OutputTarget, open_target, output_plan
 from znni.engine.units import resolve_roi
 from znni.engine.volume import (
     InputVolume,
@@ -54,6 +55,7 @@ from znni.engine.volume import (
 from znni.engine.windowed import (
     WINDOW_CACHE_BYTES,
     WindowedSpec,
+    Worker,
     check_window_options,
     make_worker,
 )
@@ -249,27 +251,19 @@ def segment(
     plan: Plan | None = None,
 ) -> SegmentReport:
     """Compute every unfinished block of the job and write it; see the module docstring."""
+    timer = StageTimer()
     with memo():  # the setup asks the stores each question once (store_memo.py)
         prep = prepare_run(job, plan)
         plan = prep.plan
         plan_dict = plan.to_dict() if plan is not None else _windowed_summary(job, prep)
-        target = open_target(job, prep.volume, prep.out_shape, prep.chunks, prep.region,
-                             plan_dict)
-        ledger = open_ledger(job.output_path)
-        if prep.resume:
-            ledger.resume()
-        else:
-            ledger.start(prep.parts, prep.block_shape)
-        blocks, spec = _blocks_and_spec(target.worker_job(job), prep)
-        worker = None if job.scheduler is not None else make_worker(
-            spec, backend=backend, output_array=target.level0)
+        target, ledger, blocks, spec, worker, reads = _set_up(job, prep, plan_dict, backend,
+                                                              timer)
     todo = [b for b in blocks if b.key not in prep.done]
     done_voxels = sum(b.write.size for b in blocks if b.key in prep.done)
     meter = Progress(
         len(blocks), prep.region.size, quiet=quiet, callback=progress,
         blocks_done=len(blocks) - len(todo), voxels_done=done_voxels,
     )
-    timer = StageTimer()
 
     def record(block: Block) -> None:
         ledger.record([block.key])
@@ -279,12 +273,14 @@ def segment(
 
     try:
         if worker is not None:
-            run_local(worker, todo, on_done, timer, cancel)
+            run_local(worker, todo, on_done, timer, cancel, reads)
         else:
             from znni.engine.distributed import run_dask
 
             run_dask(spec, todo, on_done, timer, job.scheduler, cancel, registered())
     finally:
+        if reads is not None:
+            reads.close()
         target.close()
         meter.close()
     target.check()
@@ -299,6 +295,40 @@ def segment(
         stage_seconds=dict(timer.seconds),
         plan=plan_dict,
     )
+
+
+def _set_up(
+    job: SegmentJob, prep: PreparedRun, plan_dict: dict[str, Any], backend: Backend | None,
+    timer: StageTimer,
+) -> tuple[OutputTarget, BlockLedger, list[Block], Any, Worker | None, ReadAhead | None]:
+    """(the output, its ledger, the blocks, their spec, the local worker and its reader, or
+    None for Dask). A local run starts reading its first unfinished block before it creates
+    the output and starts the ledger, a dozen requests in a row on an object store."""
+    worker, reads = None, None
+    if job.scheduler is None:
+        blocks, spec = _blocks_and_spec(job, prep)
+        worker = make_worker(spec, backend=backend)  # its output is attached below
+        reads = ReadAhead(worker, timer)
+        todo = [b for b in blocks if b.key not in prep.done]
+        if todo:
+            reads.start(todo[0])
+    try:
+        target = open_target(job, prep.volume, prep.out_shape, prep.chunks, prep.region,
+                             plan_dict)
+        ledger = open_ledger(job.output_path)
+        if prep.resume:
+            ledger.resume()
+        else:
+            ledger.start(prep.parts, prep.block_shape)
+    except BaseException:
+        if reads is not None:
+            reads.close()
+        raise
+    if worker is not None:
+        worker.output = target.level0
+    else:
+        blocks, spec = _blocks_and_spec(target.worker_job(job), prep)
+    return target, ledger, blocks, spec, worker, reads
 
 
 def _blocks_and_spec(job: SegmentJob, prep: PreparedRun) -> tuple[list[Block], Any]:

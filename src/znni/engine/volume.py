@@ -317,3 +317,13 @@ def encode_output(values: np.ndarray, dtype: str) -> np.ndarray:
 def write_box(array: Any, box: Box, values: np.ndarray) -> None:
     """Write (C, *box.shape) values to the output array at `box`."""
     array[(slice(None), *box.slices())] = values
+
+
+def write_block(array: Any | None, path: str, box: Box, values: np.ndarray) -> Any:
+    """`write_box` into `array`, or into the output at `path` opened first when `array` is
+    None (a worker opens its output at its first write, so `segment` can start reading the
+    first block's input while it still creates the output); returns the array written."""
+    if array is None:
+        array = open_output_array(path)
+    write_box(array, box, values)
+    return array

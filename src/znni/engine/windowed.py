@@ -18,7 +18,7 @@ from znni.engine.blockwork import BlockSpec, BlockWorker, trace_block
 from znni.engine.exact_graph import ExactGraphSpec, ExactGraphWorker
 from znni.engine.geometry import Block, Box, Triple
 from znni.engine.graph_forward import make_graph_backend, run_graph
-from znni.engine.volume import encode_output, open_input, open_output_array, write_box
+from znni.engine.volume import encode_output, open_input, write_block
 from znni.engine.windows import (
     BlendMode,
     WindowGrid,
@@ -70,11 +70,7 @@ class WindowedWorker:
         self.graph = spec.model.graph(spec.grid.window)
         self.primitives = dict(spec.primitives)
         self._kept = SpectraCache(spec.window_cache_bytes)  # an LRU bounded in bytes
-        self.output = (
-            output_array
-            if output_array is not None
-            else open_output_array(spec.output_path)
-        )
+        self.output = output_array  # None: spec.output_path, opened at the first write
 
     def read_box(self, block: Block) -> Box:
         """The input (volume coordinates) that the windows touching the block, and the
@@ -138,7 +134,7 @@ class WindowedWorker:
         self._kept.put(start, out)
 
     def write(self, block: Block, values: np.ndarray) -> None:
-        write_box(self.output, block.write, values)
+        self.output = write_block(self.output, self.spec.output_path, block.write, values)
 
     def run(self, block: Block) -> None:
         self.write(block, self.compute(block, self.read(block)))
