@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/volume.py [--shape 64,128,128] [--block 32,64,64]
         [--backend cpu] [--channels 16] [--reps 5] [--pyramid 2] [--no-s3]
         [--s3-server moto|moto-uvicorn|s3rver] [--s3-chunks 64,64,64] [--s3-latency MS]
+        [--onnx MODEL.onnx --window 64]
 
 Compute-only: every block's input is read into memory first, then only the
 compute of segment()'s own block worker (same blocks, same plan) is timed.
@@ -173,6 +174,11 @@ def main() -> None:
     ap.add_argument("--block", type=triple, default=(32, 64, 64))
     ap.add_argument("--backend", default=None, help="backend name (default: the engine's)")
     ap.add_argument("--channels", type=int, default=16)
+    ap.add_argument("--onnx", type=Path, default=None, metavar="MODEL",
+                    help="run this ONNX model (e.g. the BasicUNet `bench unets` exports) "
+                    "instead of the small built-in network; blocks as segment chooses them")
+    ap.add_argument("--window", type=int, default=64,
+                    help="--onnx: the window (default 64) of a windowed model")
     ap.add_argument("--reps", type=int, default=5, help="repetitions; the fastest counts")
     ap.add_argument("--pyramid", type=int, default=2,
                     help="OME-Zarr case: pyramid levels (the default depth, coarsest <= 256 "
@@ -222,16 +228,26 @@ def measure(args: argparse.Namespace, backend: object, tmp: Path,
     from znni.engine.volume import open_or_create_output
     from znni.model.network import load_network
 
-    net = load_network(build_network(tmp, args.channels))
     inp = build_volume(tmp / "in.zarr", args.shape)
-    job = SegmentJob(network=net, input_path=inp, output_path=str(tmp / "out.zarr"),
-                     chunks=args.block, block=args.block)
+    if args.onnx is None:
+        net = load_network(build_network(tmp, args.channels))
+        job = SegmentJob(network=net, input_path=inp, output_path=str(tmp / "out.zarr"),
+                         chunks=args.block, block=args.block)
+    else:
+        from znni.model.loading import load_model
+
+        job = SegmentJob(network=load_model(args.onnx), input_path=inp,
+                         output_path=str(tmp / "out.zarr"), window=(args.window,) * 3)
     prep = prepare_run(job)
     blocks, spec = _blocks_and_spec(job, prep)  # the blocks and plan segment() runs
     scratch = open_or_create_output(
         str(tmp / "scratch.zarr"), prep.out_shape, "float32", prep.chunks
     )
-    worker = make_worker(spec, backend=backend, output_array=scratch)
+
+    def new_worker() -> object:  # a windowed worker keeps straddling windows: one per pass
+        return make_worker(spec, backend=backend, output_array=scratch)
+
+    worker = new_worker()
     raws = [worker.read(b) for b in blocks]
     worker.compute(blocks[0], raws[0])  # warm-up: plans, spectra, caches
     cases = {"local": job, "ome": replace(job, output_path=str(tmp / "out.ome.zarr"),
@@ -241,6 +257,7 @@ def measure(args: argparse.Namespace, backend: object, tmp: Path,
         cases["s3"] = s3_job(job, inp, args.s3_chunks)
     runs: dict[str, list[Run]] = {"compute": [], **{name: [] for name in cases}}
     for _ in range(args.reps):  # alternate, so all see the same machine load
+        worker = new_worker()
         with Meter(server) as m:
             for b, raw in zip(blocks, raws, strict=True):
                 worker.compute(b, raw)
@@ -250,7 +267,8 @@ def measure(args: argparse.Namespace, backend: object, tmp: Path,
                 report = segment(replace(target, overwrite=True), backend=backend)
             runs[name].append(replace(m.run, report=report))
     return {"voxels": sum(b.write.size for b in blocks), "blocks": len(blocks),
-            "patch": prep.patch, "fov": net.fov, "cases": cases,
+            "block": prep.block_shape, "patch": prep.patch,
+            "fov": getattr(job.network, "fov", "-"), "cases": cases,
             "best": {k: min(v, key=lambda r: r.seconds) for k, v in runs.items()}}
 
 
@@ -297,7 +315,7 @@ def print_results(args: argparse.Namespace, backend: object, r: dict) -> None:
     best, voxels = r["best"], r["voxels"]
     compute = best["compute"].seconds
     print(
-        f"backend {backend.name}, volume {args.shape}, {r['blocks']} blocks of {args.block}, "  # type: ignore[attr-defined]
+        f"backend {backend.name}, volume {args.shape}, {r['blocks']} blocks of {r['block']}, "  # type: ignore[attr-defined]
         f"patch output {r['patch']}, fov {r['fov']}, {len(os.sched_getaffinity(0))} of "
         f"{os.cpu_count()} cores" + (" (the server on the last)" if args.server_core else "")
     )
@@ -324,7 +342,8 @@ def print_s3(args: argparse.Namespace, run: Run, compute: float, job: object) ->
     server = run.server_cpu or 0.0
     where = "its own core" if args.server_core else f"this machine's {os.cpu_count()} cores"
     wait = f", {args.s3_latency:g} ms before each answer" if args.s3_latency else ""
-    print(f"S3: output chunks {job.chunks}, block {job.block}, input chunks "  # type: ignore[attr-defined]
+    chunks, block = job.chunks or "default", job.block or "chosen"  # type: ignore[attr-defined]
+    print(f"S3: output chunks {chunks}, block {block}, input chunks "
           f"{args.s3_chunks or 'as local'}; the S3-API server ({args.s3_server}{wait}) ran on "
           f"{where} "
           f"and used {server:.2f} CPU s during the run's {run.seconds:.2f} s")
