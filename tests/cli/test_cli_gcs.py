@@ -1,14 +1,18 @@
 """`znni segment` with gs:// volumes against a real GCS-API server (fake-gcs-server on
 127.0.0.1, its own process): a run equal to the local one, refusals before compute, the
-endpoint by --storage-option, SIGKILL and resume, and the server restarting mid-run."""
+endpoint by --storage-option, SIGKILL and resume, and the server restarting mid-run.
+Credentials: a service account's key file through Google's token exchange and bearer
+check, played by `gcs_token_gate.TokenGate` in front of the emulator (which checks none)."""
 
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+from gcs_token_gate import TokenGate, service_account_file
 from store_runs import (
     TOTAL,
     WAIT_S,
@@ -97,3 +101,65 @@ def test_store_down_for_good_fails_with_one_sentence_naming_the_url(gcs, case) -
     by default (5 made it 2.5 min); gcsfs logs every failure it gives up on, and stderr
     still holds only znni's one sentence."""
     assert "gs://znni-test/" in down_for_good(gcs, case, child_env, None, default_tries=1)
+
+
+@pytest.fixture()
+def gate(gcs) -> Iterator[TokenGate]:  # noqa: ANN001
+    g = TokenGate(gcs.endpoint).start()
+    try:
+        yield g
+    finally:
+        g.stop()
+
+
+def test_a_service_account_key_file_reaches_the_store(gate, case, tmp_path) -> None:  # noqa: ANN001
+    """--storage-option token=KEY.json: the key is exchanged for a token at the key's
+    token_uri, and every request carries it (the gate refuses any other)."""
+    key = service_account_file(tmp_path / "key.json", f"{gate.endpoint}/token")
+    out = f"{case['prefix']}/account.zarr"
+    cmd = _cmd(case["spec"], case["input"], out, "--storage-option", f"token={key}")
+    env = _env(STORAGE_EMULATOR_HOST=gate.endpoint)
+    assert subprocess.run(cmd, env=env, timeout=WAIT_S).returncode == 0
+    assert np.array_equal(_read(out), case["expected"])
+    assert gate.refused == 0 and gate.forwarded > 0
+
+
+@pytest.mark.slow
+def test_refused_credentials_exit_2_before_compute_and_write_nothing(gcs, case, tmp_path) -> None:  # noqa: ANN001
+    """An account the token endpoint does not know, and a token the store no longer
+    accepts (revoked): one sentence naming the input, exit 2, no object written. gcsfs
+    retries a 401 itself (about 33 s: tokens expire), so both run at once."""
+    unknown, revoked = TokenGate(gcs.endpoint).start(), TokenGate(gcs.endpoint).start()
+    revoked.accepting = False
+    try:
+        runs = []
+        for name, g, account in (("unknown", unknown, "nobody@znni-test.iam.gserviceaccount.com"),
+                                 ("revoked", revoked, None)):
+            key = service_account_file(tmp_path / f"{name}.json", f"{g.endpoint}/token",
+                                       *([account] if account else []))
+            out = f"{case['prefix']}/{name}.zarr"
+            cmd = _cmd(case["spec"], case["input"], out, "--storage-option", f"token={key}")
+            runs.append((out, g, subprocess.Popen(
+                cmd, env=_env(STORAGE_EMULATOR_HOST=g.endpoint), stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, text=True)))
+        for out, g, proc in runs:
+            _, err = proc.communicate(timeout=WAIT_S)
+            assert proc.returncode == 2, err
+            err = err.strip()
+            assert err.count("\n") == 0 and "Traceback" not in err, err
+            for words in (f"input {case['input']}", "refused access", "check the credentials"):
+                assert words in err, err
+            assert g.refused > 0 and gcs.keys_under(out) == []
+    finally:
+        unknown.stop()
+        revoked.stop()
+
+
+def test_a_raw_token_that_cannot_be_checked_is_one_sentence_and_not_echoed(case) -> None:  # noqa: ANN001
+    """gcsfs checks a raw token at Google's tokeninfo endpoint before any request; where
+    that fails (here: no route to Google) the run stops in one sentence, the token masked."""
+    token = "ya29.not-a-real-token-0123456789"
+    out = f"{case['prefix']}/raw.zarr"
+    err = refused(_cmd(case["spec"], case["input"], out, "--storage-option", f"token={token}"),
+                  child_env(), "could not be set up", "GOOGLE_APPLICATION_CREDENTIALS")
+    assert token not in err and "not-a-real-token" not in err

@@ -28,6 +28,7 @@ from znni.engine.segment import segment
 from znni.engine.stores import (
     StoreError,
     is_transient,
+    masked,
     parse_storage_options,
     retrying,
     zarr_store,
@@ -109,6 +110,15 @@ def test_storage_options_parse_json_else_text() -> None:
                     "client_kwargs": {"region_name": "eu-west-1"}, "n": 3}
     with pytest.raises(ValueError, match="KEY=VALUE"):
         parse_storage_options(["anon"])
+
+
+def test_secret_option_values_are_masked_in_error_sentences() -> None:
+    """A client may write a token into a URL of its error (gcsfs's tokeninfo check)."""
+    opts = {"token": "ya29.abc/def", "secret": "s3cr3t", "endpoint_url": "http://127.0.0.1:9"}
+    text = "GET /tokeninfo?access_token=ya29.abc%2Fdef failed; s3cr3t; at http://127.0.0.1:9"
+    out = masked(text, opts)
+    assert "ya29" not in out and "s3cr3t" not in out and "http://127.0.0.1:9" in out
+    assert out.count("***") == 2
 
 
 def test_transient_errors_are_retried_then_named(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -33,6 +33,7 @@ from znni.engine.store_retry import is_transient as is_transient
 SCHEMES = ("s3", "gs", "gcs", "http", "https")
 WRITABLE_SCHEMES = ("s3", "gs", "gcs")
 URL_RE = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*)://(.*)")
+SECRET_KEY_RE = re.compile(r"token|secret|key|password|credential", re.IGNORECASE)
 
 _OPTIONS: dict[str, dict[str, Any]] = {}  # "scheme://bucket" -> storage options
 _BUCKETS_FOUND: set[str] = set()  # gs buckets seen to exist (`bucket_missing`)
@@ -203,6 +204,25 @@ def filesystem(url: str, **extra: Any) -> tuple[Any, str]:
         return cls(**options), cls._strip_protocol(url)
     except ImportError as e:
         raise _missing_package(url, e) from e
+    except Exception as e:  # credentials the client cannot load or check, unknown options
+        text = masked(" ".join(str(e).split()) or type(e).__name__, options)
+        hint = CREDENTIALS_HINT.get(scheme(url) or "", "--storage-option")
+        raise ValueError(f"{url}: the store's client could not be set up with these options "
+                         f"and credentials ({type(e).__name__}: {text}); check them ({hint})"
+                         ) from e
+
+
+def masked(text: str, options: Mapping[str, Any]) -> str:
+    """`text` with the values of secret-like options (tokens, keys, passwords) replaced by
+    ***, also where a client wrote them into a URL: an error sentence may be logged or
+    sent over HTTP."""
+    from urllib.parse import quote
+
+    for key, value in options.items():
+        if isinstance(value, str) and len(value) >= 3 and SECRET_KEY_RE.search(key):
+            for form in {value, quote(value, safe=""), quote(value)}:
+                text = text.replace(form, "***")
+    return text
 
 
 def _missing_package(url: str, e: ImportError) -> ValueError:
