@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/volume.py [--shape 64,128,128] [--block 32,64,64]
         [--backend cpu] [--channels 16] [--reps 5] [--pyramid 2] [--no-s3]
         [--s3-server moto|moto-uvicorn|s3rver] [--s3-chunks 64,64,64] [--s3-latency MS]
-        [--onnx MODEL.onnx --window 64]
+        [--onnx MODEL.onnx|basicunet --window 64]
 
 Compute-only: every block's input is read into memory first, then only the
 compute of segment()'s own block worker (same blocks, same plan) is timed.
@@ -174,9 +174,10 @@ def main() -> None:
     ap.add_argument("--block", type=triple, default=(32, 64, 64))
     ap.add_argument("--backend", default=None, help="backend name (default: the engine's)")
     ap.add_argument("--channels", type=int, default=16)
-    ap.add_argument("--onnx", type=Path, default=None, metavar="MODEL",
-                    help="run this ONNX model (e.g. the BasicUNet `bench unets` exports) "
-                    "instead of the small built-in network; blocks as segment chooses them")
+    ap.add_argument("--onnx", default=None, metavar="MODEL",
+                    help="run this ONNX model instead of the small built-in network, blocks "
+                    "as segment chooses them; `basicunet`: the seeded BasicUNet(16,16,32,64,"
+                    "128,16) of benchmarks/unets.py, exported here (needs torch and monai)")
     ap.add_argument("--window", type=int, default=64,
                     help="--onnx: the window (default 64) of a windowed model")
     ap.add_argument("--reps", type=int, default=5, help="repetitions; the fastest counts")
@@ -236,7 +237,13 @@ def measure(args: argparse.Namespace, backend: object, tmp: Path,
     else:
         from znni.model.loading import load_model
 
-        job = SegmentJob(network=load_model(args.onnx), input_path=inp,
+        model = args.onnx
+        if model == "basicunet":
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            from unets import build
+
+            model = build(tmp, (16, 16, 32, 64, 128, 16), args.window)[1]
+        job = SegmentJob(network=load_model(model), input_path=inp,
                          output_path=str(tmp / "out.zarr"), window=(args.window,) * 3)
     prep = prepare_run(job)
     blocks, spec = _blocks_and_spec(job, prep)  # the blocks and plan segment() runs
