@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -242,7 +243,9 @@ def measure(args: argparse.Namespace, backend: object, tmp: Path,
             sys.path.insert(0, str(Path(__file__).resolve().parent))
             from unets import build
 
-            model = build(tmp, (16, 16, 32, 64, 128, 16), args.window)[1]
+            with warnings.catch_warnings():  # torch's tracer on MONAI's shape checks
+                warnings.simplefilter("ignore")
+                model = build(tmp, (16, 16, 32, 64, 128, 16), args.window)[1]
         job = SegmentJob(network=load_model(model), input_path=inp,
                          output_path=str(tmp / "out.zarr"), window=(args.window,) * 3)
     prep = prepare_run(job)
