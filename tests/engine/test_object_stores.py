@@ -119,6 +119,8 @@ def test_secret_option_values_are_masked_in_error_sentences() -> None:
     out = masked(text, opts)
     assert "ya29" not in out and "s3cr3t" not in out and "http://127.0.0.1:9" in out
     assert out.count("***") == 2
+    nested = {"client_kwargs": {"aws_secret_access_key": "abc/xyz"}}
+    assert masked("signed with abc/xyz", nested) == "signed with ***"
 
 
 def test_transient_errors_are_retried_then_named(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -219,7 +219,9 @@ def masked(text: str, options: Mapping[str, Any]) -> str:
     from urllib.parse import quote
 
     for key, value in options.items():
-        if isinstance(value, str) and len(value) >= 3 and SECRET_KEY_RE.search(key):
+        if isinstance(value, Mapping):  # e.g. client_kwargs={"aws_secret_access_key": ...}
+            text = masked(text, value)
+        elif isinstance(value, str) and len(value) >= 3 and SECRET_KEY_RE.search(key):
             for form in {value, quote(value, safe=""), quote(value)}:
                 text = text.replace(form, "***")
     return text
