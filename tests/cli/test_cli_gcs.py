@@ -124,35 +124,42 @@ def test_a_service_account_key_file_reaches_the_store(gate, case, tmp_path) -> N
     assert gate.refused == 0 and gate.forwarded > 0
 
 
+def _refused_run(case: dict, gate: TokenGate, key: Path, name: str) -> subprocess.Popen:
+    out = f"{case['prefix']}/{name}.zarr"
+    cmd = _cmd(case["spec"], case["input"], out, "--storage-option", f"token={key}")
+    return subprocess.Popen(cmd, env=_env(STORAGE_EMULATOR_HOST=gate.endpoint),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _one_refusal(proc: subprocess.Popen, *words: str) -> None:
+    _, err = proc.communicate(timeout=WAIT_S)
+    assert proc.returncode == 2, err
+    err = err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err, err
+    for w in words:
+        assert w in err, err
+
+
+def test_an_account_the_token_endpoint_refuses_exits_2_at_once(gcs, gate, case, tmp_path) -> None:  # noqa: ANN001
+    """A deleted account or key: the token is fetched as the client is made, so the
+    refusal comes before any request (not after gcsfs's 33 s of retries on a 401)."""
+    key = service_account_file(tmp_path / "unknown.json", f"{gate.endpoint}/token",
+                               "nobody@znni-test.iam.gserviceaccount.com")
+    _one_refusal(_refused_run(case, gate, key, "unknown"), case["input"],
+                 "refused these credentials", "invalid_grant", "GOOGLE_APPLICATION_CREDENTIALS")
+    assert gate.refused == 1 and gate.forwarded == 0
+    assert gcs.keys_under(f"{case['prefix']}/unknown.zarr") == []
+
+
 @pytest.mark.slow
-def test_refused_credentials_exit_2_before_compute_and_write_nothing(gcs, case, tmp_path) -> None:  # noqa: ANN001
-    """An account the token endpoint does not know, and a token the store no longer
-    accepts (revoked): one sentence naming the input, exit 2, no object written. gcsfs
-    retries a 401 itself (about 33 s: tokens expire), so both run at once."""
-    unknown, revoked = TokenGate(gcs.endpoint).start(), TokenGate(gcs.endpoint).start()
-    revoked.accepting = False
-    try:
-        runs = []
-        for name, g, account in (("unknown", unknown, "nobody@znni-test.iam.gserviceaccount.com"),
-                                 ("revoked", revoked, None)):
-            key = service_account_file(tmp_path / f"{name}.json", f"{g.endpoint}/token",
-                                       *([account] if account else []))
-            out = f"{case['prefix']}/{name}.zarr"
-            cmd = _cmd(case["spec"], case["input"], out, "--storage-option", f"token={key}")
-            runs.append((out, g, subprocess.Popen(
-                cmd, env=_env(STORAGE_EMULATOR_HOST=g.endpoint), stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, text=True)))
-        for out, g, proc in runs:
-            _, err = proc.communicate(timeout=WAIT_S)
-            assert proc.returncode == 2, err
-            err = err.strip()
-            assert err.count("\n") == 0 and "Traceback" not in err, err
-            for words in (f"input {case['input']}", "refused access", "check the credentials"):
-                assert words in err, err
-            assert g.refused > 0 and gcs.keys_under(out) == []
-    finally:
-        unknown.stop()
-        revoked.stop()
+def test_a_revoked_token_exits_2_before_compute_and_writes_nothing(gcs, gate, case, tmp_path) -> None:  # noqa: ANN001
+    """The token endpoint grants a token the store then refuses (401): one sentence naming
+    the input after gcsfs's own retries of the 401 (about 33 s: tokens expire)."""
+    gate.accepting = False
+    key = service_account_file(tmp_path / "revoked.json", f"{gate.endpoint}/token")
+    _one_refusal(_refused_run(case, gate, key, "revoked"), f"input {case['input']}",
+                 "refused access", "check the credentials")
+    assert gate.refused > 0 and gcs.keys_under(f"{case['prefix']}/revoked.zarr") == []
 
 
 def test_a_raw_token_that_cannot_be_checked_is_one_sentence_and_not_echoed(case) -> None:  # noqa: ANN001

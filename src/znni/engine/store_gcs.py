@@ -8,6 +8,9 @@
 - At an emulator the credentials default to anonymous (`token="anon"`), as Google's own
   client libraries do there: gcsfs's default search would otherwise ask the GCE metadata
   server, which an emulator's machine does not have. `--storage-option token=...` wins.
+- A client's access token is fetched when the client is made (`refresh_credentials`):
+  gcsfs would fetch it at its first request and retry a refused one there for about 33 s,
+  as it retries every 401 (a token may have expired).
 """
 
 from __future__ import annotations
@@ -47,3 +50,18 @@ def filesystem_class(options: Mapping[str, Any]) -> type | None:
     from gcsfs.core import GCSFileSystem
 
     return GCSFileSystem
+
+
+def refresh_credentials(fs: Any) -> None:
+    """Fetch the client's access token now; PermissionError when the token endpoint refuses
+    the credentials for good (an unknown account, a deleted key). Anything retryable is left
+    to gcsfs's own retries at the first request."""
+    refresh = getattr(getattr(fs, "credentials", None), "maybe_refresh", None)
+    if refresh is None:  # anonymous, or not gcsfs
+        return
+    try:
+        refresh()
+    except Exception as e:  # gcsfs re-raises a RefreshError as HttpError 401
+        cause = e.__cause__ or e
+        if type(cause).__name__ == "RefreshError" and not getattr(cause, "retryable", False):
+            raise PermissionError(" ".join(str(cause).split())) from e

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from znni.engine.store_gcs import filesystem_class, gcs_options
+from znni.engine.store_gcs import filesystem_class, gcs_options, refresh_credentials
 from znni.engine.store_memo import forget, remembered_list, remembered_read, wrote
 from znni.engine.store_retry import StoreError as StoreError
 from znni.engine.store_retry import is_refused, retrying, retrying_store
@@ -200,13 +200,20 @@ def filesystem(url: str, **extra: Any) -> tuple[Any, str]:
     try:
         cls = filesystem_class(options) if scheme(url) == "gs" else None
         if cls is None:
-            return url_to_fs(url, **options)
-        return cls(**options), cls._strip_protocol(url)
+            fs, p = url_to_fs(url, **options)
+        else:
+            fs, p = cls(**options), cls._strip_protocol(url)
+        if scheme(url) in ("gs", "gcs"):
+            refresh_credentials(fs)
+        return fs, p
     except ImportError as e:
         raise _missing_package(url, e) from e
     except Exception as e:  # credentials the client cannot load or check, unknown options
         text = masked(" ".join(str(e).split()) or type(e).__name__, options)
         hint = CREDENTIALS_HINT.get(scheme(url) or "", "--storage-option")
+        if is_refused(e):
+            raise ValueError(f"{url}: the store refused these credentials ({text}); check "
+                             f"the credentials ({hint})") from e
         raise ValueError(f"{url}: the store's client could not be set up with these options "
                          f"and credentials ({type(e).__name__}: {text}); check them ({hint})"
                          ) from e
