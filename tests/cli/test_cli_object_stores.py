@@ -47,6 +47,8 @@ def test_refusals_before_compute_exit_2_and_write_nothing(s3, case) -> None:  # 
              "s3://no-such-bucket-znni", "does not exist")
     refused(_cmd(spec, inp, "http://127.0.0.1:9/out.zarr"), _env(s3), "only reads")
     refused(_cmd(spec, f"{case['prefix']}/missing.zarr", out), _env(s3), "does not exist")
+    refused(_cmd(spec, inp, out, "--storage-option", "bogus=1"), _env(s3), inp,
+            "could not be set up", "bogus")
     assert s3.keys_under(out) == []
 
 

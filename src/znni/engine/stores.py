@@ -205,6 +205,9 @@ def filesystem(url: str, **extra: Any) -> tuple[Any, str]:
             fs, p = cls(**options), cls._strip_protocol(url)
         if scheme(url) in ("gs", "gcs"):
             refresh_credentials(fs)
+        elif scheme(url) == "s3" and not options.get("asynchronous") \
+                and getattr(fs, "_s3", None) is None:
+            fs.connect()  # its client made now: an option the client does not take fails here
         return fs, p
     except ImportError as e:
         raise _missing_package(url, e) from e
