@@ -36,6 +36,8 @@ INVALID = {"error": {"code": 401, "message": "Invalid Credentials", "errors": [
 
 
 class TokenGate:
+    """The token endpoint and bearer check on 127.0.0.1, the emulator behind them."""
+
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream.rstrip("/")
         self.token = uuid.uuid4().hex  # the access token the endpoint hands out

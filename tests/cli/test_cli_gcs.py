@@ -116,28 +116,17 @@ def test_a_service_account_key_file_reaches_the_store(gate, case, tmp_path) -> N
     """--storage-option token=KEY.json: the key is exchanged for a token at the key's
     token_uri, and every request carries it (the gate refuses any other)."""
     key = service_account_file(tmp_path / "key.json", f"{gate.endpoint}/token")
-    out = f"{case['prefix']}/account.zarr"
-    cmd = _cmd(case["spec"], case["input"], out, "--storage-option", f"token={key}")
-    env = _env(STORAGE_EMULATOR_HOST=gate.endpoint)
+    cmd, env = _key_run(case, gate, key, "account")
     assert subprocess.run(cmd, env=env, timeout=WAIT_S).returncode == 0
-    assert np.array_equal(_read(out), case["expected"])
+    assert np.array_equal(_read(f"{case['prefix']}/account.zarr"), case["expected"])
     assert gate.refused == 0 and gate.forwarded > 0
 
 
-def _refused_run(case: dict, gate: TokenGate, key: Path, name: str) -> subprocess.Popen:
-    out = f"{case['prefix']}/{name}.zarr"
-    cmd = _cmd(case["spec"], case["input"], out, "--storage-option", f"token={key}")
-    return subprocess.Popen(cmd, env=_env(STORAGE_EMULATOR_HOST=gate.endpoint),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _one_refusal(proc: subprocess.Popen, *words: str) -> None:
-    _, err = proc.communicate(timeout=WAIT_S)
-    assert proc.returncode == 2, err
-    err = err.strip()
-    assert err.count("\n") == 0 and "Traceback" not in err, err
-    for w in words:
-        assert w in err, err
+def _key_run(case: dict, gate: TokenGate, key: Path, name: str) -> tuple[list[str], dict]:
+    """The command and environment of a run with the service account `key`, through `gate`."""
+    cmd = _cmd(case["spec"], case["input"], f"{case['prefix']}/{name}.zarr",
+               "--storage-option", f"token={key}")
+    return cmd, _env(STORAGE_EMULATOR_HOST=gate.endpoint)
 
 
 def test_an_account_the_token_endpoint_refuses_exits_2_at_once(gcs, gate, case, tmp_path) -> None:  # noqa: ANN001
@@ -145,8 +134,8 @@ def test_an_account_the_token_endpoint_refuses_exits_2_at_once(gcs, gate, case, 
     refusal comes before any request (not after gcsfs's 33 s of retries on a 401)."""
     key = service_account_file(tmp_path / "unknown.json", f"{gate.endpoint}/token",
                                "nobody@znni-test.iam.gserviceaccount.com")
-    _one_refusal(_refused_run(case, gate, key, "unknown"), case["input"],
-                 "refused these credentials", "invalid_grant", "GOOGLE_APPLICATION_CREDENTIALS")
+    refused(*_key_run(case, gate, key, "unknown"), case["input"], "refused these credentials",
+            "invalid_grant", "GOOGLE_APPLICATION_CREDENTIALS")
     assert gate.refused == 1 and gate.forwarded == 0
     assert gcs.keys_under(f"{case['prefix']}/unknown.zarr") == []
 
@@ -157,8 +146,8 @@ def test_a_revoked_token_exits_2_before_compute_and_writes_nothing(gcs, gate, ca
     the input after gcsfs's own retries of the 401 (about 33 s: tokens expire)."""
     gate.accepting = False
     key = service_account_file(tmp_path / "revoked.json", f"{gate.endpoint}/token")
-    _one_refusal(_refused_run(case, gate, key, "revoked"), f"input {case['input']}",
-                 "refused access", "check the credentials")
+    refused(*_key_run(case, gate, key, "revoked"), f"input {case['input']}", "refused access",
+            "check the credentials")
     assert gate.refused > 0 and gcs.keys_under(f"{case['prefix']}/revoked.zarr") == []
 
 
