@@ -309,9 +309,9 @@ def _set_up(
         blocks, spec = _blocks_and_spec(job, prep)
         worker = make_worker(spec, backend=backend)  # its output is attached below
         reads = ReadAhead(worker, timer)
-        todo = [b for b in blocks if b.key not in prep.done]
-        if todo:
-            reads.start(todo[0])
+        first = next((b for b in blocks if b.key not in prep.done), None)
+        if first is not None:
+            reads.start(first)
     try:
         target = open_target(job, prep.volume, prep.out_shape, prep.chunks, prep.region,
                              plan_dict)
