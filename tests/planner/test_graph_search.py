@@ -25,6 +25,7 @@ from znni.planner.graph_search import (
     winograd_bytes,
 )
 from znni.planner.machine import MachineProfile
+from znni.planner.winograd_costs import chunk_rounds_factor
 from znni.primitives.backends import make_backend
 
 torch = pytest.importorskip("torch")
@@ -262,10 +263,14 @@ def test_a_batch_of_windows_shares_each_nodes_call_cost(model) -> None:
     one, two = (plan_graph(graph, machine, 2**31, batch=b) for b in (1, 2))
     assert (one.batch, two.batch) == (1, 2)
     assert two.peak_bytes > one.peak_bytes and two.peak_bytes >= graph.peak_tensor_bytes(2)
-    for a, b in zip(one.nodes, two.nodes, strict=True):
+    overhead_s = machine.rate("layer_overhead_s")
+    for i, (a, b) in enumerate(zip(one.nodes, two.nodes, strict=True)):
         if a.primitive == "winograd" and b.primitive == "winograd":
-            assert 2 * a.predicted_s - b.predicted_s == pytest.approx(
-                machine.rate("layer_overhead_s"))
+            rounds_a, rounds_b = (chunk_rounds_factor(conv_layer(graph, i, graph.nodes[i], s), 2)
+                                  for s in (1, 2))
+            assert rounds_b <= rounds_a  # a pair of windows fills the cores at least as well
+            assert 2 * (a.predicted_s - overhead_s) / rounds_a == pytest.approx(
+                (b.predicted_s - overhead_s) / rounds_b)
         elif a.primitive is None and a.op in ("maxpool", "instance_norm") and a.predicted_s:
             assert 2 * a.predicted_s - b.predicted_s >= NODE_OVERHEAD_S * 0.999
     factor = two.predicted_window_s * 2 / sum(n.predicted_s for n in two.nodes)
@@ -284,3 +289,30 @@ def test_a_batch_of_windows_shares_each_nodes_call_cost(model) -> None:
         assert lean.plan.batch == 1 and lean.plan.peak_bytes <= tight
     finally:
         monkey.undo()
+
+
+def test_winograd_cost_counts_the_rounds_of_chunks_its_workers_run() -> None:
+    """A layer small enough for one chunk keeps one of two cores busy: twice the time per
+    unit of work of a layer whose chunks split evenly (winograd.chunks decides both)."""
+    from znni.model.network import LayerShape
+    from znni.planner.winograd_costs import winograd_seconds
+    from znni.primitives.cpu.winograd import CHUNK_BYTES, chunks
+
+    def layer(c: int, n: int) -> LayerShape:
+        return LayerShape(0, "conv", 1, c, (n + 2,) * 3, 1, c, (n,) * 3, (3, 3, 3))
+
+    two = MachineProfile(name="t", cores=2, memory_bytes=2**33)
+    one = MachineProfile(name="t", cores=1, memory_bytes=2**33)
+    small, big = layer(128, 4), layer(16, 64)  # 1 tile row of 1 tile; 16 x 16 x 16 tiles
+    per_chunk = CHUNK_BYTES // (4 * 216 * 256)
+    assert len(chunks(1, (1, 1, 1), per_chunk, 2)) == 1
+    assert chunk_rounds_factor(small, 2) == 2.0 and chunk_rounds_factor(small, 1) == 1.0
+    assert chunk_rounds_factor(big, 2) == 1.0
+    assert chunk_rounds_factor(layer(48, 16), 2) == pytest.approx(
+        4 / 3 if len(chunks(1, (4, 4, 4), CHUNK_BYTES // (4 * 216 * 96), 2)) == 3 else 1.0)
+    overhead_s = two.rate("layer_overhead_s")
+    # the same rates (those of all cores) on both profiles: on two cores the one chunk
+    # leaves a core idle, so its work takes twice the time the rates say
+    assert winograd_seconds(small, two) - overhead_s == pytest.approx(
+        2 * (winograd_seconds(small, one) - overhead_s))
+    assert winograd_seconds(big, two) == pytest.approx(winograd_seconds(big, one))
