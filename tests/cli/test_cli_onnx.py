@@ -164,3 +164,48 @@ def test_plan_says_the_mode_and_why(tmp_path, capsys) -> None:
     assert plan["window_peak_bytes"] <= plan["memory_budget_bytes"]
     assert main(["plan", str(onnx_path)]) == 0
     assert "mode: windowed" in capsys.readouterr().out
+    from znni.engine.layout import DEFAULT_BUDGET_FRACTION, PLAN_FRACTION
+    from znni.planner.machine import MachineProfile
+
+    assert main(["plan", str(onnx_path), "--machine", "h100-host", "--json"]) == 0
+    other = json.loads(capsys.readouterr().out)  # planned for that machine's memory
+    memory = MachineProfile.load("h100-host").memory_bytes
+    assert other["memory_budget_bytes"] == int(int(memory * DEFAULT_BUDGET_FRACTION)
+                                               * PLAN_FRACTION)
+
+
+def test_plan_for_an_input_is_what_segment_runs(tmp_path, volume, capsys) -> None:
+    """`znni plan --input --roi` chooses for that region and budget what `znni segment`
+    then runs (window and predicted rate), and prints it; bad volumes get one sentence."""
+    import json
+
+    _, inp = volume
+    model, _ = _unets()["unet"]
+    onnx_path = _export(model, tmp_path / "u.onnx", (8, 16, 12))
+    common = ["--roi", "3:17,5:30,:", "--scale", str(1 / 255), "--memory-limit", "256MiB"]
+    capsys.readouterr()
+    assert main(["plan", str(onnx_path), "--input", inp, *common, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["region"] == [14, 25, 36] and plan["region_given"] and plan["overlap"] == 0.25
+    assert plan["passes"] >= 1 and plan["predicted_seconds"] == pytest.approx(
+        14 * 25 * 36 / plan["predicted_voxels_per_second"])
+    out = tmp_path / "o.zarr"
+    assert main(["segment", str(onnx_path), inp, str(out), *common, "--quiet"]) == 0
+    ran = zarr.open_array(str(out), mode="r").attrs["znni"]["plan"]
+    assert ran["window"] == plan["window"] and ran["batch"] == plan["batch"]
+    assert ran["predicted_voxels_per_second"] == pytest.approx(plan["predicted_voxels_per_second"])
+    assert main(["plan", str(onnx_path), "--input", inp, *common]) == 0
+    text = capsys.readouterr().out
+    assert f"window {'x'.join(map(str, plan['window']))} for the volume 14x25x36" in text
+    assert f"{plan['passes']} window" in text
+
+    for extra, words in (
+        (["--roi", "0:4,:,:"], "--roi needs --input"),
+        (["--input", str(tmp_path / "missing.zarr")], "does not exist"),
+        (["--input", inp, "--roi", "0:99,:,:"], "outside the volume"),
+        (["--input", inp, "--level", "1"], "applies to OME-Zarr image groups"),
+        (["--input", inp, "--overlap", "1"], "--overlap must be in [0, 1)"),
+    ):
+        assert main(["plan", str(onnx_path), *extra]) == 2, extra
+        err = capsys.readouterr().err
+        assert words in err and "Traceback" not in err and err.count("\n") == 1, err

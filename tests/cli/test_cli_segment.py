@@ -127,3 +127,28 @@ def test_cli_segment_refuses_bad_input(setup: dict, capsys, name: str) -> None:
     assert "Traceback" not in err
     assert _snapshot(out) == before  # nothing written
     assert not os.environ.get("ZNNI_DEBUG")
+
+
+def test_cli_plan_for_an_input_plans_the_pass_segment_runs(setup: dict, capsys) -> None:
+    """Like `segment`, `znni plan` gives the patch pass PLAN_FRACTION of the memory budget;
+    with --input (and --roi) no patch is planned larger than that region, and the region's
+    predicted time is reported. `--machine` keeps it from calibrating this machine."""
+    import json
+
+    from znni.engine.layout import PLAN_FRACTION
+
+    args = ["plan", setup["spec"], "--machine", "ci-2core", "--memory-limit", "1GiB"]
+    assert main([*args, "--json"]) == 0
+    free = json.loads(capsys.readouterr().out)
+    assert free["memory_limit_bytes"] == int(2**30 * PLAN_FRACTION) and "region" not in free
+    assert main([*args, "--json", "--input", setup["inp"], "--roi", "0:13,5:17,0:9"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["region"] == [13, 12, 9]
+    assert all(o < f for o, f in zip(plan["output_size"], free["output_size"], strict=True))
+    assert max(plan["output_size"]) <= 2 * 13  # within the region, up to the pool product
+    assert plan["predicted_seconds"] == pytest.approx(
+        13 * 12 * 9 / plan["predicted_voxels_per_second"])
+    assert main([*args, "--input", setup["inp"]]) == 0
+    assert "the volume 13x17x19 in about" in capsys.readouterr().out
+    assert main([*args, "--storage-option", "anon=true"]) == 2
+    assert "--storage-option needs --input" in capsys.readouterr().err

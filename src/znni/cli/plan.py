@@ -27,6 +27,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "default: this machine, calibrated",
     )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--input", help="plan for this volume (as `znni segment` takes it: a Zarr "
+                   "array, an OME-Zarr image or a URL); default: no bound (graph models: "
+                   "a 512^3 volume)")
+    p.add_argument("--roi", help="with --input: the region z0:z1,y0:y1,x0:x1 to plan for")
+    p.add_argument("--level", type=int, help="with an OME-Zarr --input: its level (default 0)")
+    p.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="with an s3:// or gs:// --input: an fsspec option; repeatable")
+    p.add_argument("--overlap", type=float, default=0.25,
+                   help="windowed graph models: overlap fraction, as `znni segment` takes it")
     from znni.cli.segment import add_model_options
 
     add_model_options(p)
@@ -52,9 +61,6 @@ def network_for_planning(spec_path: str, weights: str | None) -> Network:
 def run(args: argparse.Namespace) -> int:
     from znni.engine.units import parse_bytes
     from znni.model.onnx_model import OnnxModel
-    from znni.planner.detect import detect_machine
-    from znni.planner.machine import MachineProfile
-    from znni.planner.search import make_plan
 
     limit = parse_bytes(args.memory_limit) if args.memory_limit else None
     if Path(args.network).suffix.lower() == ".onnx":
@@ -63,19 +69,76 @@ def run(args: argparse.Namespace) -> int:
         network = model_from_args(args)
     else:
         network = network_for_planning(args.network, args.weights)
+    region = region_from_args(args, network.in_channels)
     if isinstance(network, OnnxModel):
         from znni.engine.graph_plan import graph_plan
 
-        summary = graph_plan(network, limit)
+        if not 0 <= args.overlap < 1:
+            raise ValueError(f"--overlap must be in [0, 1), got {args.overlap}")
+        from znni.planner.machine import MachineProfile
+
+        machine = MachineProfile.load(args.machine) if args.machine else None
+        summary = graph_plan(network, limit, region, args.overlap, machine)
         print(json.dumps(summary, indent=2) if args.json else format_graph_plan(summary))
         return 0
-    machine = MachineProfile.load(args.machine) if args.machine else detect_machine()
-    plan = make_plan(network, machine=machine, device=args.device, memory_limit_bytes=limit)
+    plan, machine = sequential_plan(network, args.device, limit, args.machine, region)
     if args.json:
-        print(json.dumps({"mode": "exact", **plan.to_dict()}, indent=2))
+        extra = {} if region is None else {
+            "region": list(region), "predicted_seconds": predicted_seconds(plan, region)}
+        print(json.dumps({"mode": "exact", **plan.to_dict(), **extra}, indent=2))
     else:
-        print(EXACT_MODE + "\n" + format_plan(plan, network, machine))
+        print(EXACT_MODE + "\n" + format_plan(plan, network, machine, region))
     return 0
+
+
+def region_from_args(args: argparse.Namespace, in_channels: int) -> tuple[int, int, int] | None:
+    """The (z, y, x) shape of --input (its --roi), read from its metadata alone; None
+    without --input. ValueError for a volume `znni segment` would refuse."""
+    if args.input is None:
+        given = [f for f, v in (("--roi", args.roi), ("--level", args.level),
+                                ("--storage-option", args.storage_option)) if v]
+        if given:
+            raise ValueError(f"{given[0]} needs --input, the volume to plan for")
+        return None
+    from znni.engine.ome import level_path
+    from znni.engine.stores import check_location, parse_storage_options, register
+    from znni.engine.units import parse_roi, resolve_roi
+    from znni.engine.volume import open_input
+
+    check_location(args.input, "input")
+    register((args.input,), parse_storage_options(args.storage_option))
+    path = args.input if args.level is None else level_path(args.input, args.level)
+    volume = open_input(path, in_channels)
+    lo_hi = (resolve_roi(parse_roi(args.roi), volume.shape) if args.roi
+             else tuple((0, n) for n in volume.shape))
+    return (lo_hi[0][1] - lo_hi[0][0], lo_hi[1][1] - lo_hi[1][0], lo_hi[2][1] - lo_hi[2][0])
+
+
+def sequential_plan(
+    network: Network, device: str, limit: int | None, machine_name: str | None,
+    region: tuple[int, int, int] | None,
+) -> tuple[Plan, MachineProfile]:
+    """The plan `znni segment` makes: its patch pass gets PLAN_FRACTION of the run's
+    memory budget (the rest holds blocks), the budget being --memory-limit, else half of
+    what is available (engine.layout), or of the --machine profile's memory."""
+    from znni.engine.layout import DEFAULT_BUDGET_FRACTION, PLAN_FRACTION, memory_budget_bytes
+    from znni.planner.detect import detect_machine
+    from znni.planner.machine import MachineProfile
+    from znni.planner.search import make_plan
+
+    if machine_name:
+        machine = MachineProfile.load(machine_name)
+        budget = limit or int(machine.memory_bytes * DEFAULT_BUDGET_FRACTION)
+    else:
+        machine, budget = detect_machine(), memory_budget_bytes(limit)
+    plan = make_plan(network, machine=machine, device=device,
+                     memory_limit_bytes=int(budget * PLAN_FRACTION), max_output=region)
+    return plan, machine
+
+
+def predicted_seconds(plan: Plan, region: tuple[int, int, int]) -> float:
+    """The region's output voxels at the plan's predicted rate."""
+    return region[0] * region[1] * region[2] / max(plan.predicted_voxels_per_second, 1e-9)
 
 
 EXACT_MODE = (
@@ -95,7 +158,11 @@ def format_graph_plan(s: dict) -> str:
         )
     else:
         what = "windowed", "windows", "planned window"
-        extra = "overlapping windows blended as MONAI's sliding_window_inference"
+        extra = (f"overlapping windows (overlap {s['overlap']}) blended as MONAI's "
+                 "sliding_window_inference")
+    region = size(map(str, s["region"]))
+    volume = (f"the volume {region}" if s["region_given"]
+              else f"a {region} volume (--input plans for yours)")
     return "\n".join(
         [
             f"network {s['network']}: {s['in_channels']} -> {s['out_channels']} channels",
@@ -104,11 +171,20 @@ def format_graph_plan(s: dict) -> str:
             f"{what[1]}: {size(map(str, s['min_window']))} plus multiples of "
             f"{size(map(str, s['size_factor']))}"
             + (f", exactly {size(map(str, s['fixed_window']))}" if s["fixed_window"] else ""),
-            f"{what[2]} {size(map(str, s['window']))} (largest within "
-            f"{_gib(s['memory_budget_bytes'])}): {_gib(s['window_peak_bytes'])} per pass"
+            f"{what[2]} {size(map(str, s['window']))} for {volume}: the most predicted "
+            f"voxels/s within {_gib(s['memory_budget_bytes'])}, "
+            f"{_gib(s['window_peak_bytes'])} per pass"
             + (f" of {s['batch']} windows" if s.get("batch", 1) > 1 else ""),
+            f"predicted {s['predicted_window_s']:.3f} s per {what[1][:-1]}, "
+            f"{s['predicted_voxels_per_second']:,.0f} output voxels/s; {s['passes']} "
+            f"{what[1] if s['passes'] != 1 else what[1][:-1]}, about "
+            f"{_seconds(s['predicted_seconds'])} s in all",
         ]
     )
+
+
+def _seconds(s: float) -> str:
+    return f"{s:.1f}" if s >= 1 else f"{s:.3f}"
 
 
 def _gib(n: int) -> str:
@@ -119,14 +195,18 @@ def _size(t: tuple[int, int, int] | None) -> str:
     return "-" if t is None else "x".join(str(v) for v in t)
 
 
-def format_plan(plan: Plan, network: Network, machine: MachineProfile) -> str:
+def format_plan(
+    plan: Plan, network: Network, machine: MachineProfile,
+    region: tuple[int, int, int] | None = None,
+) -> str:
     """The per-algorithm table (chosen one marked) and the chosen plan's layers."""
     gpu = machine.gpu
     lines = [
         f"network {network.name} (field of view {_size(network.fov)}) on machine "
         f"{machine.name}: {machine.cores} cores, {_gib(machine.memory_bytes)} host RAM, "
         + (f"GPU {gpu.name} {_gib(gpu.memory_bytes)}" if gpu else "no GPU"),
-        f"host memory limit {_gib(plan.memory_limit_bytes)}",
+        f"host memory for the patch pass {_gib(plan.memory_limit_bytes)} (the rest of the "
+        "run's budget holds blocks)",
         "",
         f"  {'algorithm':<9} {'input':>13} {'output':>13} {'S':>2} {'split':>5} "
         f"{'voxels/s':>12} {'host peak':>11} {'GPU peak':>11}",
@@ -145,7 +225,10 @@ def format_plan(plan: Plan, network: Network, machine: MachineProfile) -> str:
     lines += [
         "",
         f"chosen: {plan.algorithm}, patch {_size(plan.input_size)} -> "
-        f"{_size(plan.output_size)}, {plan.predicted_patch_s:.3f} s per patch",
+        f"{_size(plan.output_size)}, {plan.predicted_patch_s:.3f} s per patch"
+        + ("" if region is None else f"; the volume {_size(region)} in about "
+           f"{_seconds(predicted_seconds(plan, region))} s (blocks' reads and writes not "
+           "counted)"),
         "",
     ]
     lines.append(

@@ -21,6 +21,7 @@ from znni.engine.windows import WindowGrid
 from znni.model.graph import Graph
 from znni.model.onnx_model import OnnxModel
 from znni.planner.graph_search import GraphPlan, first_pass_seconds, plan_graph
+from znni.planner.machine import MachineProfile
 
 Triple = tuple[int, int, int]
 # windowed: per axis. One 256^3 window covers a 256^3 volume at once where 160^3 windows
@@ -48,18 +49,20 @@ class GraphChoice:
 
 
 def plan_window(model: OnnxModel, window: Triple, budget_bytes: int, region: Triple,
-                overlap: float = 0.25) -> GraphChoice:
-    """The plan of one given window or tile; ValueError when it does not fit the budget."""
+                overlap: float = 0.25, machine: MachineProfile | None = None) -> GraphChoice:
+    """The plan of one given window or tile on `machine` (default this one, as planned for
+    runs); ValueError when it does not fit the budget."""
     model.check_window(window)
     n = _passes(model, window, region, overlap)
     graph = model.graph(window)
+    machine = machine or planning_machine()
     try:
-        plan = plan_graph(graph, planning_machine(), budget_bytes, passes=n)
+        plan = plan_graph(graph, machine, budget_bytes, passes=n)
         need = plan.peak_bytes
     except ValueError:  # no primitive fits beside the window's tensors
         plan, need = None, graph.peak_tensor_bytes()
     if plan is not None and need <= budget_bytes and model.mode == "windowed":
-        plan = _batched(graph, plan, budget_bytes, n)
+        plan = _batched(graph, plan, budget_bytes, n, machine)
     if plan is None or need > budget_bytes:
         raise ValueError(
             f"window {tuple(window)} of model {model.name!r} needs {need:,} bytes or more per "
@@ -70,14 +73,15 @@ def plan_window(model: OnnxModel, window: Triple, budget_bytes: int, region: Tri
     return GraphChoice(window, plan, n, prod(region) / max(1e-12, run_s))
 
 
-def _batched(graph: Graph, plan: GraphPlan, budget_bytes: int, passes: int) -> GraphPlan:
+def _batched(graph: Graph, plan: GraphPlan, budget_bytes: int, passes: int,
+             machine: MachineProfile) -> GraphPlan:
     """The plan of the largest batch of windows (BATCHES) that fits the budget and is
     predicted BATCH_GAIN faster per window than the batch before it."""
     for batch in BATCHES[1:]:
         if batch > passes:
             break
         try:
-            bigger = plan_graph(graph, planning_machine(), budget_bytes, passes, batch)
+            bigger = plan_graph(graph, machine, budget_bytes, passes, batch)
         except ValueError:
             break
         if bigger.peak_bytes > budget_bytes or \
@@ -88,7 +92,7 @@ def _batched(graph: Graph, plan: GraphPlan, budget_bytes: int, passes: int) -> G
 
 
 def choose(model: OnnxModel, budget_bytes: int, region: Triple,
-           overlap: float = 0.25) -> GraphChoice:
+           overlap: float = 0.25, machine: MachineProfile | None = None) -> GraphChoice:
     """The candidate with the most predicted voxels/s whose pass fits the budget (its
     first pass's extra cost counted once)."""
     candidates = ([model.fixed_window] if model.fixed_window
@@ -97,7 +101,7 @@ def choose(model: OnnxModel, budget_bytes: int, region: Triple,
     errors = []
     for window in candidates:
         try:
-            choice = plan_window(model, window, budget_bytes, region, overlap)
+            choice = plan_window(model, window, budget_bytes, region, overlap, machine)
         except ValueError as e:
             errors.append(str(e))
             break  # larger candidates need more memory still

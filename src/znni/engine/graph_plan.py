@@ -7,9 +7,10 @@ from typing import Any
 
 from znni.engine.exact_graph import tile_output
 from znni.engine.graph_choice import choose
-from znni.engine.layout import PLAN_FRACTION, memory_budget_bytes
+from znni.engine.layout import DEFAULT_BUDGET_FRACTION, PLAN_FRACTION, memory_budget_bytes
 from znni.model.graph import window_dependence
 from znni.model.onnx_model import OnnxModel
+from znni.planner.machine import MachineProfile
 
 UNBOUNDED = (512, 512, 512)  # no region given: plan for a 512^3 volume
 EXACT_REASON = (
@@ -19,10 +20,17 @@ EXACT_REASON = (
 
 
 def graph_plan(
-    model: OnnxModel, limit_bytes: int | None, region: tuple[int, int, int] = UNBOUNDED
+    model: OnnxModel, limit_bytes: int | None, region: tuple[int, int, int] | None = None,
+    overlap: float = 0.25, machine: MachineProfile | None = None,
 ) -> dict[str, Any]:
-    """A JSON-ready summary (the `znni plan` and POST /v1/plan body for graph models)."""
+    """A JSON-ready summary (the `znni plan` and POST /v1/plan body for graph models): the
+    window `segment` would choose for `region` (the volume or ROI; None: UNBOUNDED) under
+    the same pass budget, and what it predicts for the whole region. `machine`: another
+    computer's profile (its budget, without a limit, half its memory), else this one."""
+    if machine is not None and limit_bytes is None:
+        limit_bytes = int(machine.memory_bytes * DEFAULT_BUDGET_FRACTION)
     budget = int(memory_budget_bytes(limit_bytes) * PLAN_FRACTION)
+    shape = region or UNBOUNDED
     common = {
         "network": model.name,
         "in_channels": model.in_channels,
@@ -32,8 +40,13 @@ def graph_plan(
         "fixed_window": list(model.fixed_window) if model.fixed_window else None,
         "memory_budget_bytes": budget,
     }
-    choice = choose(model, budget, region)
+    choice = choose(model, budget, shape, overlap, machine)
+    voxels = shape[0] * shape[1] * shape[2]
     planned = {
+        "region": list(shape),
+        "region_given": region is not None,
+        "passes": choice.passes,
+        "predicted_seconds": voxels / max(choice.predicted_voxels_per_second, 1e-9),
         "window": list(choice.window),
         "window_peak_bytes": choice.plan.peak_bytes,
         "batch": choice.plan.batch,
@@ -46,4 +59,4 @@ def graph_plan(
                 "context": list(model.context),
                 "tile_output": list(tile_output(model, choice.window)), **planned}
     reason = window_dependence(model.graph(choice.window)) or "its output has the window's size"
-    return {"mode": "windowed", "reason": reason, **common, **planned}
+    return {"mode": "windowed", "reason": reason, "overlap": overlap, **common, **planned}
