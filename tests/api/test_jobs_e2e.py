@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import zarr
 from naive import close, naive_border_pad, naive_dense, naive_fov
 from server_util import TINY_INPUT, TINY_LAYERS, wait_job
@@ -103,8 +104,36 @@ def test_plan_for_a_network(server) -> None:
         assert len(plan["primitives"]) == len(TINY_LAYERS)
         r = client.post(
             "/v1/plan", json={"network": "tiny", "memory_limit_bytes": 2**20, "device": "cpu"}
-        )
-        assert r.status_code == 422 and "fits in 1,048,576 bytes" in r.json()["detail"]
+        )  # a job's patch pass gets PLAN_FRACTION of its memory limit
+        assert r.status_code == 422 and "fits in 786,432 bytes" in r.json()["detail"]
+
+
+def test_plan_for_an_input_region(server, site) -> None:
+    """POST /v1/plan with `input` (and `roi`) plans for that region, the input located as a
+    job's is: a patch no larger than the region, the region's predicted time; an input
+    outside the data root, a bad ROI, or a ROI without an input is a 422 sentence."""
+    shape = zarr.open_array(str(site["root"] / "small.zarr"), mode="r").shape[-3:]
+    with server.client() as client:
+        whole = client.post("/v1/plan", json={"network": "tiny", "device": "cpu"}).json()["plan"]
+        r = client.post("/v1/plan", json={"network": "tiny", "device": "cpu",
+                                          "input": "small.zarr", "roi": [[0, 4], [1, 5], [None, None]]})
+        assert r.status_code == 200, r.text
+        plan = r.json()["plan"]
+        assert plan["region"] == [4, 4, shape[2]] and "region" not in whole
+        assert plan["predicted_seconds"] == pytest.approx(
+            4 * 4 * shape[2] / plan["predicted_voxels_per_second"])
+        assert all(o <= w for o, w in zip(plan["output_size"], whole["output_size"], strict=True))
+        assert plan["output_size"] != whole["output_size"]
+        for body, words in (
+            ({"input": "escape/secret.zarr"}, "outside the data root"),
+            ({"input": "small.zarr", "roi": [[0, 999], [None, None], [None, None]]},
+             "outside the volume"),
+            ({"roi": [[0, 4], [None, None], [None, None]]}, "need an input"),
+            ({"input": "nothing-here.zarr"}, "does not exist"),
+        ):
+            r = client.post("/v1/plan", json={"network": "tiny", "device": "cpu", **body})
+            assert r.status_code == 422, (body, r.text)
+            assert words in r.json()["detail"], (body, r.json())
 
 
 def test_preview_of_a_finished_job_is_a_png(server, site) -> None:

@@ -165,6 +165,15 @@ def test_plan_for_a_windowed_model(server, onnx_site) -> None:
         assert r.status_code == 200, r.text
         plan = r.json()["plan"]
         exact = client.post("/v1/plan", json={"network": "tiny", "device": "cpu"}).json()["plan"]
+        r = client.post("/v1/plan", json={"network": "unet", "memory_limit_bytes": 2**30,
+                                          "input": "em.zarr", "overlap": 0.5,
+                                          "roi": [[0, 16], [None, None], [None, None]]})
+        assert r.status_code == 200, r.text
+        em = r.json()["plan"]
+    assert em["region"] == [16, *VOLUME[1:]] and em["region_given"] and em["overlap"] == 0.5
+    assert not plan["region_given"] and plan["region"] == [512, 512, 512]
+    assert em["passes"] >= 1 and all(w % 16 == 0 for w in em["window"])
+    assert em["window"][0] == 16 and em["window"] != plan["window"]  # chosen for 16x41x36
     assert plan["mode"] == "windowed" and plan["size_factor"] == [16, 16, 16]
     assert all(w % 16 == 0 and w >= 16 for w in plan["window"])
     assert 0 < plan["window_peak_bytes"] <= plan["memory_budget_bytes"] < 2**30

@@ -16,34 +16,51 @@ class PlannerUnavailableError(RuntimeError):
 
 
 def plan_summary(
-    model: Model, settings: Settings, device: str, memory_limit_bytes: int | None
+    model: Model, settings: Settings, device: str, memory_limit_bytes: int | None,
+    region: tuple[int, int, int] | None = None, overlap: float = 0.25,
 ) -> dict[str, Any]:
-    """The plan body for `model`; ValueError for a request that cannot be planned."""
+    """The plan body for `model` on this server's machine (or its `--machine` profile),
+    within the pass budget a job with this memory limit plans in, for `region` (the
+    request's input region) where given; ValueError for a request that cannot be
+    planned."""
     if isinstance(model, OnnxModel):
         from znni.engine.graph_plan import graph_plan
 
-        return graph_plan(model, memory_limit_bytes)
-    return {"mode": "exact", **exact_plan(model, settings, device, memory_limit_bytes)}
+        other = _machine(settings) if settings.machine is not None else None
+        return graph_plan(model, memory_limit_bytes, region, overlap, other)
+    plan = exact_plan(model, _machine(settings), settings, device, memory_limit_bytes, region)
+    extra = {} if region is None else {
+        "region": list(region),
+        "predicted_seconds": region[0] * region[1] * region[2]
+        / max(plan["predicted_voxels_per_second"], 1e-9),
+    }
+    return {"mode": "exact", **plan, **extra}
 
 
-def exact_plan(
-    network: Network, settings: Settings, device: str, memory_limit_bytes: int | None
-) -> dict[str, Any]:
-    """The planner's plan on this server's machine (or its `--machine` profile)."""
+def _machine(settings: Settings) -> Any:
     try:
         from znni.planner.detect import detect_machine
         from znni.planner.machine import MachineProfile
-        from znni.planner.search import make_plan
     except ImportError as e:
         raise PlannerUnavailableError("the planner is not installed") from e
+    if settings.machine is not None:
+        return MachineProfile.load(settings.machine)
+    return detect_machine(calibrate=None)  # cached rates; never measures here
+
+
+def exact_plan(
+    network: Network, machine: Any, settings: Settings, device: str,
+    memory_limit_bytes: int | None, region: tuple[int, int, int] | None = None,
+) -> dict[str, Any]:
+    """The planner's plan for a sequential network, as a job would make it."""
+    from znni.engine.layout import pass_budget_bytes
+    from znni.planner.search import make_plan
+
+    other = machine.memory_bytes if settings.machine is not None else None
     try:
-        machine = (
-            MachineProfile.load(settings.machine)
-            if settings.machine is not None
-            else detect_machine(calibrate=None)  # cached rates; never measures here
-        )
         result = make_plan(
-            network, machine=machine, device=device, memory_limit_bytes=memory_limit_bytes
+            network, machine=machine, device=device,
+            memory_limit_bytes=pass_budget_bytes(memory_limit_bytes, other), max_output=region,
         )
     except ImportError as e:  # e.g. a GPU profile asked for without CuPy installed
         raise PlannerUnavailableError(f"the planner cannot run here ({e})") from e

@@ -44,7 +44,7 @@ from znni.jobs.events import log_event
 from znni.jobs.paths import relative_to_root
 from znni.jobs.settings import Settings
 from znni.jobs.store import JobStore, OutputBusyError
-from znni.jobs.submission import check_submission
+from znni.jobs.submission import check_submission, plan_region
 from znni.jobs.worker import WorkerPool
 
 MAX_ID = 2**62  # SQLite integers are 64-bit; larger ids cannot exist
@@ -251,9 +251,17 @@ def get_network(name: NetworkPath, state: StateDep) -> NetworkRead:
 def plan(body: PlanRequest, state: StateDep) -> PlanRead:
     """What would run for this network on this server's machine: the planner's plan (exact
     mode) or the window a windowed model would use."""
+    settings = state.settings
     try:
         network = state.catalogue.get(body.network)
-        result = plan_summary(network, state.settings, body.device, body.memory_limit_bytes)
+        region = None
+        if body.input is not None:
+            region = plan_region(settings.data_root, settings.allow_url, network, body.input,
+                                 body.roi, body.level)
+        elif body.roi is not None or body.level is not None:
+            raise ValueError("roi and level need an input, the volume to plan for")
+        result = plan_summary(network, settings, body.device, body.memory_limit_bytes,
+                              region, body.overlap)
     except ValueError as e:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(e)) from e
     except PlannerUnavailableError as e:

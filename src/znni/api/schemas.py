@@ -124,11 +124,18 @@ class NetworkList(BaseModel):
 
 
 class PlanRequest(BaseModel):
+    """What a job with these fields would run; `input` (with `roi`, `level`) plans for that
+    volume's region, as a job's input is located (data root or allowed URL prefixes)."""
+
     model_config = ConfigDict(extra="forbid")
 
     network: NetworkName
     device: Literal["auto", "cpu", "gpu", "cpu-gpu"] = "auto"
     memory_limit_bytes: Annotated[int, Field(ge=2**20, le=2**50)] | None = None
+    input: UserPath | None = None
+    roi: tuple[RoiRange, RoiRange, RoiRange] | None = None
+    level: Annotated[int, Field(ge=0, le=64)] | None = None
+    overlap: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.25  # windowed models
 
 
 class PlanRead(BaseModel):

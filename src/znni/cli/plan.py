@@ -118,21 +118,17 @@ def sequential_plan(
     network: Network, device: str, limit: int | None, machine_name: str | None,
     region: tuple[int, int, int] | None,
 ) -> tuple[Plan, MachineProfile]:
-    """The plan `znni segment` makes: its patch pass gets PLAN_FRACTION of the run's
-    memory budget (the rest holds blocks), the budget being --memory-limit, else half of
-    what is available (engine.layout), or of the --machine profile's memory."""
-    from znni.engine.layout import DEFAULT_BUDGET_FRACTION, PLAN_FRACTION, memory_budget_bytes
+    """The plan `znni segment` makes: within its pass budget (engine.layout), on this
+    machine or the --machine profile."""
+    from znni.engine.layout import pass_budget_bytes
     from znni.planner.detect import detect_machine
     from znni.planner.machine import MachineProfile
     from znni.planner.search import make_plan
 
-    if machine_name:
-        machine = MachineProfile.load(machine_name)
-        budget = limit or int(machine.memory_bytes * DEFAULT_BUDGET_FRACTION)
-    else:
-        machine, budget = detect_machine(), memory_budget_bytes(limit)
-    plan = make_plan(network, machine=machine, device=device,
-                     memory_limit_bytes=int(budget * PLAN_FRACTION), max_output=region)
+    machine = MachineProfile.load(machine_name) if machine_name else detect_machine()
+    budget = pass_budget_bytes(limit, machine.memory_bytes if machine_name else None)
+    plan = make_plan(network, machine=machine, device=device, memory_limit_bytes=budget,
+                     max_output=region)
     return plan, machine
 
 

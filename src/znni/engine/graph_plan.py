@@ -7,7 +7,7 @@ from typing import Any
 
 from znni.engine.exact_graph import tile_output
 from znni.engine.graph_choice import choose
-from znni.engine.layout import DEFAULT_BUDGET_FRACTION, PLAN_FRACTION, memory_budget_bytes
+from znni.engine.layout import pass_budget_bytes
 from znni.model.graph import window_dependence
 from znni.model.onnx_model import OnnxModel
 from znni.planner.machine import MachineProfile
@@ -27,9 +27,7 @@ def graph_plan(
     window `segment` would choose for `region` (the volume or ROI; None: UNBOUNDED) under
     the same pass budget, and what it predicts for the whole region. `machine`: another
     computer's profile (its budget, without a limit, half its memory), else this one."""
-    if machine is not None and limit_bytes is None:
-        limit_bytes = int(machine.memory_bytes * DEFAULT_BUDGET_FRACTION)
-    budget = int(memory_budget_bytes(limit_bytes) * PLAN_FRACTION)
+    budget = pass_budget_bytes(limit_bytes, machine.memory_bytes if machine else None)
     shape = region or UNBOUNDED
     common = {
         "network": model.name,

@@ -33,10 +33,20 @@ def available_memory_bytes() -> int:
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
-def memory_budget_bytes(limit_bytes: int | None) -> int:
+def memory_budget_bytes(limit_bytes: int | None, machine_memory_bytes: int | None = None) -> int:
+    """A run's budget: the limit, else DEFAULT_BUDGET_FRACTION of this machine's available
+    memory (or of `machine_memory_bytes`, another computer's profile)."""
     if limit_bytes is not None:
         return limit_bytes
-    return int(available_memory_bytes() * DEFAULT_BUDGET_FRACTION)
+    memory = available_memory_bytes() if machine_memory_bytes is None else machine_memory_bytes
+    return int(memory * DEFAULT_BUDGET_FRACTION)
+
+
+def pass_budget_bytes(limit_bytes: int | None, machine_memory_bytes: int | None = None) -> int:
+    """What `segment` plans its patch or window pass within: PLAN_FRACTION of the run's
+    budget (the rest holds the blocks in flight). `znni plan` and POST /v1/plan use it too,
+    so that they plan what a run would."""
+    return int(memory_budget_bytes(limit_bytes, machine_memory_bytes) * PLAN_FRACTION)
 
 
 def input_cache_bytes(budget_bytes: int) -> int:
