@@ -174,6 +174,14 @@ def test_plan_for_a_windowed_model(server, onnx_site) -> None:
     assert not plan["region_given"] and plan["region"] == [512, 512, 512]
     assert em["passes"] >= 1 and all(w % 16 == 0 for w in em["window"])
     assert em["window"][0] == 16 and em["window"] != plan["window"]  # chosen for 16x41x36
+    with server.client() as client:
+        given = client.post("/v1/plan", json={"network": "unet", "input": "em.zarr",
+                                              "window": [16, 32, 32]}).json()["plan"]
+        off = client.post("/v1/plan", json={"network": "unet", "window": [16, 30, 32]})
+        seq = client.post("/v1/plan", json={"network": "tiny", "window": [16, 32, 32]})
+    assert given["window"] == [16, 32, 32] and given["window_given"] and not em["window_given"]
+    assert off.status_code == 422 and "grid" in off.json()["detail"]
+    assert seq.status_code == 422 and "ONNX graph models" in seq.json()["detail"]
     assert plan["mode"] == "windowed" and plan["size_factor"] == [16, 16, 16]
     assert all(w % 16 == 0 and w >= 16 for w in plan["window"])
     assert 0 < plan["window_peak_bytes"] <= plan["memory_budget_bytes"] < 2**30

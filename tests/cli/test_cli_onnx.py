@@ -198,6 +198,10 @@ def test_plan_for_an_input_is_what_segment_runs(tmp_path, volume, capsys) -> Non
     text = capsys.readouterr().out
     assert f"window {'x'.join(map(str, plan['window']))} for the volume 14x25x36" in text
     assert f"{plan['passes']} window" in text
+    assert main(["plan", str(onnx_path), "--input", inp, *common, "--window", "8,16,12",
+                 "--json"]) == 0
+    given = json.loads(capsys.readouterr().out)
+    assert given["window"] == [8, 16, 12] and given["window_given"]
 
     for extra, words in (
         (["--roi", "0:4,:,:"], "--roi needs --input"),
@@ -205,6 +209,7 @@ def test_plan_for_an_input_is_what_segment_runs(tmp_path, volume, capsys) -> Non
         (["--input", inp, "--roi", "0:99,:,:"], "outside the volume"),
         (["--input", inp, "--level", "1"], "applies to OME-Zarr image groups"),
         (["--input", inp, "--overlap", "1"], "--overlap must be in [0, 1)"),
+        (["--window", "8,16,13"], "not on the grid"),
     ):
         assert main(["plan", str(onnx_path), *extra]) == 2, extra
         err = capsys.readouterr().err

@@ -152,3 +152,5 @@ def test_cli_plan_for_an_input_plans_the_pass_segment_runs(setup: dict, capsys) 
     assert "the volume 13x17x19 in about" in capsys.readouterr().out
     assert main([*args, "--storage-option", "anon=true"]) == 2
     assert "--storage-option needs --input" in capsys.readouterr().err
+    assert main([*args, "--window", "8,8,8"]) == 2
+    assert "--window applies to ONNX graph models" in capsys.readouterr().err

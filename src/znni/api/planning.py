@@ -18,6 +18,7 @@ class PlannerUnavailableError(RuntimeError):
 def plan_summary(
     model: Model, settings: Settings, device: str, memory_limit_bytes: int | None,
     region: tuple[int, int, int] | None = None, overlap: float = 0.25,
+    window: tuple[int, int, int] | None = None,
 ) -> dict[str, Any]:
     """The plan body for `model` on this server's machine (or its `--machine` profile),
     within the pass budget a job with this memory limit plans in, for `region` (the
@@ -27,7 +28,10 @@ def plan_summary(
         from znni.engine.graph_plan import graph_plan
 
         other = _machine(settings) if settings.machine is not None else None
-        return graph_plan(model, memory_limit_bytes, region, overlap, other)
+        return graph_plan(model, memory_limit_bytes, region, overlap, other, window)
+    if window is not None:
+        raise ValueError("window applies to ONNX graph models; this network is sequential "
+                         "and its patch is planned")
     plan = exact_plan(model, _machine(settings), settings, device, memory_limit_bytes, region)
     extra = {} if region is None else {
         "region": list(region),

@@ -261,7 +261,7 @@ def plan(body: PlanRequest, state: StateDep) -> PlanRead:
         elif body.roi is not None or body.level is not None:
             raise ValueError("roi and level need an input, the volume to plan for")
         result = plan_summary(network, settings, body.device, body.memory_limit_bytes,
-                              region, body.overlap)
+                              region, body.overlap, body.window)
     except ValueError as e:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(e)) from e
     except PlannerUnavailableError as e:

@@ -136,6 +136,7 @@ class PlanRequest(BaseModel):
     roi: tuple[RoiRange, RoiRange, RoiRange] | None = None
     level: Annotated[int, Field(ge=0, le=64)] | None = None
     overlap: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.25  # windowed models
+    window: tuple[PositiveSize, PositiveSize, PositiveSize] | None = None  # ONNX: not chosen
 
 
 class PlanRead(BaseModel):

@@ -36,6 +36,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="with an s3:// or gs:// --input: an fsspec option; repeatable")
     p.add_argument("--overlap", type=float, default=0.25,
                    help="windowed graph models: overlap fraction, as `znni segment` takes it")
+    p.add_argument("--window", help="graph models: plan this window (or exact tile) z,y,x "
+                   "instead of choosing one")
     from znni.cli.segment import add_model_options
 
     add_model_options(p)
@@ -78,9 +80,15 @@ def run(args: argparse.Namespace) -> int:
         from znni.planner.machine import MachineProfile
 
         machine = MachineProfile.load(args.machine) if args.machine else None
-        summary = graph_plan(network, limit, region, args.overlap, machine)
+        from znni.engine.units import parse_triple
+
+        window = parse_triple(args.window, "--window") if args.window else None
+        summary = graph_plan(network, limit, region, args.overlap, machine, window)
         print(json.dumps(summary, indent=2) if args.json else format_graph_plan(summary))
         return 0
+    if args.window:
+        raise ValueError(f"--window applies to ONNX graph models; {args.network} is a "
+                         "sequential network, whose patch the planner chooses")
     plan, machine = sequential_plan(network, args.device, limit, args.machine, region)
     if args.json:
         extra = {} if region is None else {
@@ -167,8 +175,9 @@ def format_graph_plan(s: dict) -> str:
             f"{what[1]}: {size(map(str, s['min_window']))} plus multiples of "
             f"{size(map(str, s['size_factor']))}"
             + (f", exactly {size(map(str, s['fixed_window']))}" if s["fixed_window"] else ""),
-            f"{what[2]} {size(map(str, s['window']))} for {volume}: the most predicted "
-            f"voxels/s within {_gib(s['memory_budget_bytes'])}, "
+            f"{what[2]} {size(map(str, s['window']))} for {volume}: "
+            + ("as given" if s.get("window_given") else "the most predicted voxels/s")
+            + f" within {_gib(s['memory_budget_bytes'])}, "
             f"{_gib(s['window_peak_bytes'])} per pass"
             + (f" of {s['batch']} windows" if s.get("batch", 1) > 1 else ""),
             f"predicted {s['predicted_window_s']:.3f} s per {what[1][:-1]}, "

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from znni.engine.exact_graph import tile_output
-from znni.engine.graph_choice import choose
+from znni.engine.graph_choice import choose, plan_window
 from znni.engine.layout import pass_budget_bytes
 from znni.model.graph import window_dependence
 from znni.model.onnx_model import OnnxModel
@@ -22,11 +22,13 @@ EXACT_REASON = (
 def graph_plan(
     model: OnnxModel, limit_bytes: int | None, region: tuple[int, int, int] | None = None,
     overlap: float = 0.25, machine: MachineProfile | None = None,
+    window: tuple[int, int, int] | None = None,
 ) -> dict[str, Any]:
     """A JSON-ready summary (the `znni plan` and POST /v1/plan body for graph models): the
     window `segment` would choose for `region` (the volume or ROI; None: UNBOUNDED) under
     the same pass budget, and what it predicts for the whole region. `machine`: another
-    computer's profile (its budget, without a limit, half its memory), else this one."""
+    computer's profile (its budget, without a limit, half its memory), else this one;
+    `window`: the given window (or tile) instead of the chosen one."""
     budget = pass_budget_bytes(limit_bytes, machine.memory_bytes if machine else None)
     shape = region or UNBOUNDED
     common = {
@@ -38,11 +40,15 @@ def graph_plan(
         "fixed_window": list(model.fixed_window) if model.fixed_window else None,
         "memory_budget_bytes": budget,
     }
-    choice = choose(model, budget, shape, overlap, machine)
+    if window is not None:  # segment's --window: planned and checked, not chosen
+        choice = plan_window(model, window, budget, shape, overlap, machine)
+    else:
+        choice = choose(model, budget, shape, overlap, machine)
     voxels = shape[0] * shape[1] * shape[2]
     planned = {
         "region": list(shape),
         "region_given": region is not None,
+        "window_given": window is not None,
         "passes": choice.passes,
         "predicted_seconds": voxels / max(choice.predicted_voxels_per_second, 1e-9),
         "window": list(choice.window),
