@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/planner.py time [--limit 3GiB]   # chosen plans, 4 networks
     .venv/bin/python benchmarks/planner.py regret [--limit 3GiB] # chosen vs >= 8 alternatives
     .venv/bin/python benchmarks/planner.py limit [--limit 2GiB]  # a run under a tight limit
+    .venv/bin/python benchmarks/planner.py graph [--reps 3]      # U-Nets: graph_planner.py
 
 Every measurement runs in a fresh child process (so VmHWM is that run's peak RSS)
 on the real CpuBackend with random weights; the profile is this machine's
@@ -223,8 +224,15 @@ def tight(machine: MachineProfile, limit: int) -> None:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["graph"]:  # U-Nets (ONNX graphs): benchmarks/graph_planner.py
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import graph_planner
+
+        sys.argv = [graph_planner.__file__, *sys.argv[2:]]
+        graph_planner.main()
+        return
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=("memory", "time", "regret", "limit", "child"))
+    ap.add_argument("what", choices=("memory", "time", "regret", "limit", "child", "graph"))
     ap.add_argument("--limit", default="3GiB")
     ap.add_argument("--plan")
     ap.add_argument("--patches", type=int, help="child: passes (default 2); time: passes per "
