@@ -7,10 +7,9 @@ write-behind), the input chunk cache and the patch pass inside the budget.
 
 from __future__ import annotations
 
-import os
-
 from znni.engine.geometry import Triple
 from znni.model.network import FLOAT_BYTES, Network
+from znni.planner.machine import available_memory_bytes
 
 PATCH_PEAK_FACTOR = 3  # backend temporaries on top of one layer's input + output
 DEFAULT_BUDGET_FRACTION = 0.5  # of available RAM when no --memory-limit is given
@@ -19,18 +18,6 @@ PLAN_FRACTION = 0.75  # of the budget for the patch / window pass; the rest hold
 # halos of a few rows of blocks, at most a sixteenth of the budget
 INPUT_CACHE_BYTES = 256 * 2**20
 INPUT_CACHE_FRACTION = 16
-
-
-def available_memory_bytes() -> int:
-    """MemAvailable from /proc/meminfo, else physical memory."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
 def memory_budget_bytes(limit_bytes: int | None, machine_memory_bytes: int | None = None) -> int:
