@@ -183,3 +183,78 @@ def test_batched_windows_equal_single_windows_whatever_the_blocks(setup, monkeyp
     np.testing.assert_allclose(results[0], setup["expected"], rtol=0, atol=1e-6)
     for other in results[1:]:  # a window's batch is fixed by the grid, not by the blocks
         assert np.array_equal(other, results[0])
+
+
+class _GatedVolume:
+    """The worker's input volume, whose reads of rows at z >= `from_z` wait for `gate`
+    (and fail with `error` where one is given)."""
+
+    def __init__(self, volume, from_z: int, gate: threading.Event,
+                 error: Exception | None = None) -> None:
+        self.inner, self.from_z, self.gate, self.error = volume, from_z, gate, error
+        self.channels, self.array, self.boxes = volume.channels, volume.array, []
+
+    def read(self, box):
+        if box.lo[0] >= self.from_z:
+            if self.error is not None:
+                raise self.error
+            assert self.gate.wait(30), "no window ran before these rows were read"
+        self.boxes.append(box)
+        return self.inner.read(box)
+
+
+def _first_block(setup: dict, name: str):
+    from znni.engine.segment import _blocks_and_spec, make_worker, prepare_run
+
+    job = _job(setup, name)
+    blocks, spec = _blocks_and_spec(job, prepare_run(job))
+    assert len(blocks) == 1  # so no window is kept for a later block
+    return blocks[0], make_worker(spec)
+
+
+def test_first_windows_compute_while_the_block_input_arrives(setup, monkeypatch) -> None:
+    """The sweep's first block reaches a windowed worker in z-slabs (slab_input.py): the
+    first window group runs before the rows above the first windows are read, and the
+    output equals the one computed from the whole read."""
+    import znni.engine.windowed as windowed
+    from znni.engine.pipeline import ReadAhead
+    from znni.engine.progress import StageTimer
+    from znni.engine.slab_input import SlabInput
+
+    block, worker = _first_block(setup, "slabs.zarr")
+    expected = worker.compute(block, worker.read(block))
+    ran = threading.Event()
+    real = windowed.run_graph
+
+    def run_graph(*args, **kwargs):
+        ran.set()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(windowed, "run_graph", run_graph)
+    worker.volume = gated = _GatedVolume(worker.volume, WINDOW[0], ran)
+    reads = ReadAhead(worker, StageTimer())
+    reads.start(block)
+    slabs = reads.take(block).result(timeout=1)  # at once: the rows come later
+    assert isinstance(slabs, SlabInput)
+    try:
+        got = worker.compute(block, slabs)
+    finally:
+        reads.close()
+    assert np.array_equal(got, expected)
+    assert len(gated.boxes) == 4 and [b.lo[0] for b in gated.boxes] == [0, 6, 12, 18]
+
+
+def test_a_failed_slab_read_fails_the_block(setup) -> None:
+    from znni.engine.pipeline import ReadAhead
+    from znni.engine.progress import StageTimer
+
+    block, worker = _first_block(setup, "slabs_fail.zarr")
+    worker.volume = _GatedVolume(worker.volume, 12, threading.Event(),
+                                 ValueError("input in.zarr: chunk 2.0.0 is not readable"))
+    reads = ReadAhead(worker, StageTimer())
+    reads.start(block)
+    try:
+        with pytest.raises(ValueError, match="is not readable"):
+            worker.compute(block, reads.take(block).result(timeout=1))
+    finally:
+        reads.close()
