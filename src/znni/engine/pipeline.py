@@ -11,8 +11,7 @@ ledger put to an object store or an fsync waits behind compute, not in front of 
 instead of reading level 0 back (`pyramid.PyramidBuilder.land`).
 The reader thread (`ReadAhead`) may be started before the sweep: `segment` reads the
 first block's input while it still creates the output and its ledger, which on an object
-store are a dozen requests in a row. A windowed worker's first block arrives in z-slabs
-(`slab_input.py`), and its first windows start on the lowest ones.
+store are a dozen requests in a row.
 """
 
 from __future__ import annotations
@@ -47,18 +46,8 @@ class ReadAhead:
         self.started: dict[str, Future] = {}  # block key -> its read, begun before the sweep
 
     def start(self, block: Block) -> None:
-        """Begin reading `block` now; `take` hands its read over later. A worker that reads
-        in slabs (`begin_read`: windowed) gets its `SlabInput` at once, the fill running
-        here, so its first windows compute while the rest of the block arrives."""
-        begin = getattr(self.worker, "begin_read", None)
-        if begin is None:
-            self.started[block.key] = self._submit(block)
-            return
-        slabs, fill = begin(block)
-        self.pool.submit(_timed, self.timer, "read", fill)  # errors reach the worker
-        handed: Future = Future()
-        handed.set_result(slabs)
-        self.started[block.key] = handed
+        """Begin reading `block` now; `take` hands its read over later."""
+        self.started[block.key] = self._submit(block)
 
     def take(self, block: Block) -> Future:
         """The read of `block`: the one `start` began, else a new one."""

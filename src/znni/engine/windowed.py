@@ -9,7 +9,6 @@ so it computes each once while they fit (Dask workers each keep their own).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +18,6 @@ from znni.engine.blockwork import BlockSpec, BlockWorker, trace_block
 from znni.engine.exact_graph import ExactGraphSpec, ExactGraphWorker
 from znni.engine.geometry import Block, Box, Triple
 from znni.engine.graph_forward import make_graph_backend, run_graph
-from znni.engine.slab_input import SlabInput, slab_rows
 from znni.engine.volume import encode_output, open_input, write_block
 from znni.engine.windows import (
     BlendMode,
@@ -88,35 +86,14 @@ class WindowedWorker:
     def read(self, block: Block) -> np.ndarray:
         return self.volume.read(self.read_box(block))  # (C, RZ, RY, RX)
 
-    def begin_read(self, block: Block) -> tuple[SlabInput, Callable[[], SlabInput]]:
-        """The block's input as a `SlabInput`, and the fill to run on the reader thread:
-        chunk rows in z order, each converted as `compute` converts a whole input."""
-        box = self.read_box(block)
-        slabs = SlabInput((self.volume.channels, *box.shape))
-        step = max(1, int(self.volume.array.chunks[-3]))
-
-        def read(z0: int, z1: int) -> np.ndarray:
-            rows = Box((box.lo[0] + z0, box.lo[1], box.lo[2]), (box.lo[0] + z1, *box.hi[1:]))
-            return self._as_input(self.volume.read(rows))
-
-        return slabs, lambda: slabs.fill(slab_rows(box.lo[0], box.hi[0], step), read)
-
-    def _as_input(self, raw: np.ndarray) -> np.ndarray:
-        """The network's float32 input: raw * scale + shift, elementwise."""
-        model = self.spec.model
-        x = raw.astype(np.float32)  # (C, Z, Y, X)
+    def compute(self, block: Block, raw: np.ndarray) -> np.ndarray:
+        """Encoded (Cout, *block.write.shape) blended output of the block."""
+        model, grid = self.spec.model, self.spec.grid
+        x = raw.astype(np.float32)  # (C, RZ, RY, RX)
         if model.input_scale != 1.0:
             x *= np.float32(model.input_scale)
         if model.input_shift != 0.0:
             x += np.float32(model.input_shift)
-        return x
-
-    def compute(self, block: Block, raw: np.ndarray | SlabInput) -> np.ndarray:
-        """Encoded (Cout, *block.write.shape) blended output of the block. `raw`: its read
-        input, or a `SlabInput` still arriving (each window group waits for its rows)."""
-        model, grid = self.spec.model, self.spec.grid
-        slabs = raw if isinstance(raw, SlabInput) else None
-        x = raw.array if slabs is not None else self._as_input(raw)  # (C, RZ, RY, RX)
         origin = self.read_box(block).lo
         ready: dict[Triple, np.ndarray] = {}  # batched with an earlier window of this block
         touching: set[Triple] = set()  # the block's windows, listed at its first group
@@ -128,28 +105,21 @@ class WindowedWorker:
             if out is None:
                 if not touching:
                     touching.update(windows_touching(grid, block.write.lo, block.write.hi))
-                out = self._run_group(x, origin, block, start, ready, touching, slabs)
+                out = self._run_group(x, origin, block, start, ready, touching)
             return out
 
         mode: BlendMode = self.spec.blend  # type: ignore[assignment]
         out = blend_box(grid, block.write.lo, block.write.hi, run_window, mode, model.out_channels)
-        if slabs is not None:
-            slabs.wait_rows(x.shape[1])  # the whole fill done (or its error raised)
         trace_block(block)
         return encode_output(out, self.spec.dtype)
 
     def _run_group(self, x: np.ndarray, origin: Triple, block: Block, start: Triple,
-                   ready: dict[Triple, np.ndarray], touching: set[Triple],
-                   slabs: SlabInput | None = None) -> np.ndarray:
+                   ready: dict[Triple, np.ndarray], touching: set[Triple]) -> np.ndarray:
         """Run `start`'s window group as one batch; the others' outputs go to `ready`
         when this block (whose windows are `touching`) blends them, and are kept when
-        another block will. With `slabs`, first wait for the z rows the group reads."""
+        another block will."""
         grid = self.spec.grid
         group = window_group(grid, start, self.spec.batch)
-        if slabs is not None:
-            top = grid.pad_before[0] - grid.window[0] + origin[0]  # row = start - top
-            slabs.wait_rows(max(min(grid.volume_shape[0] - origin[0], s[0] - top)
-                                for s in group))
         batch = np.stack([_window_input(x, origin, s, grid) for s in group])  # (B, C, *W)
         outs = run_graph(self.graph, batch, self.backend, self.primitives)  # (B, Cout, *W)
         for s, out in zip(group, outs, strict=True):
