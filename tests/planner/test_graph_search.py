@@ -308,8 +308,9 @@ def test_winograd_cost_counts_the_rounds_of_chunks_its_workers_run() -> None:
     assert len(chunks(1, (1, 1, 1), per_chunk, 2)) == 1
     assert chunk_rounds_factor(small, 2) == 2.0 and chunk_rounds_factor(small, 1) == 1.0
     assert chunk_rounds_factor(big, 2) == 1.0
-    assert chunk_rounds_factor(layer(48, 16), 2) == pytest.approx(
-        4 / 3 if len(chunks(1, (4, 4, 4), CHUNK_BYTES // (4 * 216 * 96), 2)) == 3 else 1.0)
+    # 16 -> 16 channels at 20^3: 5 x 5 x 5 tiles in three chunks, two rounds on two cores
+    assert len(chunks(1, (5, 5, 5), CHUNK_BYTES // (4 * 216 * 32), 2)) == 3
+    assert chunk_rounds_factor(layer(16, 20), 2) == pytest.approx(4 / 3)
     overhead_s = two.rate("layer_overhead_s")
     # the same rates (those of all cores) on both profiles: on two cores the one chunk
     # leaves a core idle, so its work takes twice the time the rates say

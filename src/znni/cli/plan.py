@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from znni.model.network import Network
@@ -73,17 +73,7 @@ def run(args: argparse.Namespace) -> int:
         network = network_for_planning(args.network, args.weights)
     region = region_from_args(args, network.in_channels)
     if isinstance(network, OnnxModel):
-        from znni.engine.graph_plan import graph_plan
-
-        if not 0 <= args.overlap < 1:
-            raise ValueError(f"--overlap must be in [0, 1), got {args.overlap}")
-        from znni.planner.machine import MachineProfile
-
-        machine = MachineProfile.load(args.machine) if args.machine else None
-        from znni.engine.units import parse_triple
-
-        window = parse_triple(args.window, "--window") if args.window else None
-        summary = graph_plan(network, limit, region, args.overlap, machine, window)
+        summary = graph_summary(args, network, limit, region)
         print(json.dumps(summary, indent=2) if args.json else format_graph_plan(summary))
         return 0
     if args.window:
@@ -97,6 +87,20 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(EXACT_MODE + "\n" + format_plan(plan, network, machine, region))
     return 0
+
+
+def graph_summary(args: argparse.Namespace, model: Any, limit: int | None,
+                  region: tuple[int, int, int] | None) -> dict[str, Any]:
+    """engine.graph_plan's summary for the command line's options."""
+    from znni.engine.graph_plan import graph_plan
+    from znni.engine.units import parse_triple
+    from znni.planner.machine import MachineProfile
+
+    if not 0 <= args.overlap < 1:
+        raise ValueError(f"--overlap must be in [0, 1), got {args.overlap}")
+    machine = MachineProfile.load(args.machine) if args.machine else None
+    window = parse_triple(args.window, "--window") if args.window else None
+    return graph_plan(model, limit, region, args.overlap, machine, window)
 
 
 def region_from_args(args: argparse.Namespace, in_channels: int) -> tuple[int, int, int] | None:
