@@ -10,15 +10,19 @@
   server, which an emulator's machine does not have. `--storage-option token=...` wins.
 - A client's access token is fetched when the client is made (`refresh_credentials`):
   gcsfs would fetch it at its first request and retry a refused one there for about 33 s,
-  as it retries every 401 (a token may have expired).
+  as it retries every 401 (a token may have expired). Then one request with that fresh
+  token, without retries (`check_token`): a 401 to a token fetched a moment ago means the
+  store does not take it (revoked, or meant for another audience), not that it expired.
 """
 
 from __future__ import annotations
 
 import os
+import urllib.error
+import urllib.request
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
 
@@ -65,3 +69,36 @@ def refresh_credentials(fs: Any) -> None:
         cause = e.__cause__ or e
         if type(cause).__name__ == "RefreshError" and not getattr(cause, "retryable", False):
             raise PermissionError(" ".join(str(cause).split())) from e
+
+
+# a token check that gets no answer within this many seconds is left to the run's requests
+CHECK_TIMEOUT_S = 10
+
+
+def check_token(fs: Any, url: str) -> None:
+    """One request for the URL's bucket with the client's fresh token and no retries, once
+    per client and bucket; PermissionError when the store answers 401. Anonymous clients
+    are not checked, and any other answer (403 for a token without bucket-level
+    permission, an error, no answer) is left to the run's own requests."""
+    creds = getattr(fs, "credentials", None)
+    headers: dict[str, str] = {}
+    bucket = url.split("://", 1)[1].split("/", 1)[0]
+    checked = fs.__dict__.setdefault("_znni_checked_buckets", set())  # fsspec reuses fs
+    if getattr(creds, "credentials", None) is None or bucket in checked:  # anonymous
+        return
+    creds.apply(headers)
+    if any(k.lower() == "authorization" for k in headers):
+        request = urllib.request.Request(
+            f"{fs._location}/storage/v1/b/{quote(bucket, safe='')}?fields=name",
+            headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=CHECK_TIMEOUT_S):
+                pass
+        except urllib.error.HTTPError as e:
+            if e.code == 401:
+                raise PermissionError(
+                    "the store answered 401 Invalid Credentials to a token fetched just "
+                    "now (revoked, or not for this store)") from None
+        except (OSError, ValueError):
+            pass
+    checked.add(bucket)

@@ -24,7 +24,12 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from znni.engine.store_gcs import filesystem_class, gcs_options, refresh_credentials
+from znni.engine.store_gcs import (
+    check_token,
+    filesystem_class,
+    gcs_options,
+    refresh_credentials,
+)
 from znni.engine.store_memo import forget, remembered_list, remembered_read, wrote
 from znni.engine.store_retry import StoreError as StoreError
 from znni.engine.store_retry import is_refused, retrying, retrying_store
@@ -205,6 +210,7 @@ def filesystem(url: str, **extra: Any) -> tuple[Any, str]:
             fs, p = cls(**options), cls._strip_protocol(url)
         if scheme(url) in ("gs", "gcs"):
             refresh_credentials(fs)
+            check_token(fs, url)
         elif scheme(url) == "s3" and not options.get("asynchronous") \
                 and getattr(fs, "_s3", None) is None:
             fs.connect()  # its client made now: an option the client does not take fails here
