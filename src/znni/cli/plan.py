@@ -16,8 +16,9 @@ if TYPE_CHECKING:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     from znni.engine.job import DEVICES
 
-    p = sub.add_parser("plan", help="plan patch size, primitives and devices for a network")
-    p.add_argument("network", help="network spec JSON (weights are not needed to plan)")
+    p = sub.add_parser("plan", help="plan a run: patch or window, primitives, devices, time")
+    p.add_argument("network", help="network spec JSON (its weights are not needed to "
+                   "plan), or an ONNX model (MODEL.onnx)")
     p.add_argument("--weights", help="weights .npz (default: the spec's 'weights', if present)")
     p.add_argument("--device", choices=DEVICES, default="auto")
     p.add_argument("--memory-limit", help="host memory budget, e.g. 12GiB (default: available)")
