@@ -32,11 +32,12 @@ def plan_summary(
     if window is not None:
         raise ValueError("window applies to ONNX graph models; this network is sequential "
                          "and its patch is planned")
+    from znni.engine.layout import region_seconds
+
     plan = exact_plan(model, _machine(settings), settings, device, memory_limit_bytes, region)
     extra = {} if region is None else {
         "region": list(region),
-        "predicted_seconds": region[0] * region[1] * region[2]
-        / max(plan["predicted_voxels_per_second"], 1e-9),
+        "predicted_seconds": region_seconds(region, plan["predicted_voxels_per_second"]),
     }
     return {"mode": "exact", **plan, **extra}
 

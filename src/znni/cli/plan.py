@@ -82,8 +82,11 @@ def run(args: argparse.Namespace) -> int:
                          "sequential network, whose patch the planner chooses")
     plan, machine = sequential_plan(network, args.device, limit, args.machine, region)
     if args.json:
+        from znni.engine.layout import region_seconds
+
         extra = {} if region is None else {
-            "region": list(region), "predicted_seconds": predicted_seconds(plan, region)}
+            "region": list(region),
+            "predicted_seconds": region_seconds(region, plan.predicted_voxels_per_second)}
         print(json.dumps({"mode": "exact", **plan.to_dict(), **extra}, indent=2))
     else:
         print(EXACT_MODE + "\n" + format_plan(plan, network, machine, region))
@@ -115,16 +118,14 @@ def region_from_args(args: argparse.Namespace, in_channels: int) -> tuple[int, i
         return None
     from znni.engine.ome import level_path
     from znni.engine.stores import check_location, parse_storage_options, register
-    from znni.engine.units import parse_roi, resolve_roi
+    from znni.engine.units import parse_roi, roi_shape
     from znni.engine.volume import open_input
 
     check_location(args.input, "input")
     register((args.input,), parse_storage_options(args.storage_option))
     path = args.input if args.level is None else level_path(args.input, args.level)
-    volume = open_input(path, in_channels)
-    lo_hi = (resolve_roi(parse_roi(args.roi), volume.shape) if args.roi
-             else tuple((0, n) for n in volume.shape))
-    return (lo_hi[0][1] - lo_hi[0][0], lo_hi[1][1] - lo_hi[1][0], lo_hi[2][1] - lo_hi[2][0])
+    return roi_shape(parse_roi(args.roi) if args.roi else None,
+                     open_input(path, in_channels).shape)
 
 
 def sequential_plan(
@@ -143,11 +144,6 @@ def sequential_plan(
     plan = make_plan(network, machine=machine, device=device, memory_limit_bytes=budget,
                      max_output=region)
     return plan, machine
-
-
-def predicted_seconds(plan: Plan, region: tuple[int, int, int]) -> float:
-    """The region's output voxels at the plan's predicted rate."""
-    return region[0] * region[1] * region[2] / max(plan.predicted_voxels_per_second, 1e-9)
 
 
 EXACT_MODE = (
@@ -210,6 +206,8 @@ def format_plan(
     region: tuple[int, int, int] | None = None,
 ) -> str:
     """The per-algorithm table (chosen one marked) and the chosen plan's layers."""
+    from znni.engine.layout import region_seconds
+
     gpu = machine.gpu
     lines = [
         f"network {network.name} (field of view {_size(network.fov)}) on machine "
@@ -237,8 +235,8 @@ def format_plan(
         f"chosen: {plan.algorithm}, patch {_size(plan.input_size)} -> "
         f"{_size(plan.output_size)}, {plan.predicted_patch_s:.3f} s per patch"
         + ("" if region is None else f"; the volume {_size(region)} in about "
-           f"{_seconds(predicted_seconds(plan, region))} s (blocks' reads and writes not "
-           "counted)"),
+           f"{_seconds(region_seconds(region, plan.predicted_voxels_per_second))} s "
+           "(blocks' reads and writes not counted)"),
         "",
     ]
     lines.append(

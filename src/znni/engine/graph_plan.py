@@ -7,7 +7,7 @@ from typing import Any
 
 from znni.engine.exact_graph import tile_output
 from znni.engine.graph_choice import choose, plan_window
-from znni.engine.layout import pass_budget_bytes
+from znni.engine.layout import pass_budget_bytes, region_seconds
 from znni.model.graph import window_dependence
 from znni.model.onnx_model import OnnxModel
 from znni.planner.machine import MachineProfile
@@ -44,13 +44,12 @@ def graph_plan(
         choice = plan_window(model, window, budget, shape, overlap, machine)
     else:
         choice = choose(model, budget, shape, overlap, machine)
-    voxels = shape[0] * shape[1] * shape[2]
     planned = {
         "region": list(shape),
         "region_given": region is not None,
         "window_given": window is not None,
         "passes": choice.passes,
-        "predicted_seconds": voxels / max(choice.predicted_voxels_per_second, 1e-9),
+        "predicted_seconds": region_seconds(shape, choice.predicted_voxels_per_second),
         "window": list(choice.window),
         "window_peak_bytes": choice.plan.peak_bytes,
         "batch": choice.plan.batch,

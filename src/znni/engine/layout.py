@@ -36,6 +36,11 @@ def pass_budget_bytes(limit_bytes: int | None, machine_memory_bytes: int | None 
     return int(memory_budget_bytes(limit_bytes, machine_memory_bytes) * PLAN_FRACTION)
 
 
+def region_seconds(region: Triple, voxels_per_second: float) -> float:
+    """How long the region's output voxels take at a predicted rate (compute only)."""
+    return region[0] * region[1] * region[2] / max(voxels_per_second, 1e-9)
+
+
 def input_cache_bytes(budget_bytes: int) -> int:
     """The input chunk cache's bound under a memory budget."""
     return min(INPUT_CACHE_BYTES, budget_bytes // INPUT_CACHE_FRACTION)

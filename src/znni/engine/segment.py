@@ -109,7 +109,7 @@ def _prepare_run(job: SegmentJob, plan: Plan | None) -> PreparedRun:
     check_location(job.input_path, "input")
     register((job.input_path, job.output_path), job.storage_options)
     volume = open_input(job.input_path, net.in_channels)
-    lo_hi = resolve_roi(job.roi, volume.shape) if job.roi else tuple((0, n) for n in volume.shape)
+    lo_hi = resolve_roi(job.roi, volume.shape)
     region = Box(tuple(a for a, _ in lo_hi), tuple(b for _, b in lo_hi))  # type: ignore[arg-type]
     if resolved(job.output_path) == resolved(job.input_path):
         raise ValueError(f"output {job.output_path} is the input array; choose another path")

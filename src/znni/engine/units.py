@@ -49,9 +49,12 @@ def parse_roi(text: str) -> tuple[tuple[int | None, int | None], ...]:
 
 
 def resolve_roi(
-    roi: tuple[tuple[int | None, int | None], ...], shape: tuple[int, int, int]
+    roi: tuple[tuple[int | None, int | None], ...] | None, shape: tuple[int, int, int]
 ) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
-    """Fill open ends from the volume shape and check the ROI lies inside it."""
+    """Fill open ends from the volume shape and check the ROI lies inside it (None: the
+    whole volume)."""
+    if roi is None:
+        return ((0, shape[0]), (0, shape[1]), (0, shape[2]))
     out = []
     for axis, ((lo, hi), n) in enumerate(zip(roi, shape, strict=True)):
         lo = 0 if lo is None else lo
@@ -63,6 +66,14 @@ def resolve_roi(
             )
         out.append((lo, hi))
     return (out[0], out[1], out[2])
+
+
+def roi_shape(
+    roi: tuple[tuple[int | None, int | None], ...] | None, shape: tuple[int, int, int]
+) -> tuple[int, int, int]:
+    """The (z, y, x) size of `resolve_roi(roi, shape)`."""
+    (z0, z1), (y0, y1), (x0, x1) = resolve_roi(roi, shape)
+    return (z1 - z0, y1 - y0, x1 - x0)
 
 
 def parse_triple(text: str, what: str) -> tuple[int, int, int]:

@@ -105,18 +105,16 @@ def plan_region(
 ) -> tuple[int, int, int]:
     """The (z, y, x) shape of a plan request's input region, its input located as a job's
     is (`check_submission`) and read from its metadata alone; ValueError in API words."""
-    from znni.engine.units import resolve_roi
+    from znni.engine.units import roi_shape
     from znni.engine.volume import open_input
 
     path = _locate(data_root, allow_url, input, "input")
     if level is not None:
         path = input_level(data_root, allow_url, path, input, level)
     try:
-        shape = open_input(path, model.in_channels).shape
-        lo_hi = resolve_roi(roi, shape) if roi else tuple((0, n) for n in shape)
+        return roi_shape(roi, open_input(path, model.in_channels).shape)
     except (ValueError, TypeError, FileNotFoundError, NotADirectoryError) as e:
         raise ValueError(api_words(relative_to_root(data_root, str(e)))) from e
-    return (lo_hi[0][1] - lo_hi[0][0], lo_hi[1][1] - lo_hi[1][0], lo_hi[2][1] - lo_hi[2][0])
 
 
 def _locate(root: Path, allow_url: tuple[str, ...], given: str, what: str) -> str:
