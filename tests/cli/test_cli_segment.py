@@ -88,6 +88,13 @@ def _prepare_bad(name: str, s: dict) -> tuple[list[str], Path]:
         return base + [inp, str(out), "--roi", "0:5,0:17"], out
     if name == "bad-chunks":
         return base + [inp, str(out), "--chunks", "4,0,4"], out
+    if name == "chunks-differ-from-output":
+        assert main(base + [inp, str(out), "--quiet", "--chunks", "6,6,6"]) == 0
+        return base + [inp, str(out), "--overwrite", "--chunks", "4,4,4"], out
+    if name == "chunks-too-large":  # 4 GiB of float32 per chunk; only metadata on disk
+        big = zarr.create_array(store=str(tmp / "big.zarr"), shape=(1024,) * 3,
+                                chunks=(256,) * 3, dtype="uint8")
+        return base + [str(big.store.root), str(out), "--chunks", "1024,1024,1024"], out
     if name == "bad-scheduler":
         return base + [inp, str(out), "--scheduler", "http://x"], out
     if name == "output-is-input":
@@ -110,7 +117,7 @@ def _prepare_bad(name: str, s: dict) -> tuple[list[str], Path]:
 
 BAD = ["missing-input", "not-zarr-dir", "zarr-group", "2d-input", "5d-input", "bool-input",
        "3d-for-2-channels", "wrong-channels", "roi-outside", "roi-empty", "roi-malformed",
-       "bad-chunks", "bad-scheduler", "output-is-input", "output-is-file", "output-wrong-shape",
+       "bad-chunks", "chunks-differ-from-output", "chunks-too-large", "bad-scheduler", "output-is-input", "output-is-file", "output-wrong-shape",
        "output-wrong-dtype", "output-of-other-job"]
 
 
@@ -125,8 +132,20 @@ def test_cli_segment_refuses_bad_input(setup: dict, capsys, name: str) -> None:
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("znni segment: error: "), err
     assert "Traceback" not in err
+    if name.startswith("chunks-"):
+        assert "chunks (" in lines[0], err
     assert _snapshot(out) == before  # nothing written
     assert not os.environ.get("ZNNI_DEBUG")
+
+
+def test_cli_segment_clips_chunks_to_the_volume(setup: dict) -> None:
+    """Past the volume a chunk would hold only fill; a resume with the same --chunks
+    matches the clipped chunks the output was created with."""
+    out = str(setup["tmp"] / "out.zarr")
+    argv = ["segment", setup["spec"], setup["inp"], out, "--chunks", "100,8,100", "--quiet"]
+    assert main(argv) == 0
+    assert zarr.open_array(out).chunks == (2, 13, 8, 19)
+    assert main(argv) == 0
 
 
 def test_cli_plan_for_an_input_plans_the_pass_segment_runs(setup: dict, capsys) -> None:

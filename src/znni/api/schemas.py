@@ -33,7 +33,8 @@ class JobCreate(BaseModel):
     border: Literal["reflect", "zero"] = "reflect"
     dtype: Literal["float32", "uint8"] = "float32"
     device: Literal["auto", "cpu", "gpu", "cpu-gpu"] = "auto"
-    chunks: tuple[PositiveSize, PositiveSize, PositiveSize] | None = None  # new outputs only
+    # chunks: an existing output's must match (they cannot change in place)
+    chunks: tuple[PositiveSize, PositiveSize, PositiveSize] | None = None
     block: tuple[PositiveSize, PositiveSize, PositiveSize] | None = None  # whole chunks
     memory_limit_bytes: Annotated[int, Field(ge=2**20, le=2**50)] | None = None
     overwrite: bool = False

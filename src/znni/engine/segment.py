@@ -49,8 +49,8 @@ from znni.engine.units import resolve_roi
 from znni.engine.volume import (
     InputVolume,
     check_existing_output,
-    default_chunks,
     open_input,
+    output_chunks,
 )
 from znni.engine.windowed import (
     WINDOW_CACHE_BYTES,
@@ -117,7 +117,8 @@ def _prepare_run(job: SegmentJob, plan: Plan | None) -> PreparedRun:
     out_shape = (net.out_channels, *volume.shape)
     existing = check_existing_output(job.output_path, out_shape, job.dtype)
     output_plan(job, volume, out_shape)  # format and pyramid levels, checked
-    chunks = existing or job.chunks or default_chunks(volume.shape)
+    chunks = output_chunks(job.chunks, existing, volume.shape, net.out_channels, job.dtype,
+                           job.output_path)
     parts = fingerprint_parts(
         net.digest, job.input_path, tuple(int(s) for s in volume.array.shape),
         str(volume.dtype), region.key(), job.border, job.dtype,

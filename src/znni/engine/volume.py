@@ -241,6 +241,42 @@ def default_chunks(shape: Triple) -> Triple:
     return (z, y, x)
 
 
+# numcodecs' Blosc encodes at most 2**31 - 1 bytes, and every chunk is encoded whole
+CHUNK_LIMIT_BYTES = 2**31 - 1
+
+
+def output_chunks(
+    requested: Triple | None, existing: Triple | None, shape: Triple, channels: int,
+    dtype: str, path: str,
+) -> Triple:
+    """The output's spatial chunks: an existing output's own, else `requested` (--chunks)
+    clipped to the volume (past it a chunk holds only fill), else `default_chunks`.
+    ValueError for chunks that differ from an existing output's (they cannot change in
+    place) or that are too large to encode."""
+    clipped = None if requested is None else _clip(requested, shape)
+    if existing is not None:
+        if clipped is not None and clipped != _clip(existing, shape):
+            raise ValueError(
+                f"chunks {clipped} differ from those of the existing output {path}, "
+                f"{existing}; leave the chunks out to use the output's, or write a new output"
+            )
+        return existing
+    chunks = clipped or default_chunks(shape)
+    nbytes = channels * int(np.prod(chunks)) * np.dtype(dtype).itemsize
+    if nbytes > CHUNK_LIMIT_BYTES:
+        raise ValueError(
+            f"chunks {chunks} of {channels} {dtype} channel{'s' * (channels != 1)} take "
+            f"{nbytes:,} bytes each, "
+            f"more than the {CHUNK_LIMIT_BYTES:,} a chunk may encode to; choose smaller chunks"
+        )
+    return chunks
+
+
+def _clip(chunks: Triple, shape: Triple) -> Triple:
+    z, y, x = (min(c, n) for c, n in zip(chunks, shape, strict=True))
+    return (z, y, x)
+
+
 def check_existing_output(path: str, shape: tuple[int, ...], dtype: str) -> Triple | None:
     """Spatial chunks of an existing compatible output, None when there is none; else ValueError."""
     if not is_url(path) and Path(path).exists() and not Path(path).is_dir():
