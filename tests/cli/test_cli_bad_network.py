@@ -131,3 +131,13 @@ def test_missing_spec_file(tmp_path, capsys):
     code = main(["segment", str(tmp_path / "nope.json"), "in.zarr", str(tmp_path / "o.zarr")])
     assert code == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_network_that_is_a_directory(tmp_path, capsys):
+    """A Zarr array given as the network (arguments swapped) is named as what it is."""
+    (tmp_path / "in.zarr").mkdir()
+    code = main(["segment", str(tmp_path / "in.zarr"), "x.zarr", str(tmp_path / "o.zarr")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "is a directory; give a JSON network spec or an .onnx model file" in err
+    assert not (tmp_path / "o.zarr").exists()

@@ -44,6 +44,10 @@ class NetworkSpec:
 
 
 def read_spec_file(path: Path) -> Any:
+    if path.is_dir():
+        raise ValueError(
+            f"network {path} is a directory; give a JSON network spec or an .onnx model file"
+        )
     if not path.is_file():
         raise ValueError(f"network spec {path} does not exist")
     try:
