@@ -13,8 +13,9 @@ primitives, and the measured peak over a first pass in a fresh backend, in a chi
 process: its peak resident set (VmHWM, reset once the backend exists) less its resident
 set then, so OpenVINO's and BLAS's own buffers count as well as numpy's (tracemalloc,
 used before, sees only numpy's). The child first runs the network once on its smallest
-window (imports, BLAS buffers, thread stacks: the process's base, not the window's) with
-ZNNI_KEEP_HEAP=0, so that pass's freed memory goes back and is not reused unseen. Also
+window (imports, BLAS buffers, thread stacks: the process's base, not the window's), then
+gives that pass's freed heap back (malloc_trim), so it is not reused unseen; the measured
+pass runs as `segment` runs, with the heap kept (primitives/cpu/heap.py). Also
 the time with the backend's own per-layer choice, for comparison. Goals: time within
 ±25%, peak within ±15%.
 """
@@ -22,8 +23,9 @@ the time with the backend's own per-layer choice, for comparison. Goals: time wi
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -96,6 +98,7 @@ def peak_child(path: str, window: int, limit: str) -> None:
     graph = load_onnx(Path(path), (window,) * 3)
     plan = plan_graph(graph, detect_machine(), parse_bytes(limit))
     backend = make_graph_backend("cpu", plan.spectra_bytes)
+    ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)  # the small pass's heap goes back
     reset_peak_rss()
     base = peak_rss_bytes("VmRSS")
     x = np.random.default_rng(0).random((1, 1, *graph.window), dtype=np.float32)
@@ -105,8 +108,7 @@ def peak_child(path: str, window: int, limit: str) -> None:
 
 def measure_peak(path: Path, window: int, limit: str) -> int:
     cmd = [sys.executable, __file__, "--peak-child", f"{path}:{window}", "--limit", limit]
-    env = {**os.environ, "ZNNI_KEEP_HEAP": "0"}
-    done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True, env=env)
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
     return int(json.loads(done.stdout.strip().splitlines()[-1])["peak_bytes"])
 
 

@@ -43,3 +43,38 @@ def test_a_heavy_run_with_the_heap_kept_gives_the_same_numbers() -> None:
     del garbage
     again = backend.conv3d(x, w, b, None, "winograd")
     assert np.array_equal(first, again) and np.isfinite(again).all()
+
+
+ARENAS = """
+import ctypes, ctypes.util, os, re, tempfile, threading
+import numpy as np
+from znni.primitives.cpu.heap import keep_freed_memory
+keep_freed_memory()
+kept = []
+def work():
+    kept.append(np.ones(2**20, np.float32))  # malloc'd by this thread
+threads = [threading.Thread(target=work) for _ in range(3)]
+for t in threads: t.start()
+for t in threads: t.join()
+libc = ctypes.CDLL(ctypes.util.find_library("c"))
+libc.fopen.restype = ctypes.c_void_p
+path = tempfile.NamedTemporaryFile(suffix=".xml", delete=False).name
+f = libc.fopen(path.encode(), b"w")
+libc.malloc_info(0, ctypes.c_void_p(f))
+libc.fclose(ctypes.c_void_p(f))
+print(len(re.findall(r'<heap nr="', open(path).read())))
+os.remove(path)
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+def test_worker_threads_allocate_in_the_main_arena() -> None:
+    """Each thread's own arena would keep its largest workspace apart from the tensors'
+    freed blocks; with the heap kept, every thread shares the one arena."""
+    env = {k: v for k, v in os.environ.items() if k != "ZNNI_KEEP_HEAP"}
+    done = subprocess.run([sys.executable, "-c", ARENAS], capture_output=True, text=True,
+                          env=env, check=True)
+    assert done.stdout.strip() == "1"
+    done = subprocess.run([sys.executable, "-c", ARENAS], capture_output=True, text=True,
+                          env={**env, "ZNNI_KEEP_HEAP": "0"}, check=True)
+    assert int(done.stdout.strip()) > 1  # glibc's default: a new arena per thread
