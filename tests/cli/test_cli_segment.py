@@ -117,8 +117,9 @@ def _prepare_bad(name: str, s: dict) -> tuple[list[str], Path]:
 
 BAD = ["missing-input", "not-zarr-dir", "zarr-group", "2d-input", "5d-input", "bool-input",
        "3d-for-2-channels", "wrong-channels", "roi-outside", "roi-empty", "roi-malformed",
-       "bad-chunks", "chunks-differ-from-output", "chunks-too-large", "bad-scheduler", "output-is-input", "output-is-file", "output-wrong-shape",
-       "output-wrong-dtype", "output-of-other-job"]
+       "bad-chunks", "chunks-differ-from-output", "chunks-too-large", "bad-scheduler",
+       "output-is-input", "output-is-file", "output-wrong-shape", "output-wrong-dtype",
+       "output-of-other-job"]
 
 
 @pytest.mark.parametrize("name", BAD)

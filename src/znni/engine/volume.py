@@ -266,8 +266,8 @@ def output_chunks(
     if nbytes > CHUNK_LIMIT_BYTES:
         raise ValueError(
             f"chunks {chunks} of {channels} {dtype} channel{'s' * (channels != 1)} take "
-            f"{nbytes:,} bytes each, "
-            f"more than the {CHUNK_LIMIT_BYTES:,} a chunk may encode to; choose smaller chunks"
+            f"{nbytes:,} bytes each, more than the {CHUNK_LIMIT_BYTES:,} a chunk may encode "
+            "to; choose smaller chunks"
         )
     return chunks
 
