@@ -61,7 +61,9 @@ def read_slice(output_path: str, axis: str = "z", index: int | None = None) -> S
     extent = spatial[a]
     index = extent // 2 if index is None else index
     if not 0 <= index < extent:
-        raise ValueError(f"--{axis} {index} is outside the output's {axis} range 0..{extent - 1}")
+        raise ValueError(
+            f"{axis} index {index} is outside the output's {axis} range 0..{extent - 1}"
+        )
     if tuple(int(s) for s in inp.shape[-3:]) != spatial:
         raise ValueError(
             f"input {prov['input_array']} has shape {tuple(inp.shape)}, which does not match "
