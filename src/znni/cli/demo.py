@@ -25,6 +25,10 @@ def run(args: argparse.Namespace) -> int:
     from znni.model.network import load_network
 
     root = Path(args.dir)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"cannot write the demo into {root}: {e.strerror}") from None
     say = (lambda *_: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))
     image, membranes = synthetic_em()
     em_path = root / "em.zarr" / "raw"
