@@ -110,14 +110,17 @@ CONVT_CASES = [
     ((3, 6, 5), 4, 6, (3, 2, 3), (1, 2, 2), (1, 0, 1, 1, 0, 1), (0, 1, 1), (1, 2, 1), 2),
     ((2, 3, 4), 4, 4, (2, 3, 2), (2, 1, 3), (0, 1, 0, 1, 0, 0), (1, 0, 2), (1, 1, 2), 4),
     ((3, 6, 5), 2, 3, (2, 2, 2), (2, 2, 2), (0,) * 6, (1, 0, 1), (1, 1, 1), 1),
+    ((9, 4, 5), 3, 2, (3, 3, 3), (2, 2, 2), (1, 1, 1, 1, 1, 1), (0, 0, 0), (2, 1, 1), 1),
 ]
 
 
-@pytest.mark.parametrize("case", CONVT_CASES[2:5])
-def test_conv_transpose3d_channel_ranges_on_the_pool(monkeypatch, case):
-    """The scatter path's output-channel ranges, forced onto the pool, add up exactly."""
-    from znni.primitives.cpu.graph_ops import _parallel
+@pytest.mark.parametrize("case", CONVT_CASES[2:5] + CONVT_CASES[6:])
+def test_conv_transpose3d_slabs_on_the_pool(monkeypatch, case):
+    """The scatter path's z slabs, as small as their overlap allows and forced onto the
+    pool (even slabs together, then odd ones), add up exactly."""
+    from znni.primitives.cpu.graph_ops import _parallel, conv_transpose
 
+    monkeypatch.setattr(conv_transpose, "SCATTER_SLAB_BYTES", 1)
     monkeypatch.setattr(_parallel, "PARALLEL_BYTES", 0)
     monkeypatch.setattr(_parallel, "PIN_BLAS_BYTES", 0)
     size, cin, cout, k, s, p, op, d, g = case
