@@ -103,6 +103,22 @@ CASES: list[tuple[str, str, str, object, int, tuple[str, ...]]] = [
     ("job id too large", "GET", "/v1/jobs/99999999999999999999999", None, 422, ("job_id",)),
     ("cancel unknown job", "POST", "/v1/jobs/424242/cancel", None, 404, ("424242",)),
     ("unknown status filter", "GET", "/v1/jobs?status=lost", None, 422, ("status",)),
+    (
+        "misspelt query parameter",
+        "GET",
+        "/v1/jobs?stauts=running",
+        None,
+        422,
+        ("unknown query parameter 'stauts'", "limit, offset, status"),
+    ),
+    (
+        "the CLI's --z as a query parameter",
+        "GET",
+        "/v1/jobs/1/preview.png?z=3",
+        None,
+        422,
+        ("'z'", "axis, index"),
+    ),
     ("unknown network page", "GET", "/v1/networks/nope", None, 404, ("nope",)),
     ("plan for unknown network", "POST", "/v1/plan", {"network": "nope"}, 422, ("nope",)),
 ]

@@ -86,6 +86,29 @@ async def require_token(
         )
 
 
+async def known_query(request: Request) -> None:
+    """422 for a query parameter the route does not take: a misspelt filter, or `?z=10` for
+    `?axis=z&index=10`, would otherwise be ignored without a word."""
+    route = request.scope.get("route")
+    if not request.query_params or route is None:
+        return
+    known = set(_query_names(route.dependant))
+    unknown = sorted(set(request.query_params) - known)
+    if unknown:
+        takes = ", ".join(sorted(known)) if known else "no query parameters"
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_ENTITY,
+            detail=f"unknown query parameter {unknown[0]!r} for {request.method} "
+            f"{route.path}; it takes {takes}",
+        )
+
+
+def _query_names(dependant: Any) -> list[str]:
+    """The query parameter names of a route's dependant and of its sub-dependencies."""
+    names = [p.alias for p in dependant.query_params]
+    return names + [n for sub in dependant.dependencies for n in _query_names(sub)]
+
+
 StateDep = Annotated[ServerState, Depends(get_state)]
 JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="job id")]
 NetworkPath = Annotated[str, Path(max_length=128, description="network name")]
@@ -94,7 +117,9 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorRead} for code in (400, 401, 404, 409, 413, 422)
 }
 
-router = APIRouter(prefix="/v1", dependencies=[Depends(require_token)], responses=ERRORS)
+router = APIRouter(
+    prefix="/v1", dependencies=[Depends(require_token), Depends(known_query)], responses=ERRORS
+)
 
 
 @router.post("/jobs", status_code=status.HTTP_201_CREATED, response_model=JobRead)
