@@ -59,6 +59,34 @@ def test_a_changed_file_is_loaded_again(models: Path) -> None:
     assert after.out_channels == 3 and after.digest != before.digest
 
 
+def test_new_external_weights_are_loaded_again(models: Path) -> None:
+    """Weights in a data file beside an unchanged graph (torch's dynamo export writes
+    NAME.onnx.data): new weights there are a new model, not the cached one."""
+    import onnx
+
+    for seed, folder in ((1, models / "a"), (2, models / "b")):
+        folder.mkdir()
+        torch.manual_seed(seed)
+        net = torch.nn.Sequential(torch.nn.Conv3d(1, 2, 3), torch.nn.ReLU())
+        torch.onnx.export(net.eval(), (torch.zeros(1, 1, 8, 8, 8),), folder / "tmp.onnx",
+                          input_names=["x"], dynamo=False,
+                          dynamic_axes={"x": {2: "z", 3: "y", 4: "x"}})
+        onnx.save_model(onnx.load(str(folder / "tmp.onnx")), str(folder / "ext.onnx"),
+                        save_as_external_data=True, location="ext.onnx.data",
+                        size_threshold=0)
+        (folder / "tmp.onnx").unlink()
+    cat = NetworkCatalogue(models / "a")
+    assert cat.names() == ["ext"]  # the data file is not a network
+    before = cat.get("ext")
+    assert cat.get("ext") is before
+    data = (models / "b" / "ext.onnx.data").read_bytes()
+    assert len(data) == (models / "a" / "ext.onnx.data").stat().st_size
+    (models / "a" / "ext.onnx.data").write_bytes(data)
+    os.utime(models / "a" / "ext.onnx.data", ns=(2, 2))
+    after = cat.get("ext")
+    assert after is not before and after.digest != before.digest
+
+
 def test_refusals(models: Path) -> None:
     cat = NetworkCatalogue(models)
     with pytest.raises(ValueError, match="scale, shift apply to ONNX models only"):

@@ -286,6 +286,35 @@ def test_bad_models_are_refused_with_one_sentence(tmp_path: Path) -> None:
         load_onnx(good, (6, 7, 9))
 
 
+def _external(folder: Path, weight_seed: int) -> Path:
+    """A one-conv model whose weights sit in `w.data` beside it, as torch's dynamo
+    export writes them."""
+    folder.mkdir()
+    nodes, _ = SINGLE_OPS["conv_pad_anisotropic"]
+    rng = np.random.default_rng(weight_seed)
+    inits = {"w": rng.standard_normal((4, 3, 1, 3, 3)).astype(np.float32),
+             "b": rng.standard_normal(4).astype(np.float32)}
+    inline = _model(folder / "inline.onnx", nodes, inits)
+    model = onnx.load(str(inline))
+    onnx.save_model(model, str(folder / "m.onnx"), save_as_external_data=True,
+                    all_tensors_to_one_file=True, location="w.data", size_threshold=0)
+    return folder / "m.onnx"
+
+
+def test_external_weights_are_read_and_are_part_of_the_digest(tmp_path: Path) -> None:
+    first, second = _external(tmp_path / "a", 1), _external(tmp_path / "b", 2)
+    assert SINGLE_OPS["conv_pad_anisotropic"][0][0].op_type == "Conv"
+    _check(first)  # against onnxruntime, which reads w.data too
+    assert load_onnx(first).digest != load_onnx(first.parent / "inline.onnx").digest
+    before = load_onnx(first).digest
+    assert first.read_bytes() == second.read_bytes()  # the graph names, not holds, weights
+    (first.parent / "w.data").write_bytes((second.parent / "w.data").read_bytes())
+    assert load_onnx(first).digest != before  # new weights: another model
+    (first.parent / "w.data").unlink()
+    with pytest.raises(ValueError, match=r"keeps weights in .*w\.data, which does not exist"):
+        load_onnx(first)
+
+
 def test_dynamic_model_needs_a_window(tmp_path: Path) -> None:
     xd = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, "z", "y", "x"])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", "c", "z", "y", "x"])

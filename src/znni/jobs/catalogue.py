@@ -3,7 +3,8 @@ directory.
 
 An ONNX model's input transform (`scale`, `shift`) and chosen output (`output_name`)
 are part of the model (they change its digest), so models are cached per
-(name, output_name, scale, shift), a bounded number of them, each until its file changes.
+(name, output_name, scale, shift), a bounded number of them, each until its file, or an
+external data file it names (new weights beside the same graph), changes.
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ class NetworkCatalogue:
     def __init__(self, models_dir: Path, entries: int = CACHE_ENTRIES) -> None:
         self.models_dir = models_dir
         self.entries = entries
-        self._cache: OrderedDict[tuple, tuple[tuple[int, ...], Model]] = OrderedDict()
+        # key -> (stamps of the files read, model, external data files)
+        self._cache: OrderedDict[tuple, tuple[tuple[int, ...], Model, list[Path]]] = OrderedDict()
         self._lock = threading.Lock()
 
     def names(self) -> list[str]:
@@ -113,7 +115,7 @@ class NetworkCatalogue:
         key = (name, *options.key()) if onnx else (name,)
         with self._lock:
             cached = self._cache.get(key)
-        if cached is not None and cached[0] == stamp:
+        if cached is not None and cached[0] == stamp + _stamps(cached[2]):
             return cached[1]
         try:
             if onnx:
@@ -127,8 +129,9 @@ class NetworkCatalogue:
             raise ValueError(
                 f"network {name!r} cannot be loaded: {type(e).__name__}: {_local(e, path.parent)}"
             ) from e
+        files = _data_files(path) if onnx else []  # weights beside the graph count too
         with self._lock:
-            self._cache[key] = (stamp, model)
+            self._cache[key] = (stamp + _stamps(files), model, files)
             self._cache.move_to_end(key)
             while len(self._cache) > self.entries:
                 self._cache.popitem(last=False)
@@ -184,6 +187,19 @@ def _layer_dict(layer: dict) -> dict:
     if layer["kind"] != "leaky_relu":
         layer.pop("slope", None)
     return {k: v for k, v in layer.items() if v is not None}
+
+
+def _data_files(path: Path) -> list[Path]:
+    from znni.model.onnx_import import external_data_files
+
+    try:
+        return external_data_files(path)
+    except (ValueError, FileNotFoundError):  # replaced meanwhile: the next get reloads
+        return [path]
+
+
+def _stamps(paths: list[Path]) -> tuple[int, ...]:
+    return tuple(v for p in paths for v in _stamp(p))
 
 
 def _stamp(path: Path) -> tuple[int, ...]:

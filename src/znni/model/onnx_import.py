@@ -34,7 +34,7 @@ def load_onnx(
     """
     import onnx
 
-    model = _read_model(Path(path))
+    model, files = _read_model(Path(path))
     graph = model.graph
     inputs = _data_inputs(model, path)
     (inp,) = inputs
@@ -59,23 +59,72 @@ def load_onnx(
         output=out,
         out_channels=int(shape[1]),
         out_window=(int(shape[2]), int(shape[3]), int(shape[4])),
-        digest=hashlib.sha256(Path(path).read_bytes()).hexdigest(),
+        digest=model_digest(Path(path), files),
         shapes={t: ctx.shapes[t] for t in tensors},
     )
 
 
-def _read_model(path: Path) -> Any:
+def _read_model(path: Path) -> tuple[Any, list[Path]]:
+    """The model with its weights, and the external data files they came from (torch's
+    dynamo export writes one beside the .onnx), checked by onnx's checker."""
+    import onnx
+    from onnx.external_data_helper import load_external_data_for_model
+
+    model = _read_graph(path)
+    files = external_files(model, path)
+    for f in files:
+        if not f.is_file():
+            raise ValueError(f"ONNX model {path} keeps weights in {f}, which does not exist")
+    try:
+        load_external_data_for_model(model, str(path.parent))
+        onnx.checker.check_model(model)
+    except Exception as e:  # noqa: BLE001 - protobuf and checker raise many types
+        raise ValueError(f"{path} is not a valid ONNX model ({_first_line(e)})") from None
+    return model, files
+
+
+def _read_graph(path: Path) -> Any:
+    """The model file alone: external weights not loaded."""
     import onnx
 
     if not path.is_file():
         raise FileNotFoundError(f"ONNX model {path} does not exist")
     try:
-        model = onnx.load(str(path))
-        onnx.checker.check_model(model)
-    except Exception as e:  # noqa: BLE001 - protobuf and checker raise many types
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"{path} is not a valid ONNX model ({first})") from None
-    return model
+        return onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # noqa: BLE001 - protobuf raises many types
+        raise ValueError(f"{path} is not a valid ONNX model ({_first_line(e)})") from None
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def external_files(model: Any, path: Path) -> list[Path]:
+    """The external data files the model's tensors name (before they are loaded), sorted."""
+    from onnx import TensorProto
+
+    tensors = list(model.graph.initializer) + [
+        a.t for n in model.graph.node for a in n.attribute if a.HasField("t")
+    ]
+    return sorted({
+        path.parent / {e.key: e.value for e in t.external_data}["location"]
+        for t in tensors if t.data_location == TensorProto.EXTERNAL
+    })
+
+
+def external_data_files(path: Path) -> list[Path]:
+    """The external data files the model at `path` names (its weights not read)."""
+    return external_files(_read_graph(path), path)
+
+
+def model_digest(path: Path, files: list[Path]) -> str:
+    """sha256 of the model file and, in order, of each external data file it names: new
+    weights in a `.onnx.data` beside an unchanged graph are a different model."""
+    h = hashlib.sha256(path.read_bytes())
+    for f in files:
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
 
 
 def _data_inputs(model: Any, path: str | Path) -> list[Any]:

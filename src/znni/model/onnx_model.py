@@ -130,7 +130,7 @@ def _probe_window(path: Path) -> Triple | None:
     """None (the export's own shape) for fixed models, else PROBE_WINDOW."""
     from znni.model.onnx_import import _read_model
 
-    model = _read_model(path)
+    model, _ = _read_model(path)
     init = {t.name for t in model.graph.initializer}
     inputs = [i for i in model.graph.input if i.name not in init]
     if len(inputs) == 1 and len(inputs[0].type.tensor_type.shape.dim) == 5:
