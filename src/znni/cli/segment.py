@@ -122,7 +122,8 @@ def plan_summary(plan: dict) -> str:
     if plan.get("mode") == "windowed":
         return (
             f"plan: windowed, window {'x'.join(str(v) for v in plan['window'])}, overlap "
-            f"{plan['overlap']}, {plan['blend']} blending, {plan['windows']} windows"
+            f"{plan['overlap']}, {plan['blend']} blending, {plan['windows']} "
+            f"window{'s' * (plan['windows'] != 1)}"
         )
 
     def size(triple: list[int] | tuple[int, ...]) -> str:
