@@ -39,3 +39,22 @@ def test_strided_convs_carry_their_phase_split_workspace(unet) -> None:
     assert (split, grid, rows) == (1 * 8 * 14 * 13 * 13, 12 * 13 * 13, 27)
     assert plan.peak_bytes >= graph.peak_tensor_bytes() + max(p.workspace_bytes for _, p in strided)
 
+
+
+def test_scatter_transposed_convs_carry_their_uncropped_output(unet) -> None:
+    """k=3, s=2 upsamplings add into an uncropped output (2n+1 per axis) and slab products
+    of K*Cout rows; run alone (no pool below 4 MiB), one slab product at a time."""
+    from znni.planner.graph_op_costs import scatter_transpose_bytes, upsample_transpose
+
+    graph = unet.graph((24, 24, 24))
+    plan = plan_graph(graph, MachineProfile.load("ci-2core"))
+    scatter = [(n, p) for n, p in zip(graph.nodes, plan.nodes, strict=True)
+               if n.op == "conv_transpose" and not upsample_transpose(n)]
+    assert scatter and all(p.workspace_bytes > 0 for _, p in scatter)
+    node = scatter[-1][0]  # the last upsampling: 12^3 -> 24^3
+    n, cin, *size = graph.shapes[node.inputs[0]]
+    cout = node.params["weight"].shape[1]
+    assert size == [12, 12, 12]
+    acc = cout * 25**3 * 4
+    planes = 27 * cout * 12 * 12 * 4 * 12  # every z plane fits one 4 MiB slab
+    assert scatter_transpose_bytes(graph, node, 2) == acc + planes

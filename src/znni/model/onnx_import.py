@@ -106,10 +106,15 @@ def external_files(model: Any, path: Path) -> list[Path]:
     tensors = list(model.graph.initializer) + [
         a.t for n in model.graph.node for a in n.attribute if a.HasField("t")
     ]
-    return sorted({
-        path.parent / {e.key: e.value for e in t.external_data}["location"]
-        for t in tensors if t.data_location == TensorProto.EXTERNAL
-    })
+    files = set()
+    for t in tensors:
+        if t.data_location == TensorProto.EXTERNAL:
+            where = {e.key: e.value for e in t.external_data}.get("location")
+            if not where:
+                raise ValueError(f"ONNX model {path}: tensor {t.name!r} is stored externally "
+                                 "but names no location")
+            files.add(path.parent / where)
+    return sorted(files)
 
 
 def external_data_files(path: Path) -> list[Path]:

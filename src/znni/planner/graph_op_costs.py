@@ -43,6 +43,27 @@ def scatter_transpose_work(graph: Graph, node: Node) -> Work:
                 memory_bytes=SCATTER_PASSES * offsets * cout * n_in * FLOAT_BYTES)
 
 
+SCATTER_SLAB_BYTES = 4 * 2**20  # graph_ops.conv_transpose.SCATTER_SLAB_BYTES
+PARALLEL_BYTES = 4 * 2**20  # graph_ops._parallel.PARALLEL_BYTES
+
+
+def scatter_transpose_bytes(graph: Graph, node: Node, cores: int) -> int:
+    """Workspace of graph_ops.conv_transpose's scatter path: the uncropped output it adds
+    into (cropped into the node's output at the end) and a slab product per worker (the K
+    offsets' rows of at least one z plane, or of the planes a slab's writes reach)."""
+    w, s, d = node.params["weight"], node.params["strides"], node.params["dilations"]
+    n, cin, *size = graph.shapes[node.inputs[0]]
+    cout = w.shape[1] * node.params["group"]
+    full = prod((size[i] - 1) * s[i] + d[i] * (int(w.shape[2 + i]) - 1) + 1 for i in range(3))
+    plane_bytes = prod(w.shape[1:]) * size[1] * size[2] * FLOAT_BYTES  # K*Cout/g rows
+    overlap = -(-d[0] * (int(w.shape[2]) - 1) // s[0])
+    slab = min(plane_bytes * max(1, overlap, SCATTER_SLAB_BYTES // plane_bytes),
+               plane_bytes * size[0])
+    acc_bytes = n * cout * full * FLOAT_BYTES
+    workers = cores if acc_bytes >= PARALLEL_BYTES else 1  # graph_ops._parallel.run_tiles
+    return acc_bytes + workers * slab
+
+
 def phase_split_conv(node: Node) -> bool:
     """A conv graph_ops runs on phase-split input (graph_ops.conv_strided): strided,
     undilated, with more than one input channel per group or a single group."""

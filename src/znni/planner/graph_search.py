@@ -29,6 +29,7 @@ from znni.model.network import FLOAT_BYTES, LayerShape
 from znni.planner.costs import CPU_CONV_PRIMITIVES, Work, cpu_seconds, layer_seconds
 from znni.planner.graph_op_costs import (
     phase_split_conv,
+    scatter_transpose_bytes,
     scatter_transpose_work,
     strided_conv_bytes,
     strided_conv_work,
@@ -291,9 +292,12 @@ def unbuilt_concats(graph: Graph, picks: dict[int, tuple[float, int, int, str]])
 
 def general_workspace_bytes(graph: Graph, node: Node, cores: int) -> int:
     """Temporaries of a node graph_ops runs beyond its output (the strided conv's phases,
-    flat grid and columns; 0 for the others)."""
+    flat grid and columns; the scatter transposed conv's uncropped output and slab
+    products; 0 for the others)."""
     if node.op == "conv" and not fast_conv(node) and phase_split_conv(node):
         return strided_conv_bytes(graph, node, cores)
+    if node.op == "conv_transpose" and not upsample_transpose(node):
+        return scatter_transpose_bytes(graph, node, cores)
     return 0
 
 
