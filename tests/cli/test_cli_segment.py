@@ -84,6 +84,8 @@ def _prepare_bad(name: str, s: dict) -> tuple[list[str], Path]:
         return base + [inp, str(out), "--roi", "0:14,0:17,0:19"], out
     if name == "roi-empty":
         return base + [inp, str(out), "--roi", "5:5,0:17,0:19"], out
+    if name == "roi-negative":  # argparse alone takes "-2:5,..." for an option
+        return base + [inp, str(out), "--roi", "-2:5,0:17,0:19"], out
     if name == "roi-malformed":
         return base + [inp, str(out), "--roi", "0:5,0:17"], out
     if name == "bad-chunks":
@@ -116,7 +118,8 @@ def _prepare_bad(name: str, s: dict) -> tuple[list[str], Path]:
 
 
 BAD = ["missing-input", "not-zarr-dir", "zarr-group", "2d-input", "5d-input", "bool-input",
-       "3d-for-2-channels", "wrong-channels", "roi-outside", "roi-empty", "roi-malformed",
+       "3d-for-2-channels", "wrong-channels", "roi-outside", "roi-empty", "roi-negative",
+       "roi-malformed",
        "bad-chunks", "chunks-differ-from-output", "chunks-too-large", "bad-scheduler",
        "output-is-input", "output-is-file", "output-wrong-shape", "output-wrong-dtype",
        "output-of-other-job"]
@@ -135,6 +138,8 @@ def test_cli_segment_refuses_bad_input(setup: dict, capsys, name: str) -> None:
     assert "Traceback" not in err
     if name.startswith("chunks-"):
         assert "chunks (" in lines[0], err
+    if name == "roi-negative":
+        assert "ROI -2:5 on axis z is outside the volume" in lines[0], err
     assert _snapshot(out) == before  # nothing written
     assert not os.environ.get("ZNNI_DEBUG")
 

@@ -57,9 +57,29 @@ def _quiet_shutdown() -> None:
     sys.unraisablehook = lambda unraisable: None
 
 
+# options whose values may start with "-" (an ROI with a negative start): argparse takes
+# such a value for an option and says only "expected one argument"
+DASHED_VALUES = ("--roi",)
+
+
+def _join_dashed_values(argv: Sequence[str]) -> list[str]:
+    """`--roi -5:10,...` as `--roi=-5:10,...`, so the value reaches its own check."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] in DASHED_VALUES and i + 1 < len(argv) and argv[i + 1].startswith("-") \
+                and ":" in argv[i + 1]:
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_join_dashed_values(sys.argv[1:] if argv is None else argv))
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
