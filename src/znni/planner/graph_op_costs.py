@@ -19,7 +19,6 @@ from znni.planner.costs import Work
 # their time: rms log 0.42.)
 STRIDED_GEMM_SLOWDOWN = 1.5
 SPLIT_PASSES = 1.0
-STRIDED_COLUMN_BYTES = 4 * 2**20  # graph_ops.conv_strided.COLUMN_BYTES
 # graph_ops' scatter transposed conv (k != s or pads: per slab of z planes one GEMM for all
 # K kernel offsets, each offset's rows then added into a strided view of the output): least
 # squares over MONAI UNet's three k=3, s=2 upsamplings (192->32, 64->16, 32->2) in 64^3,
@@ -43,25 +42,22 @@ def scatter_transpose_work(graph: Graph, node: Node) -> Work:
                 memory_bytes=SCATTER_PASSES * offsets * cout * n_in * FLOAT_BYTES)
 
 
-SCATTER_SLAB_BYTES = 4 * 2**20  # graph_ops.conv_transpose.SCATTER_SLAB_BYTES
-PARALLEL_BYTES = 4 * 2**20  # graph_ops._parallel.PARALLEL_BYTES
-
-
 def scatter_transpose_bytes(graph: Graph, node: Node, cores: int) -> int:
     """Workspace of graph_ops.conv_transpose's scatter path: the uncropped output it adds
     into (cropped into the node's output at the end) and a slab product per worker (the K
     offsets' rows of at least one z plane, or of the planes a slab's writes reach)."""
+    from znni.primitives.cpu.graph_ops._parallel import PARALLEL_BYTES  # pyFFTW lazily
+    from znni.primitives.cpu.graph_ops.conv_transpose import scatter_slab_planes
+
     w, s, d = node.params["weight"], node.params["strides"], node.params["dilations"]
     n, cin, *size = graph.shapes[node.inputs[0]]
     cout = w.shape[1] * node.params["group"]
     full = prod((size[i] - 1) * s[i] + d[i] * (int(w.shape[2 + i]) - 1) + 1 for i in range(3))
     plane_bytes = prod(w.shape[1:]) * size[1] * size[2] * FLOAT_BYTES  # K*Cout/g rows
-    overlap = -(-d[0] * (int(w.shape[2]) - 1) // s[0])
-    slab = min(plane_bytes * max(1, overlap, SCATTER_SLAB_BYTES // plane_bytes),
-               plane_bytes * size[0])
+    planes = min(size[0], scatter_slab_planes(int(w.shape[2]), s[0], d[0], plane_bytes))
     acc_bytes = n * cout * full * FLOAT_BYTES
-    workers = cores if acc_bytes >= PARALLEL_BYTES else 1  # graph_ops._parallel.run_tiles
-    return acc_bytes + workers * slab
+    workers = cores if acc_bytes >= PARALLEL_BYTES else 1  # as run_tiles splits them
+    return acc_bytes + workers * planes * plane_bytes
 
 
 def phase_split_conv(node: Node) -> bool:
@@ -110,7 +106,9 @@ def strided_conv_work(graph: Graph, node: Node) -> Work:
 def strided_conv_bytes(graph: Graph, node: Node, cores: int) -> int:
     """Workspace of graph_ops.conv_strided: the phase-split input, the flat output grid
     before its crop, and a column block per worker (conv_strided.COLUMN_BYTES at most)."""
+    from znni.primitives.cpu.graph_ops.conv_strided import COLUMN_BYTES  # pyFFTW lazily
+
     split, grid, rows = strided_geometry(graph, node)
     cout = node.params["weight"].shape[0]
-    return (split + cout * grid) * FLOAT_BYTES + cores * min(STRIDED_COLUMN_BYTES,
+    return (split + cout * grid) * FLOAT_BYTES + cores * min(COLUMN_BYTES,
                                                              rows * grid * FLOAT_BYTES)

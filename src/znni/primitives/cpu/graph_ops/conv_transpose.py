@@ -123,6 +123,14 @@ def _upsample_gemm(
     return out.reshape(n, groups * cog, z * kz, y * ky, xx * kx)  # (N, Cout, Z*kz, Y*ky, X*kx)
 
 
+def scatter_slab_planes(kz: int, stride_z: int, dilation_z: int, plane_bytes: int) -> int:
+    """Input z planes per slab of the scatter path: its product (`plane_bytes` a plane)
+    within SCATTER_SLAB_BYTES, but at least the planes a slab's last one writes past, so
+    slabs two apart never share an output plane."""
+    overlap = -(-dilation_z * (kz - 1) // stride_z)
+    return max(1, overlap, SCATTER_SLAB_BYTES // plane_bytes)
+
+
 def _scatter(
     x: np.ndarray, w: np.ndarray, groups: int, s: Triple, d: Triple, p: Six, out: Triple
 ) -> np.ndarray:
@@ -147,8 +155,7 @@ def _scatter(
     # rows ordered (kz, ky, kx, Cout/g): (G, K*Cout/g, Cin/g)
     wt = np.ascontiguousarray(
         w.reshape(groups, cg, cog, kk).transpose(0, 3, 2, 1).reshape(groups, kk * cog, cg))
-    overlap = -(-d[0] * (kz - 1) // s[0])  # later planes a slab's last plane reaches
-    per = max(1, overlap, SCATTER_SLAB_BYTES // (4 * kk * cog * plane))  # z planes per slab
+    per = scatter_slab_planes(kz, s[0], d[0], 4 * kk * cog * plane)
     slabs = [(b, g, z0, min(z0 + per, size[0]))
              for b in range(n) for g in range(groups) for z0 in range(0, size[0], per)]
 
