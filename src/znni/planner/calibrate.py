@@ -7,8 +7,9 @@ run gives one linear equation  t = sum_j work_j / rate_j, solved in relative
 least squares for the inverse rates. What one set of rates cannot say (big
 layers stream from DRAM and fault in fresh pages, small ones run from cache)
 is then fitted per primitive as a time factor linear in log(working set)
-(MachineProfile.cpu_scaling). Results are cached per machine in
-$XDG_CACHE_HOME/znni, so a process calibrates once.
+(MachineProfile.cpu_scaling). The graph primitives (Winograd, OpenVINO's conv,
+instance norm) are then fitted on the model's own terms (calibrate_graph.py). Results
+are cached per machine in $XDG_CACHE_HOME/znni, so a process calibrates once.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import numpy as np
 
 from znni.model.network import LayerShape
 from znni.planner.costs import Work, cpu_conv_work, other_work, working_set_bytes
+from znni.planner.fitting import relative_multipliers
 from znni.planner.machine import DEFAULT_CPU_RATES, MachineProfile
 
 log = logging.getLogger(__name__)
@@ -48,7 +50,7 @@ QUICK_SHAPES = ((1, 1, 8, 3, 20), (1, 8, 8, 3, 16), (8, 8, 8, 3, 10), (8, 8, 2, 
 FULL_POOLS = ((1, 8, 63), (8, 16, 31), (8, 80, 51), (1, 80, 143))
 QUICK_POOLS = ((1, 4, 31), (8, 4, 15))
 SPECTRA_BYTES = 2**31  # the calibration backend's spectra cache (decides fft-keep tiling)
-CACHE_VERSION = 13  # bump when the calibration changes meaning; older caches are re-measured
+CACHE_VERSION = 14  # bump when the calibration changes meaning; older caches are re-measured
 
 
 def cache_path(cores: int) -> Path:
@@ -87,6 +89,9 @@ def calibrated_profile(
                         () if quick else FFT_SHAPES)
     rates = fit_rates([(w, t) for _, w, t, _ in rows], dict(DEFAULT_CPU_RATES))
     scaling = fit_scaling(rows, rates)
+    from znni.planner.calibrate_graph import graph_rates
+
+    rates = graph_rates(replace(profile, cpu_rates=rates), quick)
     out = replace(profile, cpu_rates=rates,
                   cpu_scaling={k: tuple((b, f) for b, f in v) for k, v in scaling.items()},
                   base_rss_bytes=baseline_rss_bytes(), calibrated=True)
@@ -170,15 +175,7 @@ def fit_rates(rows: list[tuple[Work, float]], start: dict[str, float]) -> dict[s
     rates; a negative solution drops that term's column (keeps its rate).
     """
     a = np.array([[c / t for c in _columns(w, start)] for w, t in rows])  # (runs, terms)
-    rhs = np.ones(len(rows))
-    active = [j for j in range(a.shape[1]) if a[:, j].any()]
-    mult = np.ones(a.shape[1])
-    while active:
-        sol, *_ = np.linalg.lstsq(a[:, active], rhs, rcond=None)
-        if (sol > 0.05).all():
-            mult[active] = sol
-            break
-        active.pop(int(np.argmin(sol)))
+    mult = relative_multipliers(a, np.ones(len(rows)))
     keys = (("fft_flops_per_s",), ("kernel_fft_flops_per_s",),
             ("madd_flops_per_s", "madd_bytes_per_s"), ("direct_flops_per_s",),
             ("gather_bytes_per_s",), ("memory_bytes_per_s",), ("pack_bytes_per_s",))

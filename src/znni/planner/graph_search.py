@@ -13,7 +13,7 @@ transposed conv paths. Peak memory follows the executor's order and tensor lifet
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from math import prod, sqrt
 
 from znni.model.graph import (
@@ -35,7 +35,7 @@ from znni.planner.graph_op_costs import (
     strided_conv_work,
     upsample_transpose,
 )
-from znni.planner.machine import DEFAULT_CPU_RATES, MachineProfile
+from znni.planner.machine import MachineProfile
 from znni.planner.memory import conv_workspace_bytes, kernel_spectra_bytes
 from znni.planner.winograd_costs import winograd_bytes, winograd_primitives, winograd_seconds
 
@@ -58,6 +58,7 @@ OP_TRAFFIC: dict[str, tuple[float, float, bool, float]] = {
 # 0.11 ms for 16 x 32^3 and 0.43 ms for 16 x 48^3 PRelu, 0.15 ms for a 16 x 32^3 Add (their
 # 2-7 MB stay in cache; MONAI UNet 64^3/96^3 per-node timings, CI kind, 2026-11-23)
 OP_TRAFFIC.update({"prelu": (0.3, 0.3, False, 0.0), "add": (0.3, 0.3, False, 0.0)})
+NORM_OPS = ("instance_norm", "group_norm")
 NODE_OVERHEAD_S = 5e-5  # Python dispatch and one allocation per node
 # graph_ops' strided and transposed convs (GEMMs per kernel offset over strided views) ran at
 # ~1/2.75 of the calibrated direct-conv GEMM rate (MONAI UNet 64^3 per-op breakdown, this
@@ -87,10 +88,16 @@ OPENVINO_CHANNEL_BLOCK = 16
 # tensor byte, shared by the windows of a run
 # a compiled layer keeps its own buffers between calls (blocked input and output, scratch):
 # resident bytes grew by 2.4-2.7x the input + output bytes of the layers compiled, over
-# a first pass (BasicUNet 64^3 and the valid U-Net 92^3 windows, CI kind, 2026-11-23; with
-# its output in numpy's memory since, 1.4-1.9x beside its runtime, below), of which the
-# largest layer's input + output count as its workspace
-OPENVINO_KEPT_PER_TENSOR_BYTE = 2.0
+# a first pass (BasicUNet 64^3 and the valid U-Net 92^3 windows, AMD host of the CI kind,
+# 2026-11-23; with its output in numpy's memory since, 1.4-1.9x beside its runtime, below),
+# of which the largest layer's input + output count as its workspace. That host's planner
+# picks OpenVINO for no layer of the benchmark U-Nets; an Intel Xeon host of the same kind
+# picks it for most 3^3 convs of all three, and there the first pass's resident peak
+# less the rest of the model was 0.9-1.4x those bytes (the six benchmarks/graph_planner.py
+# windows, 4-16 OpenVINO layers each, 2026-11-24), where 2.0 put the peaks at 0.68-0.82
+# of the model. Four layers compiled alone kept 1.85x: not additive, so not calibrated
+# per machine; the host where it is picked decides
+OPENVINO_KEPT_PER_TENSOR_BYTE = 1.2
 # and its runtime, once a layer is compiled (plugin, thread pool, JIT code): resident bytes
 # grew by 70-74 MiB + 1.4-1.9x the OpenVINO layers' input + output bytes over a pass with
 # none (BasicUNet 64^3 with 14 and 17 of its convs on OpenVINO, the valid U-Net 92^3 with
@@ -156,6 +163,9 @@ def other_seconds(graph: Graph, node: Node, machine: MachineProfile, batch: int 
     written = sum(prod(graph.shapes[t][1:]) for t in node.outputs)
     moved_bytes = (reads * read + writes * written) * FLOAT_BYTES
     cores = machine.cores if parallel else 1
+    if node.op in NORM_OPS:  # at their own calibrated rate (calibrate_graph.py)
+        norm_s = moved_bytes / cores / machine.rate("norm_bytes_per_s")
+        return batch * norm_s + call_s + NODE_OVERHEAD_S
     work = Work(memory_bytes=moved_bytes / cores, calls=0)
     if node.op == "conv" and phase_split_conv(node):
         work = work + strided_conv_work(graph, node)
@@ -166,7 +176,14 @@ def other_seconds(graph: Graph, node: Node, machine: MachineProfile, batch: int 
         big = node.inputs[0] if node.op == "conv_transpose" else node.outputs[0]
         flops = 2.0 * prod(graph.shapes[big][2:]) * w.size * GENERAL_GEMM_SLOWDOWN
         work = work + Work(direct_flops=flops)
-    return cpu_seconds(_batched(work, batch), machine) + call_s + NODE_OVERHEAD_S
+    return cpu_seconds(_batched(work, batch), graph_gemm_view(machine)) + call_s + NODE_OVERHEAD_S
+
+
+def graph_gemm_view(machine: MachineProfile) -> MachineProfile:
+    """`machine` with graph_ops' GEMM rate where cpu_seconds reads the direct conv's: the
+    general convs' work counts their GEMM flops as direct_flops."""
+    rate = machine.rate("graph_gemm_flops_per_s")
+    return replace(machine, cpu_rates={**machine.cpu_rates, "direct_flops_per_s": rate})
 
 
 def _batched(work: Work, batch: int) -> Work:
@@ -220,15 +237,12 @@ def openvino_ready() -> bool:
     return openvino_available()
 
 
-def openvino_seconds(
+def openvino_terms(
     layer: LayerShape, machine: MachineProfile, passes: int | None = None, norm: bool = False
-) -> float:
-    """Multiply-adds at the OpenVINO conv rate (lower with fewer input channels than a
-    channel block), the copies of input and output into and out of its blocked layout
-    (read and written: few-channel layers are bound by them), a fixed cost per call,
-    with `norm` the instance norm it applies (one pass over its blocked output), and,
-    for a run of `passes` windows, its share of the layer's first call (None: steady state)."""
-    rate = machine.cpu_rates.get("openvino_flops_per_s", DEFAULT_CPU_RATES["openvino_flops_per_s"])
+) -> tuple[float, float]:
+    """(multiply-add seconds, the rest) of `openvino_seconds`: the calibration
+    (calibrate_graph.py) fits the rate by the first."""
+    rate = machine.rate("openvino_flops_per_s")
     rate *= sqrt(min(1.0, layer.channels_in / OPENVINO_CHANNEL_BLOCK))
     copies_bytes = OPENVINO_COPY_PASSES * (2 * (layer.in_bytes + layer.out_bytes)
                                            + (layer.out_bytes if norm else 0))
@@ -237,8 +251,19 @@ def openvino_seconds(
         tensor_bytes = layer.in_bytes + layer.out_bytes
         first_s = (OPENVINO_FIRST_CALL_S
                    + OPENVINO_FIRST_CALL_S_PER_BYTE * tensor_bytes) / max(1, passes)
-    return (layer.direct_flops / rate + copies_bytes / machine.rate("memory_bytes_per_s")
-            + OPENVINO_CALL_S + first_s)
+    return (layer.direct_flops / rate,
+            copies_bytes / machine.rate("memory_bytes_per_s") + OPENVINO_CALL_S + first_s)
+
+
+def openvino_seconds(
+    layer: LayerShape, machine: MachineProfile, passes: int | None = None, norm: bool = False
+) -> float:
+    """Multiply-adds at the OpenVINO conv rate (lower with fewer input channels than a
+    channel block), the copies of input and output into and out of its blocked layout
+    (read and written: few-channel layers are bound by them), a fixed cost per call,
+    with `norm` the instance norm it applies (one pass over its blocked output), and,
+    for a run of `passes` windows, its share of the layer's first call (None: steady state)."""
+    return sum(openvino_terms(layer, machine, passes, norm))
 
 
 # A fresh process's first pass over a window pays once for what later passes reuse: the

@@ -29,13 +29,25 @@ DEFAULT_CPU_RATES: dict[str, float] = {
     # graph_search.OPENVINO_COPY_PASSES on 17 U-Net layer shapes (12-128 channels,
     # 4^3-96^3; one process, CI kind, 2026-11-24): 289-299 in two hours whose host ran
     # Winograd + our norm at 0.92-1.95x and 1.1-2.9x OpenVINO's time (its brgconv kernel
-    # alone: 202 GFLOP/s on 16 -> 16 at 64^3); not calibrated per machine yet
+    # alone: 202 GFLOP/s on 16 -> 16 at 64^3); calibrated per machine (calibrate_graph.py)
     "openvino_flops_per_s": 290e9,
     # Winograd F(4,3): the alpha^3 = 216 batched (Cout, Cin) @ (Cin, T) GEMMs, fitted with
     # planner/graph_search.WINOGRAD_PASSES on benchmarks/winograd.py's five U-Net layers
     # (16-128 channels, 16^3-64^3 outputs, 4 MiB chunks; medians of two runs, each layer
     # within 0.88-1.16 of the fit, CI kind, 2026-11-23)
     "winograd_flops_per_s": 37e9,
+    # ... and its transforms' traffic over V and M (winograd_costs.WINOGRAD_PASSES); the
+    # default is memory_bytes_per_s's. Both calibrated per machine (calibrate_graph.py)
+    "winograd_bytes_per_s": 10e9,
+    # instance and group norm: two reads and an in-place write in cache-sized row tiles
+    # (graph_search.OP_TRAFFIC); the default is memory_bytes_per_s's, calibrated per machine
+    "norm_bytes_per_s": 10e9,
+    # graph_ops' strided, transposed and general convs: GEMMs over kernel offsets and phase
+    # splits (graph_op_costs' slowdowns on top); the default is direct_flops_per_s's. A
+    # rate of its own because the direct conv's fit can put its time in the gather term and
+    # leave a GEMM rate no other GEMM reaches (276 GFLOP/s on an Intel host, 2026-11-24);
+    # calibrated per machine (calibrate_graph.py)
+    "graph_gemm_flops_per_s": 40e9,
     "gather_bytes_per_s": 30e9,  # direct conv: filling and reading the column buffers
     "memory_bytes_per_s": 10e9,  # element-wise passes: crop, bias, activation, MPF
     "pack_bytes_per_s": 5e9,  # multiply-add: input spectra gathered per output-channel chunk

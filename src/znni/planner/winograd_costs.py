@@ -9,7 +9,7 @@ from math import ceil, prod
 import numpy as np
 
 from znni.model.network import FLOAT_BYTES, LayerShape
-from znni.planner.machine import DEFAULT_CPU_RATES, MachineProfile
+from znni.planner.machine import MachineProfile
 
 # Winograd F(4, 3) (primitives/cpu/winograd.py): tiles of 4^3 outputs from 6^3 inputs
 WINOGRAD_M = 4
@@ -95,24 +95,31 @@ def chunk_rounds_factor(layer: LayerShape, cores: int, m: int = WINOGRAD_M) -> f
     return ceil(n / workers) * workers / n
 
 
-def winograd_seconds(
+def winograd_terms(
     layer: LayerShape, machine: MachineProfile, primitive: str = "winograd"
-) -> float:
-    """Lavin & Gray (CVPR 2016) work counts: alpha^3 (Cout x Cin) @ (Cin x T) GEMMs, plus
-    the transforms' traffic over V (alpha^3, Cin, T) and M (alpha^3, Cout, T) float32,
-    at the rates of all cores, times the rounds its chunks take (`chunk_rounds_factor`)."""
+) -> tuple[float, float, float]:
+    """(GEMM seconds, transform-traffic seconds, fixed seconds) of `winograd_seconds`: the
+    calibration (calibrate_graph.py) fits the two rates by the first two."""
     m = _tile(primitive)
     alpha3 = (m + 2) ** 3
     t = winograd_tiles(layer, m)
     gemm_flops = 2.0 * alpha3 * layer.channels_in * layer.channels_out * t
     moved_bytes = (WINOGRAD_PASSES * alpha3 * t
                    * (layer.channels_in + layer.channels_out) * FLOAT_BYTES)
-    rate = machine.cpu_rates.get("winograd_flops_per_s",
-                                 DEFAULT_CPU_RATES["winograd_flops_per_s"])
     factor = WINOGRAD6_TIME_FACTOR if m == 6 else 1.0
     factor *= chunk_rounds_factor(layer, machine.cores, m)
-    return (factor * (gemm_flops / rate + moved_bytes / machine.rate("memory_bytes_per_s"))
-            + machine.rate("layer_overhead_s"))
+    return (factor * gemm_flops / machine.rate("winograd_flops_per_s"),
+            factor * moved_bytes / machine.rate("winograd_bytes_per_s"),
+            machine.rate("layer_overhead_s"))
+
+
+def winograd_seconds(
+    layer: LayerShape, machine: MachineProfile, primitive: str = "winograd"
+) -> float:
+    """Lavin & Gray (CVPR 2016) work counts: alpha^3 (Cout x Cin) @ (Cin x T) GEMMs, plus
+    the transforms' traffic over V (alpha^3, Cin, T) and M (alpha^3, Cout, T) float32,
+    at the rates of all cores, times the rounds its chunks take (`chunk_rounds_factor`)."""
+    return sum(winograd_terms(layer, machine, primitive))
 
 
 def winograd_bytes(layer: LayerShape, cores: int, primitive: str = "winograd") -> tuple[int, int]:

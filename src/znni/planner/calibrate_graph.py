@@ -1,0 +1,192 @@
+"""Calibration of the graph primitives: Winograd, OpenVINO's conv, instance norm.
+
+Their rates had been fitted once, on the AMD EPYC host of the CI kind (machine.py), and
+on another CPU they were far off: on an Intel Xeon (AVX-512 FP16) host of the same kind,
+Winograd F(4,3) ran 1.3-2.1x its modelled time on eleven U-Net layers, the instance norm
+1.1-1.6x, and the graph planner's BasicUNet, UNet and valid U-Net windows took 1.2-1.8x
+their predictions (2026-11-24), while OpenVINO's conv, 1.3-2x faster than our Winograd
+there, was costed as if slower. So `calibrate.calibrated_profile` also runs each of them
+at U-Net layer shapes through the real primitives, and relative least squares on the cost
+model's own terms (winograd_costs.winograd_terms, graph_search.openvino_terms, the norm's
+traffic as graph_search.other_seconds counts it) scales their rates; the constants of
+those terms (passes, factors, call costs) stay as fitted.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from functools import partial
+
+import numpy as np
+
+from znni.model.network import FLOAT_BYTES, LayerShape
+from znni.planner.fitting import relative_multipliers
+from znni.planner.machine import MachineProfile
+
+# (Cin, Cout, output side): the levels of BasicUNet's and the valid U-Net's windows
+WINOGRAD_SHAPES = ((16, 16, 48), (32, 16, 64), (32, 32, 32), (64, 64, 16), (128, 128, 8),
+                   (16, 16, 80))
+OPENVINO_SHAPES = ((16, 16, 48), (32, 32, 32), (64, 64, 16), (16, 16, 80))
+NORM_SHAPES = ((16, 48), (32, 32), (16, 80), (64, 16))  # (channels, side)
+# (op, Cin, Cout, input side) of 3^3 stride-2 convs with pads 1: MONAI UNet's downsamplings
+# (phase-split convs) and upsamplings (scatter transposed convs, output padding 1)
+GRAPH_GEMM_SHAPES = (("conv", 16, 32, 64), ("conv", 32, 64, 32), ("conv", 64, 128, 16),
+                     ("conv_transpose", 192, 32, 8), ("conv_transpose", 64, 16, 16),
+                     ("conv_transpose", 32, 2, 32))
+QUICK_GRAPH_GEMM_SHAPES = (("conv", 4, 8, 16), ("conv_transpose", 8, 4, 8))
+QUICK_WINOGRAD_SHAPES = ((8, 8, 16), (16, 16, 8))
+QUICK_NORM_SHAPES = ((8, 16), (16, 8))
+REPEATS = 3  # each timed this many times after a warm-up run; the median counts
+
+# one measurement: the model's terms whose rates are fitted, its fixed seconds, measured s
+Row = tuple[tuple[float, ...], float, float]
+
+
+def graph_rates(profile: MachineProfile, quick: bool = False) -> dict[str, float]:
+    """`profile`'s graph-primitive rates fitted on this machine: winograd_flops_per_s and
+    winograd_bytes_per_s, norm_bytes_per_s, graph_gemm_flops_per_s, and
+    openvino_flops_per_s where OpenVINO is installed (not in a quick calibration:
+    compiling takes seconds)."""
+    from znni.primitives.backends import make_backend
+
+    backend = make_backend("cpu", spectra_cache_bytes=1)
+    rates = dict(profile.cpu_rates)
+    try:
+        rows = winograd_rows(backend, profile, QUICK_WINOGRAD_SHAPES if quick else WINOGRAD_SHAPES)
+        flops_m, bytes_m = relative_fit(rows)
+        rates["winograd_flops_per_s"] /= flops_m
+        rates["winograd_bytes_per_s"] /= bytes_m
+        (norm_m,) = relative_fit(norm_rows(profile, QUICK_NORM_SHAPES if quick else NORM_SHAPES))
+        rates["norm_bytes_per_s"] /= norm_m
+        gemm_shapes = QUICK_GRAPH_GEMM_SHAPES if quick else GRAPH_GEMM_SHAPES
+        (gemm_m,) = relative_fit(graph_gemm_rows(profile, gemm_shapes))
+        rates["graph_gemm_flops_per_s"] /= gemm_m
+        from znni.planner.graph_search import openvino_ready
+
+        if not quick and openvino_ready():
+            (ov_m,) = relative_fit(openvino_rows(backend, profile, OPENVINO_SHAPES))
+            rates["openvino_flops_per_s"] /= ov_m
+    finally:
+        close = getattr(backend, "close", None)
+        if close is not None:
+            close()
+    return rates
+
+
+def relative_fit(rows: list[Row]) -> tuple[float, ...]:
+    """Multipliers m >= 0 of the terms with  sum_j m_j term_j + fixed = measured  in relative
+    least squares; a term whose multiplier comes out below 0.05 keeps multiplier 1 and the
+    others are refitted without it (what calibrate.fit_rates does for the layer primitives)."""
+    a = np.array([[term / t for term in terms] for terms, _, t in rows])  # (rows, terms)
+    rhs = np.array([1.0 - fixed / t for _, fixed, t in rows])
+    return tuple(float(m) for m in relative_multipliers(a, rhs))
+
+
+def _median_s(fn: Callable[[], object]) -> float:
+    fn()  # warm: kernel transforms, compiled layers, workspaces
+    times = []
+    for _ in range(REPEATS):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _conv_case(cin: int, cout: int, side: int, rng: np.random.Generator) -> tuple:
+    """(layer shape, input, weight, bias) of a 3^3 conv with `side`^3 outputs."""
+    n = side + 2
+    x = rng.standard_normal((1, cin, n, n, n), dtype=np.float32)  # (N, C, Z, Y, X)
+    w = (rng.standard_normal((cout, cin, 3, 3, 3)) / np.sqrt(27 * cin)).astype(np.float32)
+    layer = LayerShape(0, "conv", 1, cin, (n, n, n), 1, cout, (side,) * 3, (3, 3, 3))
+    return layer, x, w, np.zeros(cout, np.float32)
+
+
+def winograd_rows(backend: object, profile: MachineProfile, shapes: tuple) -> list[Row]:
+    from znni.planner.winograd_costs import winograd_terms
+
+    rng = np.random.default_rng(0)
+    rows: list[Row] = []
+    for cin, cout, side in shapes:
+        layer, x, w, b = _conv_case(cin, cout, side, rng)
+        seconds = _median_s(partial(backend.conv3d, x, w, b, None, "winograd"))  # type: ignore[attr-defined]
+        gemm_s, moved_s, fixed_s = winograd_terms(layer, profile)
+        rows.append(((gemm_s, moved_s), fixed_s, seconds))
+    return rows
+
+
+def openvino_rows(backend: object, profile: MachineProfile, shapes: tuple) -> list[Row]:
+    from znni.planner.graph_search import openvino_terms
+
+    rng = np.random.default_rng(0)
+    rows: list[Row] = []
+    for cin, cout, side in shapes:
+        layer, x, w, b = _conv_case(cin, cout, side, rng)
+        seconds = _median_s(partial(backend.conv3d, x, w, b, None, "openvino"))  # type: ignore[attr-defined]
+        flops_s, rest_s = openvino_terms(layer, profile)
+        rows.append(((flops_s,), rest_s, seconds))
+    return rows
+
+
+def norm_rows(profile: MachineProfile, shapes: tuple) -> list[Row]:
+    """Instance norm in place, as a window runs it (engine/graph_forward.INPLACE)."""
+    from znni.planner.graph_search import NODE_OVERHEAD_S, OP_TRAFFIC
+    from znni.primitives.cpu import graph_ops
+
+    reads, writes, _, call_s = OP_TRAFFIC["instance_norm"]
+    rng = np.random.default_rng(0)
+    rows: list[Row] = []
+    for c, side in shapes:
+        x = rng.standard_normal((1, c, side, side, side), dtype=np.float32)  # (N, C, Z, Y, X)
+        scale, bias = np.ones(c, np.float32), np.zeros(c, np.float32)
+        seconds = _median_s(partial(graph_ops.instance_norm, x, scale, bias, 1e-5, out=x))
+        moved_bytes = (reads + writes) * x.size * FLOAT_BYTES
+        norm_s = moved_bytes / profile.cores / profile.rate("norm_bytes_per_s")
+        rows.append(((norm_s,), call_s + NODE_OVERHEAD_S, seconds))
+    return rows
+
+
+def _strided_node(op: str, cin: int, cout: int, side: int, rng: np.random.Generator) -> tuple:
+    """(one-node graph, input) of a 3^3 stride-2 conv or transposed conv with pads 1."""
+    from znni.model.graph import Graph, Node
+
+    shape = (cout, cin, 3, 3, 3) if op == "conv" else (cin, cout, 3, 3, 3)
+    weight = (rng.standard_normal(shape) / np.sqrt(27 * cin)).astype(np.float32)
+    params = {"weight": weight, "bias": np.zeros(cout, np.float32), "strides": (2, 2, 2),
+              "pads": (1,) * 6, "dilations": (1, 1, 1), "group": 1}
+    out = (side + 1) // 2 if op == "conv" else 2 * side
+    if op == "conv_transpose":
+        params["output_padding"] = (1, 1, 1)
+    node = Node("calibration", op, ("x",), ("y",), params)
+    graph = Graph("calibration", "x", cin, (side,) * 3, (node,), "y", cout, (out,) * 3, "",
+                  shapes={"x": (1, cin, side, side, side), "y": (1, cout, out, out, out)})
+    x = rng.standard_normal((1, cin, side, side, side), dtype=np.float32)  # (N, C, Z, Y, X)
+    return graph, x
+
+
+def graph_gemm_rows(profile: MachineProfile, shapes: tuple) -> list[Row]:
+    """graph_ops' phase-split strided convs and scatter transposed convs, as a window runs
+    them (engine/graph_forward); the fitted term is their GEMMs (graph_op_costs)."""
+    from znni.planner.graph_op_costs import scatter_transpose_work, strided_conv_work
+    from znni.planner.graph_search import other_seconds
+    from znni.primitives.cpu import graph_ops
+
+    rng = np.random.default_rng(0)
+    gemm_rate = profile.rate("graph_gemm_flops_per_s")
+    rows: list[Row] = []
+    for op, cin, cout, side in shapes:
+        graph, x = _strided_node(op, cin, cout, side, rng)
+        node, p = graph.nodes[0], graph.nodes[0].params
+        if op == "conv":
+            seconds = _median_s(partial(graph_ops.conv3d, x, p["weight"], p["bias"],
+                                        strides=p["strides"], pads=p["pads"]))
+            work = strided_conv_work(graph, node)
+        else:
+            seconds = _median_s(partial(graph_ops.conv_transpose3d, x, p["weight"], p["bias"],
+                                        strides=p["strides"], pads=p["pads"],
+                                        output_padding=p["output_padding"]))
+            work = scatter_transpose_work(graph, node)
+        gemm_s = work.direct_flops / gemm_rate
+        rows.append(((gemm_s,), other_seconds(graph, node, profile) - gemm_s, seconds))
+    return rows
