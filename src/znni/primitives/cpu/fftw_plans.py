@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -20,9 +21,30 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyfftw
 
 log = logging.getLogger(__name__)
+
+
+def _import_pyfftw() -> Any:
+    """`import pyfftw` without the scipy and dask interfaces its __init__ imports wherever
+    those packages are installed: scipy.fftpack and dask.array took 0.45 s of every znni
+    process's start (a `segment`, each job or Dask worker; Intel host of the CI kind,
+    2026-11-24), and znni calls pyfftw.FFTW only. Each is blocked (its import raises
+    ImportError, which pyfftw catches) only while pyfftw imports, and only if no one has
+    imported it yet."""
+    blocked = [m for m in ("scipy.fftpack", "dask") if m not in sys.modules]
+    for m in blocked:
+        sys.modules[m] = None  # type: ignore[assignment]
+    try:
+        import pyfftw as module
+    finally:
+        for m in blocked:
+            if m in sys.modules and sys.modules[m] is None:
+                del sys.modules[m]
+    return module
+
+
+pyfftw = _import_pyfftw()
 
 FFT_EFFORTS = ("FFTW_ESTIMATE", "FFTW_MEASURE", "FFTW_PATIENT", "FFTW_EXHAUSTIVE")
 _WISDOM_NAMES = ("double", "single", "longdouble")
