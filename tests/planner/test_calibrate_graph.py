@@ -81,3 +81,23 @@ def test_quick_graph_calibration_on_this_machine() -> None:
     rows = cg.graph_gemm_rows(base, cg.QUICK_GRAPH_GEMM_SHAPES)
     assert len(rows) == 2 and all(t > 0 and terms[0] > 0 and fixed > 0
                                   for terms, fixed, t in rows)
+
+
+def test_an_openvino_that_does_not_import_keeps_its_default_rate(monkeypatch, caplog) -> None:
+    """OpenVINO found but broken (its import fails): the calibration still finishes, keeps
+    OpenVINO's default rate and says why."""
+    import sys
+
+    from znni.planner import graph_search
+
+    if not graph_search.openvino_ready():
+        pytest.skip("needs the openvino package installed")
+    monkeypatch.setitem(sys.modules, "openvino", None)  # `import openvino` raises ImportError
+    for name in ("WINOGRAD_SHAPES", "NORM_SHAPES", "GRAPH_GEMM_SHAPES"):
+        monkeypatch.setattr(cg, name, getattr(cg, "QUICK_" + name))
+    base = _profile()
+    with caplog.at_level("WARNING", logger="znni.planner.calibrate_graph"):
+        rates = cg.graph_rates(base)
+    assert rates["openvino_flops_per_s"] == base.cpu_rates["openvino_flops_per_s"]
+    assert "OpenVINO's conv could not be calibrated" in caplog.text
+    assert all(np.isfinite(v) and v > 0 for v in rates.values())

@@ -14,6 +14,7 @@ those terms (passes, factors, call costs) stay as fitted.
 
 from __future__ import annotations
 
+import logging
 import statistics
 import time
 from collections.abc import Callable
@@ -24,6 +25,8 @@ import numpy as np
 from znni.model.network import FLOAT_BYTES, LayerShape
 from znni.planner.fitting import relative_multipliers
 from znni.planner.machine import MachineProfile
+
+log = logging.getLogger(__name__)
 
 # (Cin, Cout, output side): the levels of BasicUNet's and the valid U-Net's windows
 WINOGRAD_SHAPES = ((16, 16, 48), (32, 16, 64), (32, 32, 32), (64, 64, 16), (128, 128, 8),
@@ -66,8 +69,12 @@ def graph_rates(profile: MachineProfile, quick: bool = False) -> dict[str, float
         from znni.planner.graph_search import openvino_ready
 
         if not quick and openvino_ready():
-            (ov_m,) = relative_fit(openvino_rows(backend, profile, OPENVINO_SHAPES))
-            rates["openvino_flops_per_s"] /= ov_m
+            try:
+                (ov_m,) = relative_fit(openvino_rows(backend, profile, OPENVINO_SHAPES))
+                rates["openvino_flops_per_s"] /= ov_m
+            except (ValueError, RuntimeError) as e:  # installed but not working here
+                log.warning("OpenVINO's conv could not be calibrated (%s); its default "
+                            "rate is kept", e)
     finally:
         close = getattr(backend, "close", None)
         if close is not None:
