@@ -8,8 +8,9 @@ least squares for the inverse rates. What one set of rates cannot say (big
 layers stream from DRAM and fault in fresh pages, small ones run from cache)
 is then fitted per primitive as a time factor linear in log(working set)
 (MachineProfile.cpu_scaling). The graph primitives (Winograd, OpenVINO's conv,
-instance norm) are then fitted on the model's own terms (calibrate_graph.py). Results
-are cached per machine in $XDG_CACHE_HOME/znni, so a process calibrates once.
+instance norm, graph_ops' strided and transposed convs) are then fitted on their
+models' own terms (calibrate_graph.py). Results are cached per machine in
+$XDG_CACHE_HOME/znni, so a process calibrates once.
 """
 
 from __future__ import annotations

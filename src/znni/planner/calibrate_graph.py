@@ -1,11 +1,14 @@
-"""Calibration of the graph primitives: Winograd, OpenVINO's conv, instance norm.
+"""Calibration of the graph primitives: Winograd, OpenVINO's conv, instance norm, and
+graph_ops' strided and transposed convs.
 
 Their rates had been fitted once, on the AMD EPYC host of the CI kind (machine.py), and
 on another CPU they were far off: on an Intel Xeon (AVX-512 FP16) host of the same kind,
 Winograd F(4,3) ran 1.3-2.1x its modelled time on eleven U-Net layers, the instance norm
 1.1-1.6x, and the graph planner's BasicUNet, UNet and valid U-Net windows took 1.2-1.8x
 their predictions (2026-11-24), while OpenVINO's conv, 1.3-2x faster than our Winograd
-there, was costed as if slower. So `calibrate.calibrated_profile` also runs each of them
+there, was costed as if slower, and graph_ops' strided and transposed convs, costed at the
+direct conv's fitted GEMM rate (276 GFLOP/s there: that fit puts the conv's time in its
+gather term), at half their time. So `calibrate.calibrated_profile` also runs each of them
 at U-Net layer shapes through the real primitives, and relative least squares on the cost
 model's own terms (winograd_costs.winograd_terms, graph_search.openvino_terms, the norm's
 traffic as graph_search.other_seconds counts it) scales their rates; the constants of

@@ -14,7 +14,8 @@ from znni.planner.costs import Work
 # MONAI UNet's six stride-2 3^3 convs (1->16, 16->32, 32->64) in 64^3, 80^3 and 96^3 windows,
 # 3 fresh processes each (CI kind, 2026-11-24; 54 nodes, relative error, rms log 0.12,
 # 0.72-1.18 of measured; an earlier set of 3 gave 1.41): its GEMMs (Cout 16-64) run at
-# 1/1.5 of the calibrated direct-conv rate, and the split costs one pass over the phases
+# 1/1.5 of the calibrated direct-conv rate (graph_gemm_flops_per_s since, calibrated on
+# these convs themselves: calibrate_graph.py), and the split costs one pass over the phases
 # it writes. (The 2026-11-23 fit, 2.2 and 4 passes, predicted these nodes at 1.1-1.8x
 # their time: rms log 0.42.)
 STRIDED_GEMM_SLOWDOWN = 1.5
@@ -23,9 +24,9 @@ SPLIT_PASSES = 1.0
 # K kernel offsets, each offset's rows then added into a strided view of the output): least
 # squares over MONAI UNet's three k=3, s=2 upsamplings (192->32, 64->16, 32->2) in 64^3,
 # 80^3 and 96^3 windows, 3 fresh processes each (CI kind, 2026-11-24; 27 nodes, 2.5-12 ms,
-# rms log 0.17, 0.77-1.44 of measured): GEMMs at 1/2 of the direct rate, and 2 passes over
-# the offsets' products at the memory rate (written, read, added into the output: 4 on
-# each of the 2 cores' halves)
+# rms log 0.17, 0.77-1.44 of measured): GEMMs at 1/2 of the direct rate
+# (graph_gemm_flops_per_s since), and 2 passes over the offsets' products at the memory
+# rate (written, read, added into the output: 4 on each of the 2 cores' halves)
 SCATTER_GEMM_SLOWDOWN = 2.0
 SCATTER_PASSES = 2.0
 

@@ -61,8 +61,9 @@ OP_TRAFFIC.update({"prelu": (0.3, 0.3, False, 0.0), "add": (0.3, 0.3, False, 0.0
 NORM_OPS = ("instance_norm", "group_norm")
 NODE_OVERHEAD_S = 5e-5  # Python dispatch and one allocation per node
 # graph_ops' strided and transposed convs (GEMMs per kernel offset over strided views) ran at
-# ~1/2.75 of the calibrated direct-conv GEMM rate (MONAI UNet 64^3 per-op breakdown, this
-# machine kind, 2026-11-23; see docs/benchmarks.md "Graph planner")
+# ~1/2.75 of the calibrated direct-conv GEMM rate (graph_gemm_flops_per_s since, which
+# other_seconds reads in its place; MONAI UNet 64^3 per-op breakdown, this machine kind,
+# 2026-11-23; see docs/benchmarks.md "Graph planner")
 GENERAL_GEMM_SLOWDOWN = 2.75
 # openvino_seconds' terms, fitted (least squares on relative error, with the rate) on the
 # 17 layer shapes of machine.py's rate, each with and without the instance norm after it,
