@@ -113,30 +113,38 @@ def _conv_case(cin: int, cout: int, side: int, rng: np.random.Generator) -> tupl
     return layer, x, w, np.zeros(cout, np.float32)
 
 
-def winograd_rows(backend: object, profile: MachineProfile, shapes: tuple) -> list[Row]:
-    from znni.planner.winograd_costs import winograd_terms
-
+def conv_rows(backend: object, profile: MachineProfile, shapes: tuple, primitive: str,
+              terms: Callable[[LayerShape], tuple[tuple[float, ...], float]]) -> list[Row]:
+    """A 3^3 conv per (Cin, Cout, side) by `primitive`, against `terms`(layer): its model's
+    (fitted terms, fixed seconds)."""
     rng = np.random.default_rng(0)
     rows: list[Row] = []
     for cin, cout, side in shapes:
         layer, x, w, b = _conv_case(cin, cout, side, rng)
-        seconds = _median_s(partial(backend.conv3d, x, w, b, None, "winograd"))  # type: ignore[attr-defined]
-        gemm_s, moved_s, fixed_s = winograd_terms(layer, profile)
-        rows.append(((gemm_s, moved_s), fixed_s, seconds))
+        seconds = _median_s(partial(backend.conv3d, x, w, b, None, primitive))  # type: ignore[attr-defined]
+        fitted, fixed_s = terms(layer)
+        rows.append((fitted, fixed_s, seconds))
     return rows
+
+
+def winograd_rows(backend: object, profile: MachineProfile, shapes: tuple) -> list[Row]:
+    from znni.planner.winograd_costs import winograd_terms
+
+    def terms(layer: LayerShape) -> tuple[tuple[float, ...], float]:
+        gemm_s, moved_s, fixed_s = winograd_terms(layer, profile)
+        return (gemm_s, moved_s), fixed_s
+
+    return conv_rows(backend, profile, shapes, "winograd", terms)
 
 
 def openvino_rows(backend: object, profile: MachineProfile, shapes: tuple) -> list[Row]:
     from znni.planner.graph_search import openvino_terms
 
-    rng = np.random.default_rng(0)
-    rows: list[Row] = []
-    for cin, cout, side in shapes:
-        layer, x, w, b = _conv_case(cin, cout, side, rng)
-        seconds = _median_s(partial(backend.conv3d, x, w, b, None, "openvino"))  # type: ignore[attr-defined]
+    def terms(layer: LayerShape) -> tuple[tuple[float, ...], float]:
         flops_s, rest_s = openvino_terms(layer, profile)
-        rows.append(((flops_s,), rest_s, seconds))
-    return rows
+        return (flops_s,), rest_s
+
+    return conv_rows(backend, profile, shapes, "openvino", terms)
 
 
 def norm_rows(profile: MachineProfile, shapes: tuple) -> list[Row]:

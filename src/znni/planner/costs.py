@@ -247,16 +247,18 @@ def other_work(layer: LayerShape) -> Work:
     return Work(memory_bytes=float(layer.in_bytes + 2 * layer.out_bytes))
 
 
-def cpu_seconds(work: Work, machine: MachineProfile) -> float:
+def cpu_seconds(work: Work, machine: MachineProfile,
+                gemm_rate: str = "direct_flops_per_s") -> float:
     """Predicted seconds on the host CPU. Multiply-add is compute- or memory-bound,
-    whichever is slower (measured on the CI kind: memory-bound at S = 1, a matmul at S > 1)."""
+    whichever is slower (measured on the CI kind: memory-bound at S = 1, a matmul at S > 1).
+    `gemm_rate`: the rate of work.direct_flops (graph_ops' convs have their own)."""
     r = machine.rate
     madd_s = max(work.madd_flops / r("madd_flops_per_s"), work.madd_bytes / r("madd_bytes_per_s"))
     return (
         work.fft_flops / r("fft_flops_per_s")
         + work.kernel_fft_flops / r("kernel_fft_flops_per_s")
         + madd_s
-        + work.direct_flops / r("direct_flops_per_s")
+        + work.direct_flops / r(gemm_rate)
         + work.gather_bytes / r("gather_bytes_per_s")
         + work.memory_bytes / r("memory_bytes_per_s")
         + work.pack_bytes / r("pack_bytes_per_s")

@@ -13,7 +13,7 @@ transposed conv paths. Peak memory follows the executor's order and tensor lifet
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from math import prod, sqrt
 
 from znni.model.graph import (
@@ -61,9 +61,9 @@ OP_TRAFFIC.update({"prelu": (0.3, 0.3, False, 0.0), "add": (0.3, 0.3, False, 0.0
 NORM_OPS = ("instance_norm", "group_norm")
 NODE_OVERHEAD_S = 5e-5  # Python dispatch and one allocation per node
 # graph_ops' strided and transposed convs (GEMMs per kernel offset over strided views) ran at
-# ~1/2.75 of the calibrated direct-conv GEMM rate (graph_gemm_flops_per_s since, which
-# other_seconds reads in its place; MONAI UNet 64^3 per-op breakdown, this machine kind,
-# 2026-11-23; see docs/benchmarks.md "Graph planner")
+# ~1/2.75 of the calibrated direct-conv GEMM rate (graph_gemm_flops_per_s since; MONAI
+# UNet 64^3 per-op breakdown, this machine kind, 2026-11-23; see docs/benchmarks.md
+# "Graph planner")
 GENERAL_GEMM_SLOWDOWN = 2.75
 # openvino_seconds' terms, fitted (least squares on relative error, with the rate) on the
 # 17 layer shapes of machine.py's rate, each with and without the instance norm after it,
@@ -177,14 +177,9 @@ def other_seconds(graph: Graph, node: Node, machine: MachineProfile, batch: int 
         big = node.inputs[0] if node.op == "conv_transpose" else node.outputs[0]
         flops = 2.0 * prod(graph.shapes[big][2:]) * w.size * GENERAL_GEMM_SLOWDOWN
         work = work + Work(direct_flops=flops)
-    return cpu_seconds(_batched(work, batch), graph_gemm_view(machine)) + call_s + NODE_OVERHEAD_S
-
-
-def graph_gemm_view(machine: MachineProfile) -> MachineProfile:
-    """`machine` with graph_ops' GEMM rate where cpu_seconds reads the direct conv's: the
-    general convs' work counts their GEMM flops as direct_flops."""
-    rate = machine.rate("graph_gemm_flops_per_s")
-    return replace(machine, cpu_rates={**machine.cpu_rates, "direct_flops_per_s": rate})
+    # the general convs' work counts their GEMM flops as direct_flops, at graph_ops' rate
+    seconds = cpu_seconds(_batched(work, batch), machine, gemm_rate="graph_gemm_flops_per_s")
+    return seconds + call_s + NODE_OVERHEAD_S
 
 
 def _batched(work: Work, batch: int) -> Work:
