@@ -74,6 +74,21 @@ def test_a_layer_reads_parts_and_pads_and_applies_the_norm(sizes, pads, affine, 
                                          activation, "openvino", norm)
 
 
+@pytest.mark.parametrize("threshold", [0, 2**40])  # split over the pool, or one thread
+def test_channels_last_output_comes_back_channels_first(monkeypatch, threshold) -> None:
+    """The layers write channels-last; the copy back runs plane by plane, over the pool."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from znni.primitives.cpu import openvino_conv
+
+    monkeypatch.setattr(openvino_conv, "PARALLEL_TRANSPOSE_BYTES", threshold)
+    last = np.random.default_rng(3).standard_normal((3, 5, 7, 6, 4)).astype(np.float32)
+    with ThreadPoolExecutor(2) as pool:
+        got = openvino_conv._channels_first(last, pool)  # (S, C, Z, Y, X)
+    assert got.flags.c_contiguous
+    np.testing.assert_array_equal(got, last.transpose(0, 4, 1, 2, 3))
+
+
 def test_compiled_layers_are_reused_and_bounded() -> None:
     from znni.primitives.cpu.openvino_conv import MAX_COMPILED, OpenVinoConvs
 

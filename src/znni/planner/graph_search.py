@@ -77,8 +77,16 @@ GENERAL_GEMM_SLOWDOWN = 2.75
 # reader and writer threads beside it) 0.88-1.21x the time without it (median 1.02-1.06,
 # 5 alternated runs each, CI kind, 2026-11-24): about 23 ms a window more than alone,
 # 1.8 ms a call. With it the planner picks OpenVINO for no layer of the benchmark U-Nets.
-OPENVINO_COPY_PASSES = 1.8
+# Since each layer is compiled for one window and writes channels-last (openvino_conv), its
+# plugin's reference reorder of the output (9-10 ms for 16 x 64^3) gave way to our
+# transpose (2.3 ms): 16 -> 16 at 64^3 with its norm spent 2.5 ms reordering its input,
+# 2.5-3.0 ms in MVN and 2.3 ms transposing its output (Intel host of the CI kind,
+# 2026-11-24): 0.8 passes over input and output at the calibrated memory rate, the norm
+# 1.3 over its output (2.5-3.0 ms at 64^3, 8.3 ms at 96^3 in its MVN node)
+OPENVINO_COPY_PASSES = 0.8
+OPENVINO_NORM_PASSES = 1.3
 OPENVINO_CALL_S = 2.3e-3
+OPENVINO_CALL_ALONE_S = 0.5e-3  # what the calibration's lone calls pay (calibrate_graph.py)
 # its JIT kernels work on blocks of 16 channels (AVX-512 here); fewer input channels leave
 # lanes idle: 18-31 GFLOP/s at Cin 1, 59 at 4, 100-113 at 12, 117-162 at 16-48 measured
 # (3^3 convs, 64^3-166^3 outputs, CI kind, 2026-11-23): rate x sqrt(min(1, Cin / 16))
@@ -211,8 +219,11 @@ def _conv_options(
             if tensors + kept + work <= limit:
                 options.append((winograd_seconds(layer, machine, prim), work, kept, prim))
         if openvino_ready():
-            work = layer.in_bytes + layer.out_bytes  # its blocked copies of input and output
-            kept = int(OPENVINO_KEPT_PER_TENSOR_BYTE * work)
+            window_bytes = (layer.in_bytes + layer.out_bytes) // batch  # it runs window by window
+            # the batch's channels-last output beside its channels-first copy, and one
+            # window's blocked input and scratch (primitives/cpu/openvino_conv)
+            work = layer.out_bytes + window_bytes
+            kept = int(OPENVINO_KEPT_PER_TENSOR_BYTE * window_bytes)
             if tensors + kept + work <= limit:
                 norm = absorbs_next_norm(graph, i, readers, "openvino")
                 seconds = openvino_seconds(layer, machine, passes, norm)
@@ -240,23 +251,25 @@ def openvino_terms(
     (calibrate_graph.py) fits the rate by the first."""
     rate = machine.rate("openvino_flops_per_s")
     rate *= sqrt(min(1.0, layer.channels_in / OPENVINO_CHANNEL_BLOCK))
-    copies_bytes = OPENVINO_COPY_PASSES * (2 * (layer.in_bytes + layer.out_bytes)
-                                           + (layer.out_bytes if norm else 0))
+    copies_bytes = (OPENVINO_COPY_PASSES * 2 * (layer.in_bytes + layer.out_bytes)
+                    + (OPENVINO_NORM_PASSES * layer.out_bytes if norm else 0))
+    calls_s = OPENVINO_CALL_S * layer.batch_in  # one call a window
     first_s = 0.0
     if passes is not None:
         tensor_bytes = layer.in_bytes + layer.out_bytes
         first_s = (OPENVINO_FIRST_CALL_S
                    + OPENVINO_FIRST_CALL_S_PER_BYTE * tensor_bytes) / max(1, passes)
     return (layer.direct_flops / rate,
-            copies_bytes / machine.rate("memory_bytes_per_s") + OPENVINO_CALL_S + first_s)
+            copies_bytes / machine.rate("memory_bytes_per_s") + calls_s + first_s)
 
 
 def openvino_seconds(
     layer: LayerShape, machine: MachineProfile, passes: int | None = None, norm: bool = False
 ) -> float:
     """Multiply-adds at the OpenVINO conv rate (lower with fewer input channels than a
-    channel block), the copies of input and output into and out of its blocked layout
-    (read and written: few-channel layers are bound by them), a fixed cost per call,
+    channel block), the copies of input into its blocked layout and of its channels-last
+    output to ours (read and written: few-channel layers are bound by them), a fixed cost
+    per call (one a window),
     with `norm` the instance norm it applies (one pass over its blocked output), and,
     for a run of `passes` windows, its share of the layer's first call (None: steady state)."""
     return sum(openvino_terms(layer, machine, passes, norm))

@@ -191,7 +191,7 @@ class CpuBackend:
             if not openvino_available():
                 raise ValueError("conv primitive 'openvino' needs the optional openvino "
                                  "package: pip install openvino")
-            self._ov = OpenVinoConvs(self.threads)
+            self._ov = OpenVinoConvs(self.threads, self._pool)
         return self._ov
 
     def _run_fft(
