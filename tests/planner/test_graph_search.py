@@ -15,11 +15,13 @@ from znni.engine.graph_forward import run_graph
 from znni.model.loading import load_model
 from znni.planner.costs import CPU_CONV_PRIMITIVES
 from znni.planner.graph_search import (
-    OPENVINO_KEPT_PER_TENSOR_BYTE,
+    OPENVINO_KEPT_PER_INPUT_BYTE,
+    OPENVINO_KEPT_PER_NORMED_OUTPUT_BYTE,
     OPENVINO_RUNTIME_BYTES,
     conv_layer,
     fast_conv,
     first_pass_seconds,
+    openvino_ready,
     plan_graph,
     unbuilt_concats,
     winograd_bytes,
@@ -44,10 +46,21 @@ def model(tmp_path_factory):
     return load_model(path)
 
 
-def test_every_fast_conv_gets_a_primitive_and_the_peak_counts_lifetimes(model) -> None:
+@pytest.mark.parametrize("openvino_rate", [None, 1e15])  # 1e15: OpenVINO where it can run
+def test_every_fast_conv_gets_a_primitive_and_the_peak_counts_lifetimes(
+    model, openvino_rate, monkeypatch
+) -> None:
     machine = MachineProfile.load("ci-2core")
+    if openvino_rate is not None:  # and its copies and calls free: every conv on it
+        monkeypatch.setattr("znni.planner.graph_search.OPENVINO_COPY_PASSES", 0.0)
+        monkeypatch.setattr("znni.planner.graph_search.OPENVINO_NORM_PASSES", 0.0)
+        monkeypatch.setattr("znni.planner.graph_search.OPENVINO_CALL_S", 0.0)
+        machine = replace(machine, cpu_rates={**machine.cpu_rates,
+                                              "openvino_flops_per_s": openvino_rate})
     graph = model.graph((32, 32, 32))
     plan = plan_graph(graph, machine)
+    if openvino_rate is not None and openvino_ready():
+        assert sum(p.primitive == "openvino" for p in plan.nodes) >= 10
     for i, (node, p) in enumerate(zip(graph.nodes, plan.nodes, strict=True)):
         assert (p.primitive in (*CPU_CONV_PRIMITIVES, "openvino", "winograd")) == fast_conv(node)
         # an OpenVINO conv applies the instance norm after it: the norm costs nothing
@@ -60,8 +73,12 @@ def test_every_fast_conv_gets_a_primitive_and_the_peak_counts_lifetimes(model) -
         layer = conv_layer(graph, i, n) if fast_conv(n) else None
         if p.primitive == "winograd":
             kept += winograd_bytes(layer, machine.cores)[1]
-        elif p.primitive == "openvino":  # a compiled layer keeps its own buffers
-            kept += int(OPENVINO_KEPT_PER_TENSOR_BYTE * (layer.in_bytes + layer.out_bytes))
+        elif p.primitive == "openvino":  # a compiled layer keeps its own buffers: the
+            # blocked input, and the conv's output where its norm follows (one window's)
+            after = plan.nodes[i + 1] if i + 1 < len(plan.nodes) else None
+            normed = after is not None and after.op == "instance_norm" and after.predicted_s == 0
+            kept += int(OPENVINO_KEPT_PER_INPUT_BYTE * layer.in_bytes
+                        + OPENVINO_KEPT_PER_NORMED_OUTPUT_BYTE * layer.out_bytes * normed)
     picks = {i: (p.predicted_s, p.workspace_bytes, 0, p.primitive)
              for i, p in enumerate(plan.nodes) if p.primitive is not None}
     if any(p.primitive == "openvino" for p in plan.nodes):

@@ -95,23 +95,19 @@ OPENVINO_CHANNEL_BLOCK = 16
 # more than later ones at 4^3-16^3, 105 ms at 16->16 64^3 (33.6 MB in + out), growing with
 # its tensors (BasicUNet 64^3 window, CI kind, 2026-11-24): a fixed part plus a part per
 # tensor byte, shared by the windows of a run
-# a compiled layer keeps its own buffers between calls (blocked input and output, scratch):
-# resident bytes grew by 2.4-2.7x the input + output bytes of the layers compiled, over
-# a first pass (BasicUNet 64^3 and the valid U-Net 92^3 windows, AMD host of the CI kind,
-# 2026-11-23; with its output in numpy's memory since, 1.4-1.9x beside its runtime, below),
-# of which the largest layer's input + output count as its workspace. That host's planner
-# picks OpenVINO for no layer of the benchmark U-Nets; an Intel Xeon host of the same kind
-# picks it for most 3^3 convs of all three, and there the first pass's resident peak
-# less the rest of the model was 0.9-1.4x those bytes (the six benchmarks/graph_planner.py
-# windows, 4-16 OpenVINO layers each, 2026-11-24), where 2.0 put the peaks at 0.68-0.82
-# of the model. Four layers compiled alone kept 1.85x: not additive, so not calibrated
-# per machine; the host where it is picked decides
-OPENVINO_KEPT_PER_TENSOR_BYTE = 1.2
-# and its runtime, once a layer is compiled (plugin, thread pool, JIT code): resident bytes
-# grew by 70-74 MiB + 1.4-1.9x the OpenVINO layers' input + output bytes over a pass with
-# none (BasicUNet 64^3 with 14 and 17 of its convs on OpenVINO, the valid U-Net 92^3 with
-# 4 and 9; CI kind, 2026-11-24)
-OPENVINO_RUNTIME_BYTES = 70 * 2**20
+# a compiled layer keeps its own buffers between calls: its blocked copy of the input and,
+# with the norm after it, the conv's output before the norm (without one the conv writes
+# our channels-last buffer itself). Compiled for one window and writing channels-last
+# (openvino_conv), the first pass's resident peak less the rest of the model was, on the
+# six benchmarks/graph_planner.py windows (3-14 OpenVINO layers each; Intel host of the CI
+# kind, 2026-11-24), 60 MiB of runtime (plugin, thread pool, JIT code) + 1.2-1.5x the
+# layers' one-window input bytes + 1.1-1.3x the output bytes of those with a norm + the
+# largest workspace (the batch's channels-last output, beside the copy we make of it).
+# Earlier, compiled for any batch and writing channels-first, 1.4-2.7x input + output had
+# been kept; not calibrated per machine: the amount does not add up over layers alone
+OPENVINO_KEPT_PER_INPUT_BYTE = 1.4
+OPENVINO_KEPT_PER_NORMED_OUTPUT_BYTE = 1.15
+OPENVINO_RUNTIME_BYTES = 60 * 2**20
 OPENVINO_FIRST_CALL_S = 0.03
 OPENVINO_FIRST_CALL_S_PER_BYTE = 2.5e-9
 
@@ -219,13 +215,11 @@ def _conv_options(
             if tensors + kept + work <= limit:
                 options.append((winograd_seconds(layer, machine, prim), work, kept, prim))
         if openvino_ready():
-            window_bytes = (layer.in_bytes + layer.out_bytes) // batch  # it runs window by window
-            # the batch's channels-last output beside its channels-first copy, and one
-            # window's blocked input and scratch (primitives/cpu/openvino_conv)
-            work = layer.out_bytes + window_bytes
-            kept = int(OPENVINO_KEPT_PER_TENSOR_BYTE * window_bytes)
+            norm = absorbs_next_norm(graph, i, readers, "openvino")
+            work = layer.out_bytes  # the batch's channels-last output beside our copy of it
+            kept = int((OPENVINO_KEPT_PER_INPUT_BYTE * layer.in_bytes  # one window's (above)
+                        + OPENVINO_KEPT_PER_NORMED_OUTPUT_BYTE * layer.out_bytes * norm) / batch)
             if tensors + kept + work <= limit:
-                norm = absorbs_next_norm(graph, i, readers, "openvino")
                 seconds = openvino_seconds(layer, machine, passes, norm)
                 if norm:  # net of the norm node it makes free (see plan_graph)
                     seconds -= other_seconds(graph, graph.nodes[i + 1], machine, batch)
