@@ -138,13 +138,11 @@ def winograd_rows(backend: object, profile: MachineProfile, shapes: tuple) -> li
 
 
 def openvino_rows(backend: object, profile: MachineProfile, shapes: tuple) -> list[Row]:
-    from znni.planner.graph_search import OPENVINO_CALL_ALONE_S, OPENVINO_CALL_S, openvino_terms
+    from znni.planner.graph_search import openvino_terms
 
     def terms(layer: LayerShape) -> tuple[tuple[float, ...], float]:
         flops_s, rest_s = openvino_terms(layer, profile)
-        # a lone call costs less than one in a run: charging the run's cost here put the
-        # fitted rate at 1.5x what its conv node ran (343 against 221-280 GFLOP/s)
-        return (flops_s,), rest_s - OPENVINO_CALL_S + OPENVINO_CALL_ALONE_S
+        return (flops_s,), rest_s
 
     return conv_rows(backend, profile, shapes, "openvino", terms)
 

@@ -65,28 +65,21 @@ NODE_OVERHEAD_S = 5e-5  # Python dispatch and one allocation per node
 # UNet 64^3 per-op breakdown, this machine kind, 2026-11-23; see docs/benchmarks.md
 # "Graph planner")
 GENERAL_GEMM_SLOWDOWN = 2.75
-# openvino_seconds' terms, fitted (least squares on relative error, with the rate) on the
-# 17 layer shapes of machine.py's rate, each with and without the instance norm after it,
-# in two hours: within 0.67-1.32 of measured but 128 -> 128 at 4^3 (0.42-0.46). The
-# reorders into and out of its blocked layout stream input and output 1.8 times each way
-# (2 x 1.8 passes), the norm its output once more (MVN on the blocked output, then
-# scale/shift/activation, in the same kernel: 1.2-1.6 ms for 16 x 64^3 alone); 0.5 ms a
-# call alone (binding the shared input and output, waking its threads), 2.3 ms a call in a
-# run: with 13 of BasicUNet's 19 convs on it (the 32^3 and smaller levels), steady 64^3
-# windows ran 194 -> 174 ms alone but whole 256^3 segments (343 windows, the pipeline's
-# reader and writer threads beside it) 0.88-1.21x the time without it (median 1.02-1.06,
-# 5 alternated runs each, CI kind, 2026-11-24): about 23 ms a window more than alone,
-# 1.8 ms a call. With it the planner picks OpenVINO for no layer of the benchmark U-Nets.
-# Since each layer is compiled for one window and writes channels-last (openvino_conv), its
-# plugin's reference reorder of the output (9-10 ms for 16 x 64^3) gave way to our
-# transpose (2.3 ms): 16 -> 16 at 64^3 with its norm spent 2.5 ms reordering its input,
-# 2.5-3.0 ms in MVN and 2.3 ms transposing its output (Intel host of the CI kind,
-# 2026-11-24): 0.8 passes over input and output at the calibrated memory rate, the norm
-# 1.3 over its output (2.5-3.0 ms at 64^3, 8.3 ms at 96^3 in its MVN node)
+# openvino_seconds' terms. Each layer is compiled for one window and writes channels-last
+# (primitives/cpu/openvino_conv): 16 -> 16 at 64^3 with its norm spent 2.5 ms reordering
+# its input into the plugin's layout, 2.5-3.0 ms in MVN and 2.3 ms in our transpose of
+# its output (8.3 ms in MVN at 96^3; Intel host of the CI kind, 2026-11-24): 0.8 passes
+# over input and output at the calibrated memory rate, the norm 1.3 over its output.
+# A call costs 0.5 ms besides (binding the shared input and output, waking its threads).
+# Whole BasicUNet segments (64^3 windows, overlap 0.25, 8 GiB) with the planner charging
+# 2.3 ms a call, as it did for the dynamic-batch layers before (their 256^3 segments had
+# run 1.8 ms a call slower than their windows alone), put 8 of the 19 convs on OpenVINO
+# and took 24.4-26.2 s at 256^3 and 7.1-7.5 s at 128^3; charging 0.5 ms it put 17 there,
+# 22.0-23.6 s and 6.0-7.1 s (alternated, same host and day). The calibration fits the rate
+# with these terms fixed (calibrate_graph.py)
 OPENVINO_COPY_PASSES = 0.8
 OPENVINO_NORM_PASSES = 1.3
-OPENVINO_CALL_S = 2.3e-3
-OPENVINO_CALL_ALONE_S = 0.5e-3  # what the calibration's lone calls pay (calibrate_graph.py)
+OPENVINO_CALL_S = 0.5e-3
 # its JIT kernels work on blocks of 16 channels (AVX-512 here); fewer input channels leave
 # lanes idle: 18-31 GFLOP/s at Cin 1, 59 at 4, 100-113 at 12, 117-162 at 16-48 measured
 # (3^3 convs, 64^3-166^3 outputs, CI kind, 2026-11-23): rate x sqrt(min(1, Cin / 16))
