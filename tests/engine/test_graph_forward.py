@@ -236,3 +236,53 @@ def test_peak_bytes_of_a_concat_read_in_parts() -> None:
     assert not concat_read_in_parts(graph, 2, readers, "direct")
     assert graph.peak_tensor_bytes() == 256 + 256 + 256 + 512
     assert graph.peak_tensor_bytes(unbuilt=frozenset({"c"})) == 256 + 256 + 256 + 32
+
+
+def test_openvino_convs_hand_on_channels_last_only_to_openvino_readers(monkeypatch) -> None:
+    """a -> b: a's output, read only by OpenVINO conv b, stays channels-last; b's output is
+    also a concat's part and c's output only a concat's, so both come back channels-first;
+    the graph's output too. The whole pass equals the reference (skipped without OpenVINO)."""
+    pytest.importorskip("openvino")
+    from znni.model.graph import Graph, Node, channels_last_convs, reader_counts
+    from znni.primitives.cpu.backend import CpuBackend
+
+    rng = np.random.default_rng(8)
+
+    def conv(name, src, out, cin, cout, pads):
+        w = (rng.standard_normal((cout, cin, 3, 3, 3)) / np.sqrt(cin * 27)).astype(np.float32)
+        params = {"weight": w, "bias": rng.standard_normal(cout).astype(np.float32),
+                  "strides": (1, 1, 1), "pads": pads, "dilations": (1, 1, 1), "group": 1}
+        return Node(name, "conv", (src,), (out,), params)
+
+    nodes = (
+        conv("a", "x", "ta", 2, 3, (1, 0, 1, 1, 2, 1)),  # anisotropic pads
+        Node("ra", "relu", ("ta",), ("a",)),
+        conv("b", "a", "tb", 3, 3, (1,) * 6),
+        Node("rb", "relu", ("tb",), ("b",)),
+        conv("c", "b", "c", 3, 2, (1,) * 6),
+        Node("cat", "concat", ("b", "c"), ("d",)),
+        conv("e", "d", "y", 5, 4, (1, 1, 0, 1, 1, 0)),
+    )
+    win, end = (7, 6, 9), (7, 6, 7)
+    mid = {t: (1, c, *win) for t, c in
+           (("ta", 3), ("a", 3), ("tb", 3), ("b", 3), ("c", 2), ("d", 5))}
+    graph = Graph("chain", "x", 2, win, nodes, "y", 4, end, "d", {
+        "x": (1, 2, *win), **mid, "y": (1, 4, *end)})
+    prims = {n.name: "openvino" for n in nodes if n.op == "conv"}
+    by_index = {i: prims.get(n.name) for i, n in enumerate(nodes)}
+    assert channels_last_convs(graph, reader_counts(graph), by_index.get) == {0}
+    calls = []
+    real = CpuBackend.conv3d_parts
+
+    def spy(self, parts, *args, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
+        calls.append((kw.get("channels_last", args[6] if len(args) > 6 else False),
+                      all(p.flags.c_contiguous for p in parts)))
+        return real(self, parts, *args, **kw)
+
+    monkeypatch.setattr(CpuBackend, "conv3d_parts", spy)
+    x = rng.standard_normal((2, 2, *win)).astype(np.float32)
+    got = run_graph(graph, x, make_backend("cpu", threads=2), prims)
+    assert [flag for flag, _ in calls] == [True, False, False, False]
+    assert [plain for _, plain in calls] == [True, False, True, True]  # b reads a as it lies
+    assert got.flags.c_contiguous
+    assert close(got, run_graph(graph, x, make_backend("reference")))

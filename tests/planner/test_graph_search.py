@@ -51,6 +51,8 @@ def test_every_fast_conv_gets_a_primitive_and_the_peak_counts_lifetimes(
     model, openvino_rate, monkeypatch
 ) -> None:
     machine = MachineProfile.load("ci-2core")
+    # no channels-last hand-on here (its kept bytes are checked in the test of it, below)
+    monkeypatch.setattr("znni.planner.graph_search.channels_last_convs", lambda *a: frozenset())
     if openvino_rate is not None:  # and its copies and calls free: every conv on it
         monkeypatch.setattr("znni.planner.graph_search.OPENVINO_COPY_PASSES", 0.0)
         monkeypatch.setattr("znni.planner.graph_search.OPENVINO_NORM_PASSES", 0.0)
@@ -334,3 +336,44 @@ def test_winograd_cost_counts_the_rounds_of_chunks_its_workers_run() -> None:
     assert winograd_seconds(small, two) - overhead_s == pytest.approx(
         2 * (winograd_seconds(small, one) - overhead_s))
     assert winograd_seconds(big, two) == pytest.approx(winograd_seconds(big, one))
+
+
+def test_a_channels_last_hand_on_is_not_charged_its_copies(model, monkeypatch) -> None:
+    """An OpenVINO conv whose readers are all OpenVINO convs hands its output on
+    channels-last: its plan drops the transpose of its output and each reader's reorder of
+    it, 2 x OPENVINO_COPY_PASSES x its output bytes each, at the memory rate; no other node
+    changes (skipped without OpenVINO)."""
+    if not openvino_ready():
+        pytest.skip("needs OpenVINO")
+    from znni.model.graph import channels_last_convs, openvino_output_node, reader_counts
+    from znni.planner import graph_search
+
+    ci = MachineProfile.load("ci-2core")
+    machine = replace(ci, cpu_rates={**ci.cpu_rates, "openvino_flops_per_s": 1e15})
+    monkeypatch.setattr(graph_search, "OPENVINO_CALL_S", 0.0)
+    graph = model.graph((32, 32, 32))
+    kept = plan_graph(graph, machine)
+    picked = {i: p.primitive for i, p in enumerate(kept.nodes)}
+    readers = reader_counts(graph)
+    chained = channels_last_convs(graph, readers, picked.get)
+    assert len(chained) >= 6  # BasicUNet's conv pairs
+    monkeypatch.setattr(graph_search, "channels_last_convs", lambda *a: frozenset())
+    copied = plan_graph(graph, machine)
+    for i, (a, b) in enumerate(zip(kept.nodes, copied.nodes, strict=True)):
+        want = 0.0
+        if i in chained:
+            out = graph.nodes[openvino_output_node(graph, i, readers)].outputs[0]
+            out_bytes = conv_layer(graph, i, graph.nodes[i]).out_bytes
+            want = (graph_search.OPENVINO_COPY_PASSES * 2 * out_bytes * (1 + readers[out])
+                    / machine.rate("memory_bytes_per_s"))
+        assert b.predicted_s - a.predicted_s == pytest.approx(want, abs=1e-12)
+        assert a.workspace_bytes == (0 if i in chained else b.workspace_bytes)
+    # the readers of a hand-on keep less of their input
+    takers = [j for j, n in enumerate(graph.nodes) if n.op == "conv" and any(
+        graph.nodes[openvino_output_node(graph, i, readers)].outputs[0] == n.inputs[0]
+        for i in chained)]
+    less = (graph_search.OPENVINO_KEPT_PER_INPUT_BYTE
+            - graph_search.OPENVINO_KEPT_PER_CHANNELS_LAST_INPUT_BYTE)
+    unkept = sum(int(less * conv_layer(graph, j, graph.nodes[j]).in_bytes) for j in takers)
+    work = [max(n.workspace_bytes for n in plan.nodes) for plan in (kept, copied)]
+    assert copied.peak_bytes - kept.peak_bytes == unkept + work[1] - work[0] > 0

@@ -74,6 +74,35 @@ def test_a_layer_reads_parts_and_pads_and_applies_the_norm(sizes, pads, affine, 
                                          activation, "openvino", norm)
 
 
+def test_a_channels_last_output_feeds_the_next_layer_as_it_lies() -> None:
+    """With channels_last the output is a (S, C, Z, Y, X) view of channels-last memory,
+    equal to the channels-first result; a layer reading it (and a channels-first part
+    beside it, with pads and the norm) equals the naive reference on the copies."""
+    rng = np.random.default_rng(11)
+    backend = make_backend("cpu", threads=2)
+    x = rng.standard_normal((2, 3, 7, 6, 9)).astype(np.float32)  # (S, C, Z, Y, X)
+    w1 = (rng.standard_normal((5, 3, 3, 3, 3)) / 9).astype(np.float32)
+    b1 = rng.standard_normal(5).astype(np.float32)
+    first = backend.conv3d_parts([x], (1,) * 6, w1, b1, Activation("relu"), "openvino")
+    kept = backend.conv3d_parts([x], (1,) * 6, w1, b1, Activation("relu"), "openvino",
+                                channels_last=True)
+    assert kept.shape == first.shape == (2, 5, 7, 6, 9) and not kept.flags.c_contiguous
+    assert kept.transpose(0, 2, 3, 4, 1).flags.c_contiguous  # (S, Z, Y, X, C) in memory
+    np.testing.assert_array_equal(kept, first)
+    skip = rng.standard_normal((2, 2, 7, 6, 9)).astype(np.float32)
+    w2 = (rng.standard_normal((4, 7, 3, 3, 3)) / 14).astype(np.float32)
+    b2 = rng.standard_normal(4).astype(np.float32)
+    pads = (1, 0, 1, 1, 2, 0)
+    norm = InstanceNorm(None, None, 1e-5)
+    got = backend.conv3d_parts([kept, skip], pads, w2, b2, None, "openvino", norm)
+    joined = np.pad(np.concatenate([first, skip], axis=1),
+                    [(0, 0), (0, 0)] + [(pads[a], pads[a + 3]) for a in range(3)])
+    conv = np.stack([naive_conv(joined[s], w2, b2) for s in range(2)])
+    ref = naive_instance_norm(conv, np.ones(4), np.zeros(4), 1e-5)
+    assert got.shape == ref.shape and got.flags.c_contiguous
+    assert np.abs(got - ref).max() <= 1e-4 * max(1.0, np.abs(ref).max())
+
+
 @pytest.mark.parametrize("threshold", [0, 2**40])  # split over the pool, or one thread
 def test_channels_last_output_comes_back_channels_first(monkeypatch, threshold) -> None:
     """The layers write channels-last; the copy back runs plane by plane, over the pool."""

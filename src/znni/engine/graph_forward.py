@@ -4,8 +4,9 @@ Convolutions with stride 1, no dilation and one group (nearly all of a U-Net's
 work) run on the backend's fast primitives (direct, FFT kept, FFT recomputed,
 chosen per layer by the backend) after explicit zero padding, except Winograd and
 OpenVINO, which read their zero pads and a concat's parts (ChannelParts) where they lie;
-an OpenVINO conv also applies the instance norm after it (model.graph.absorbs_next_norm).
-Other convs and the
+an OpenVINO conv also applies the instance norm after it (model.graph.absorbs_next_norm),
+and hands its output on channels-last where only OpenVINO convs read it
+(model.graph.channels_last_convs). Other convs and the
 graph-only kernels (transposed conv, interpolation, normalisations, pad) run on
 the backend's `graph_op` where it has one (the GPU backend: on the device), else
 on `primitives.cpu.graph_ops`. A following ReLU-family activation is fused into the
@@ -26,6 +27,7 @@ from znni.model.graph import (
     Node,
     absorbs_next_activation,
     absorbs_next_norm,
+    channels_last_convs,
     concat_read_in_parts,
     reader_counts,
     stride_one_conv,
@@ -58,6 +60,8 @@ def run_graph(
     i = 0
     on_host = not hasattr(backend, "graph_op")  # a device backend runs every node itself
     reads_parts = on_host and hasattr(backend, "conv3d_parts")
+    last_layout = channels_last_convs(  # OpenVINO convs whose readers all are too
+        graph, readers, lambda j: chosen.get(nodes[j].name)) if reads_parts else frozenset()
     while i < len(nodes):
         node = nodes[i]
         norm = _fused_norm(graph, i, readers, chosen.get(node.name)) if reads_parts else None
@@ -69,6 +73,7 @@ def run_graph(
             )
         absorbed += fused is not None
         args = [env[t] for t in node.inputs]
+        keep_last = i in last_layout
         pads = _pads_for_next_conv(graph, i, readers) if on_host else None
         if node.op == "concat" and reads_parts and _read_in_place(graph, i, readers, chosen):
             y = ChannelParts(args)  # the Winograd conv after it reads the parts themselves
@@ -83,7 +88,8 @@ def run_graph(
             y = INPLACE[node.op](node.params, args[0])
         else:
             prepadded = bool(node.inputs) and node.inputs[0] in padded
-            y = run_node(node, args, backend, fused, chosen.get(node.name), prepadded, norm)
+            y = run_node(node, args, backend, fused, chosen.get(node.name), prepadded, norm,
+                         keep_last)
         if absorbed:  # the last absorbed node's output is the conv's
             i += absorbed
             node = Node(node.name, node.op, node.inputs, nodes[i].outputs, node.params)
@@ -228,16 +234,17 @@ def run_node(
     primitive: str | None = None,
     prepadded: bool = False,
     norm: InstanceNorm | None = None,
+    channels_last: bool = False,
 ) -> np.ndarray:
     """One node on its input arrays: fast convs on `backend.conv3d` (`prepadded`: the
     input already has the conv's zero pads; `norm`: the instance norm it applies before
-    `fused`, OpenVINO only), the rest on `backend.graph_op` when it has one (a device),
-    else on the host kernels."""
+    `fused`, and `channels_last`: its output may stay channels-last, OpenVINO only), the
+    rest on `backend.graph_op` when it has one (a device), else on the host kernels."""
     graph_op = getattr(backend, "graph_op", None)
     if graph_op is not None and not stride_one_conv(node):
         return _checked(node, lambda: graph_op(node.op, node.params, *args))
     if node.op == "conv":
-        return _conv(node, args[0], backend, fused, primitive, prepadded, norm)
+        return _conv(node, args[0], backend, fused, primitive, prepadded, norm, channels_last)
     run = KERNELS.get(node.op)
     if run is None:
         raise ValueError(f"node {node.name!r}: no kernel for op {node.op!r}")
@@ -260,6 +267,7 @@ def _conv(
     primitive: str | None,
     prepadded: bool = False,
     norm: InstanceNorm | None = None,
+    channels_last: bool = False,
 ) -> np.ndarray:
     from znni.primitives.cpu import graph_ops
 
@@ -280,7 +288,7 @@ def _conv(
     if conv_parts is not None and (primitive in PARTS_READERS or isinstance(x, ChannelParts)):
         parts = list(x) if isinstance(x, ChannelParts) else [x]
         return conv_parts(parts, (0,) * 6 if prepadded else pads, p["weight"], bias, fused,
-                          primitive, norm)
+                          primitive, norm, channels_last)
     if any(pads) and not prepadded:
         x = graph_ops.pad_constant(x, pads)
     return backend.conv3d(np.ascontiguousarray(x), p["weight"], bias, fused, primitive)

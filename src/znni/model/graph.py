@@ -10,7 +10,7 @@ executor (to free it) and the memory model (to count it) follow.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -249,6 +249,42 @@ def absorbs_next_norm(
     nxt = nodes[i + 1]
     return (nxt.op == "instance_norm" and nxt.inputs == nodes[i].outputs
             and readers[nodes[i].outputs[0]] == 1)
+
+
+def openvino_output_node(graph: Graph, i: int, readers: dict[str, int]) -> int:
+    """The last node an OpenVINO conv at node i applies in its call: itself, the norm after
+    it (absorbs_next_norm), the activation after either (absorbs_next_activation)."""
+    j = i + 1 if absorbs_next_norm(graph, i, readers, "openvino") else i
+    return j + 1 if absorbs_next_activation(graph, j, readers) else j
+
+
+def channels_last_convs(
+    graph: Graph, readers: dict[str, int], primitive_of: Callable[[int], str | None]
+) -> frozenset[int]:
+    """Conv nodes on OpenVINO that may hand their output on channels-last, the layout its
+    layers compute in (primitives/cpu/openvino_conv): every reader is a conv on OpenVINO
+    that reads it whole, so the copy back to channels-first and the next layer's reorder
+    are both skipped and no other node sees the layout. `primitive_of`: node index -> its
+    conv primitive."""
+    nodes = graph.nodes
+    takers: dict[str, list[int]] = {}  # tensor -> the nodes that read it
+    for j, node in enumerate(nodes):
+        for t in node.inputs:
+            takers.setdefault(t, []).append(j)
+
+    def openvino_reader(j: int, t: str) -> bool:
+        return (primitive_of(j) == "openvino" and stride_one_conv(nodes[j])
+                and nodes[j].inputs[0] == t)
+
+    keep = set()
+    for i, node in enumerate(nodes):
+        if primitive_of(i) != "openvino" or not stride_one_conv(node):
+            continue
+        out = nodes[openvino_output_node(graph, i, readers)].outputs[0]
+        if out != graph.output and takers.get(out) and all(
+                openvino_reader(j, out) for j in takers[out]):
+            keep.add(i)
+    return frozenset(keep)
 
 
 def digest_arrays(parts: list[bytes], arrays: list[np.ndarray]) -> str:

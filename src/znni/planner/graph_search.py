@@ -21,7 +21,9 @@ from znni.model.graph import (
     Node,
     absorbs_next_activation,
     absorbs_next_norm,
+    channels_last_convs,
     concat_read_in_parts,
+    openvino_output_node,
     reader_counts,
     stride_one_conv,
 )
@@ -99,6 +101,10 @@ OPENVINO_CHANNEL_BLOCK = 16
 # Earlier, compiled for any batch and writing channels-first, 1.4-2.7x input + output had
 # been kept; not calibrated per machine: the amount does not add up over layers alone
 OPENVINO_KEPT_PER_INPUT_BYTE = 1.4
+# ... 0.8x where the input comes channels-last from another OpenVINO layer (no reorder runs;
+# the same six windows with that hand-on: resident peaks fell 0-35 MiB at 64^3-96^3 and
+# 112 MiB at 132^3; 0.42-0.87x their input bytes less kept, fitted 0.6 less)
+OPENVINO_KEPT_PER_CHANNELS_LAST_INPUT_BYTE = 0.8
 OPENVINO_KEPT_PER_NORMED_OUTPUT_BYTE = 1.15
 OPENVINO_RUNTIME_BYTES = 60 * 2**20
 OPENVINO_FIRST_CALL_S = 0.03
@@ -302,6 +308,34 @@ def _peak(tensors: int, picks: dict[int, tuple[float, int, int, str]], other: in
     return tensors + kept + max([other, *(p[1] for p in picks.values())])
 
 
+def _hand_on_channels_last(
+    graph: Graph, picks: dict[int, tuple[float, int, int, str]], readers: dict[str, int],
+    machine: MachineProfile, batch: int,
+) -> tuple[dict[int, tuple[float, int, int, str]], dict[int, float]]:
+    """(picks, seconds saved per conv) where OpenVINO convs hand their output on
+    channels-last to OpenVINO readers (model.graph.channels_last_convs): the copies
+    openvino_seconds charged that never run (its transpose of the output, each reader's
+    reorder of it) are saved; the conv makes no copy of its output (no workspace) and its
+    readers keep less of their input (OPENVINO_KEPT_PER_CHANNELS_LAST_INPUT_BYTE)."""
+    chained = channels_last_convs(graph, readers, lambda j: picks[j][3] if j in picks else None)
+    picks, saved = dict(picks), {}
+    for i in chained:
+        out = graph.nodes[openvino_output_node(graph, i, readers)].outputs[0]
+        out_bytes = conv_layer(graph, i, graph.nodes[i], batch).out_bytes
+        copies_bytes = OPENVINO_COPY_PASSES * 2 * out_bytes * (1 + readers[out])
+        saved[i] = copies_bytes / machine.rate("memory_bytes_per_s")
+        seconds, _, kept, prim = picks[i]
+        picks[i] = (seconds, 0, kept, prim)
+        for j, node in enumerate(graph.nodes):
+            if node.inputs and node.inputs[0] == out:
+                in_bytes = conv_layer(graph, j, node, batch).in_bytes
+                seconds, work, kept, prim = picks[j]
+                kept -= int((OPENVINO_KEPT_PER_INPUT_BYTE
+                             - OPENVINO_KEPT_PER_CHANNELS_LAST_INPUT_BYTE) * in_bytes / batch)
+                picks[j] = (seconds, work, max(0, kept), prim)
+    return picks, saved
+
+
 def unbuilt_concats(graph: Graph, picks: dict[int, tuple[float, int, int, str]]) -> frozenset:
     """Concats the executor never builds (model.graph.concat_read_in_parts)."""
     readers = reader_counts(graph)
@@ -359,8 +393,9 @@ def plan_graph(
             fused.add(i + 1)  # applied in the conv's or the norm's output pass
         if i in picks and absorbs_next_norm(graph, i, readers, picks[i][3]):
             free[i + 1] = other_seconds(graph, graph.nodes[i + 1], machine, batch)
+    picks, saved = _hand_on_channels_last(graph, picks, readers, machine, batch)
     seconds = [  # a conv that applies the norm after it also takes the norm's time
-        picks[i][0] + free.get(i + 1, 0.0) if i in picks
+        picks[i][0] + free.get(i + 1, 0.0) - saved.get(i, 0.0) if i in picks
         else 0.0 if i in free  # applied in the conv's call: never dispatched
         else NODE_OVERHEAD_S if i in fused
         else other_seconds(graph, node, machine, batch)

@@ -137,11 +137,14 @@ class CpuBackend:
         activation: Activation | None = None,
         primitive: str | None = None,
         norm: InstanceNorm | None = None,
+        channels_last: bool = False,
     ) -> np.ndarray:
         """conv3d of the channel concatenation of `parts` (S, Cin_i, Z, Y, X) with zero
         `pads` (z, y, x before, then after) around it: Winograd and OpenVINO read them
         where they lie, the other primitives get the padded concatenation built once.
-        `norm`, OpenVINO only: the instance norm after the conv, before `activation`."""
+        `norm`, OpenVINO only: the instance norm after the conv, before `activation`.
+        `channels_last`, OpenVINO only: the output may stay in its channels-last memory,
+        for readers that are OpenVINO layers too (openvino_conv)."""
         if norm is not None and primitive != "openvino":
             raise ValueError(f"only the 'openvino' conv primitive applies a norm, "
                              f"got primitive {primitive!r}")
@@ -150,7 +153,8 @@ class CpuBackend:
         if primitive == "openvino":
             arrays, pads, shape = channel_parts(parts, pads)
             weight, bias = _checked_weights(shape, weight, bias)
-            return self._openvino().conv3d(arrays, weight, bias, activation, pads, norm)
+            return self._openvino().conv3d(arrays, weight, bias, activation, pads, norm,
+                                           channels_last)
         from znni.primitives.cpu.graph_ops import concat_channels
 
         x = concat_channels(parts, pads) if len(parts) > 1 or any(pads) else parts[0]

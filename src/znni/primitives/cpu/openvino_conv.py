@@ -64,6 +64,7 @@ class _Layer(NamedTuple):
     """What shapes one compiled layer (for one window: a batch runs window by window)."""
 
     shapes: tuple  # (Cin_k, Z, Y, X) of each input part
+    layouts: tuple  # per part: True where it is channels-last in memory
     pads: tuple  # z, y, x before, then after
     weight: np.ndarray
     bias: np.ndarray
@@ -76,8 +77,8 @@ class _Layer(NamedTuple):
         digest.update(np.ascontiguousarray(self.bias).tobytes())
         if self.norm is not None:
             self.norm.digest(digest)
-        return (self.shapes, self.pads, self.weight.shape, digest.hexdigest(), self.act,
-                self.norm is not None)
+        return (self.shapes, self.layouts, self.pads, self.weight.shape, digest.hexdigest(),
+                self.act, self.norm is not None)
 
 
 class OpenVinoConvs:
@@ -98,24 +99,32 @@ class OpenVinoConvs:
         act: Activation | None,
         pads: Sequence[int] = (0,) * 6,
         norm: InstanceNorm | None = None,
+        channels_last: bool = False,
     ) -> np.ndarray:
         """(S, Cin, Z, Y, X) valid cross-correlation + bias (+ norm) (+ activation), float32.
 
         `x` may be the channel parts of a concat (S, Cin_i, Z, Y, X), read as one input,
-        and `pads` (z, y, x before, then after) zeros around it; neither is built here."""
-        parts = [np.ascontiguousarray(p, np.float32) for p in
-                 ([x] if isinstance(x, np.ndarray) else x)]
+        and `pads` (z, y, x before, then after) zeros around it; neither is built here. A
+        part may be channels-last in memory (as this returns them with `channels_last`,
+        for a reader that is itself a layer here: model.graph.stays_channels_last); the
+        layer then reads it as it lies."""
+        parts = [_layer_input(p) for p in ([x] if isinstance(x, np.ndarray) else x)]
+        layouts = tuple(_is_channels_last(p) for p in parts)
         pads = tuple(int(v) for v in pads)
         shapes = tuple(p.shape[1:] for p in parts)  # (Cin_k, Z, Y, X): any batch, window by window
-        layer = _Layer(shapes, pads, weight, bias, act, norm)
+        layer = _Layer(shapes, layouts, pads, weight, bias, act, norm)
         request, out_shape, lock = self._request(layer)
+        feeds = [p.transpose(0, 2, 3, 4, 1) if last_ else p  # (S, Z, Y, X, C) where channels-last
+                 for p, last_ in zip(parts, layouts, strict=True)]
         last = np.empty((parts[0].shape[0], *out_shape), np.float32)  # (S, Z', Y', X', Cout)
         with lock:  # one inference at a time per compiled layer
             for s in range(len(last)):  # one window a call: the layer's shapes are static
-                for k, part in enumerate(parts):
-                    request.set_input_tensor(k, self._ov.Tensor(part[s:s + 1], shared_memory=True))
+                for k, feed in enumerate(feeds):
+                    request.set_input_tensor(k, self._ov.Tensor(feed[s:s + 1], shared_memory=True))
                 request.set_output_tensor(self._ov.Tensor(last[s:s + 1], shared_memory=True))
                 request.infer()
+        if channels_last:
+            return last.transpose(0, 4, 1, 2, 3)  # (S, Cout, Z', Y', X'), channels-last memory
         return _channels_first(last, self._pool)
 
     def _request(self, layer: _Layer) -> tuple[Any, tuple, threading.Lock]:
@@ -136,12 +145,16 @@ class OpenVinoConvs:
 
     def _compile(self, layer: _Layer) -> Any:
         ov, ops = self._import()
-        shapes, pads, weight, bias, act, norm = layer
+        shapes, layouts, pads, weight, bias, act, norm = layer
         # one window: with a dynamic batch the plugin reorders its output to channels-first
         # with its reference reorder, transpose or not (9-10 ms for 16 x 64^3)
-        inputs = [ops.parameter(ov.PartialShape([1, *shape]), ov.Type.f32, name=f"x{k}")
-                  for k, shape in enumerate(shapes)]  # (1, Cin_k, Z, Y, X)
-        x = inputs[0] if len(inputs) == 1 else ops.concat(inputs, 1)
+        inputs = [ops.parameter(ov.PartialShape([1, *shape[1:], shape[0]] if last_ else
+                                                [1, *shape]), ov.Type.f32, name=f"x{k}")
+                  for k, (shape, last_) in enumerate(zip(shapes, layouts, strict=True))]
+        # (1, Cin_k, Z, Y, X), channels-last parts transposed to it: no reorder runs for those
+        xs = [ops.transpose(v, ops.constant(np.array([0, 4, 1, 2, 3]))) if last_ else v
+              for v, last_ in zip(inputs, layouts, strict=True)]
+        x = xs[0] if len(xs) == 1 else ops.concat(xs, 1)
         w = ops.constant(np.ascontiguousarray(weight, np.float32))
         y = ops.convolution(x, w, [1, 1, 1], list(pads[:3]), list(pads[3:]), [1, 1, 1])
         y = ops.add(y, ops.constant(np.asarray(bias, np.float32).reshape(1, -1, 1, 1, 1)))
@@ -171,6 +184,19 @@ class OpenVinoConvs:
                              f"but does not import ({e})") from e
         self._ov = ov
         return ov, ops
+
+
+def _is_channels_last(a: np.ndarray) -> bool:
+    """(S, C, Z, Y, X) lying as (S, Z, Y, X, C) in memory (C > 1: one channel is both)."""
+    return (a.ndim == 5 and not a.flags.c_contiguous
+            and a.transpose(0, 2, 3, 4, 1).flags.c_contiguous)
+
+
+def _layer_input(a: np.ndarray) -> np.ndarray:
+    """`a` as float32 in a layout a layer reads as it lies: channels-first or channels-last."""
+    if a.dtype == np.float32 and (a.flags.c_contiguous or _is_channels_last(a)):
+        return a
+    return np.ascontiguousarray(a, np.float32)
 
 
 # below this many bytes one thread transposes: handing planes to the pool cost more than
