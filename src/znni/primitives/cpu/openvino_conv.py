@@ -106,7 +106,7 @@ class OpenVinoConvs:
         `x` may be the channel parts of a concat (S, Cin_i, Z, Y, X), read as one input,
         and `pads` (z, y, x before, then after) zeros around it; neither is built here. A
         part may be channels-last in memory (as this returns them with `channels_last`,
-        for a reader that is itself a layer here: model.graph.stays_channels_last); the
+        for a reader that is itself a layer here: model.graph.channels_last_convs); the
         layer then reads it as it lies."""
         parts = [_layer_input(p) for p in ([x] if isinstance(x, np.ndarray) else x)]
         layouts = tuple(_is_channels_last(p) for p in parts)
