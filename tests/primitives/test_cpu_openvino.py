@@ -149,3 +149,18 @@ def test_only_a_compiled_layer_imports_openvino() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["54.0", "54.0", "(1,", "3,", "3,", "3,", "3)"]
+
+
+def test_large_weights_are_digested_once_per_array() -> None:
+    """The compiled-layer key digests a large weight array once (1.8 ms for 128 -> 128 3^3
+    weights, every call before); another array, even of equal shape, gets its own digest."""
+    from znni.primitives.cpu import openvino_conv
+
+    w = np.random.default_rng(2).standard_normal((64, 64, 3, 3, 3)).astype(np.float32)
+    first = openvino_conv._array_digest(w)
+    assert openvino_conv._DIGESTS[id(w)][0]() is w
+    assert openvino_conv._array_digest(w) == first
+    other = w.copy()
+    other[0, 0, 0, 0, 0] += 1
+    assert openvino_conv._array_digest(other) != first
+    assert openvino_conv._array_digest(w.copy()) == first  # equal values, equal digest

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -73,12 +74,38 @@ class _Layer(NamedTuple):
 
     def key(self) -> tuple:
         """The compiled-layer cache key: shapes, pads and a digest of the values."""
-        digest = hashlib.sha1(np.ascontiguousarray(self.weight).tobytes())
+        digest = hashlib.sha1(_array_digest(self.weight))
         digest.update(np.ascontiguousarray(self.bias).tobytes())
         if self.norm is not None:
             self.norm.digest(digest)
         return (self.shapes, self.layouts, self.pads, self.weight.shape, digest.hexdigest(),
                 self.act, self.norm is not None)
+
+
+# a layer's weights digested once: sha1 over 128 -> 128 3^3 weights (1.8 MB) took 1.8 ms,
+# every call; a window's weights are the graph's own arrays, the same objects each call,
+# never written (model.graph). Keyed by identity, checked by a weak reference; bounded.
+_DIGESTS: OrderedDict[int, tuple[weakref.ref, bytes]] = OrderedDict()
+_DIGESTS_LOCK = threading.Lock()
+MAX_DIGESTS = 256
+SMALL_DIGEST_BYTES = 64 * 2**10  # smaller arrays are digested each call
+
+
+def _array_digest(a: np.ndarray) -> bytes:
+    """sha1 of the array's bytes, remembered for the array object when it is large."""
+    if a.nbytes < SMALL_DIGEST_BYTES:
+        return hashlib.sha1(np.ascontiguousarray(a).tobytes()).digest()
+    with _DIGESTS_LOCK:
+        hit = _DIGESTS.get(id(a))
+        if hit is not None and hit[0]() is a:
+            _DIGESTS.move_to_end(id(a))
+            return hit[1]
+    digest = hashlib.sha1(np.ascontiguousarray(a).tobytes()).digest()
+    with _DIGESTS_LOCK:
+        _DIGESTS[id(a)] = (weakref.ref(a), digest)
+        while len(_DIGESTS) > MAX_DIGESTS:
+            _DIGESTS.popitem(last=False)
+    return digest
 
 
 class OpenVinoConvs:
