@@ -172,6 +172,16 @@ def test_peak_bytes_follow_the_executors_buffers() -> None:
     assert graph.peak_tensor_bytes() == 4 * 64 * 4  # x (held through the pass), A, D, y
 
 
+def _conv3(rng, name, src, out, cin, cout, pads):  # noqa: ANN001, ANN202
+    """A stride-one 3^3 conv node with random weights and bias, `pads` as ONNX orders them."""
+    from znni.model.graph import Node
+
+    w = (rng.standard_normal((cout, cin, 3, 3, 3)) / np.sqrt(cin * 27)).astype(np.float32)
+    params = {"weight": w, "bias": rng.standard_normal(cout).astype(np.float32),
+              "strides": (1, 1, 1), "pads": pads, "dilations": (1, 1, 1), "group": 1}
+    return Node(name, "conv", (src,), (out,), params)
+
+
 @pytest.mark.parametrize("plan", ["winograd", "direct", None])
 def test_padded_convs_and_concats_read_in_place_equal_the_reference(plan, monkeypatch) -> None:
     """A decoder step (skip and upsampled concatenated, then a padded 3^3 conv): with
@@ -181,11 +191,8 @@ def test_padded_convs_and_concats_read_in_place_equal_the_reference(plan, monkey
 
     rng = np.random.default_rng(5)
 
-    def conv(name, src, out, cin, cout, pads):
-        w = (rng.standard_normal((cout, cin, 3, 3, 3)) / np.sqrt(cin * 27)).astype(np.float32)
-        params = {"weight": w, "bias": rng.standard_normal(cout).astype(np.float32),
-                  "strides": (1, 1, 1), "pads": pads, "dilations": (1, 1, 1), "group": 1}
-        return Node(name, "conv", (src,), (out,), params)
+    def conv(name, src, out, cin, cout, pads):  # noqa: ANN202
+        return _conv3(rng, name, src, out, cin, cout, pads)
 
     nodes = (
         conv("a", "x", "ta", 2, 3, (1, 0, 1, 1, 2, 1)),  # anisotropic pads
@@ -248,11 +255,8 @@ def test_openvino_convs_hand_on_channels_last_only_to_openvino_readers(monkeypat
 
     rng = np.random.default_rng(8)
 
-    def conv(name, src, out, cin, cout, pads):
-        w = (rng.standard_normal((cout, cin, 3, 3, 3)) / np.sqrt(cin * 27)).astype(np.float32)
-        params = {"weight": w, "bias": rng.standard_normal(cout).astype(np.float32),
-                  "strides": (1, 1, 1), "pads": pads, "dilations": (1, 1, 1), "group": 1}
-        return Node(name, "conv", (src,), (out,), params)
+    def conv(name, src, out, cin, cout, pads):  # noqa: ANN202
+        return _conv3(rng, name, src, out, cin, cout, pads)
 
     nodes = (
         conv("a", "x", "ta", 2, 3, (1, 0, 1, 1, 2, 1)),  # anisotropic pads
