@@ -13,6 +13,8 @@ uploaded in one request, so one zstd chunk in 256 comes back corrupt.)
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import time
 import uuid
@@ -88,6 +90,20 @@ class GcsEmulator:
             self.proc.kill()
             self.proc.wait()
             self.proc = None
+            self._drop_partial_objects()
+
+    def _drop_partial_objects(self) -> None:
+        """Remove objects the kill caught mid-upload. The emulator writes an object's bytes,
+        then its metadata as the xattr `user.metadata`; a file without it (or with half of
+        it) makes every later listing of the bucket a 404, which clients read as "no such
+        bucket" (this failed CI once). GCS never shows an upload that did not complete, so
+        dropping them is what a real endpoint coming back looks like."""
+        bucket_dir = self.data_dir / "root" / BUCKET
+        for f in (p for p in bucket_dir.rglob("*") if p.is_file()):
+            try:
+                json.loads(os.getxattr(f, "user.metadata"))
+            except (OSError, ValueError):
+                f.unlink()
 
     def restart(self) -> None:
         self.stop()
