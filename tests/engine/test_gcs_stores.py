@@ -72,3 +72,16 @@ def test_emulator_endpoints_default_to_anonymous_credentials(monkeypatch) -> Non
 
     assert not is_emulator({"endpoint_url": "https://storage.googleapis.com"})
     assert is_emulator({"endpoint_url": "http://127.0.0.1:4443"})
+
+
+def test_emulator_restart_drops_an_upload_its_kill_cut_short(gcs) -> None:  # noqa: ANN001
+    """The emulator keeps an object as a file plus an xattr; a SIGKILL between the two left
+    a file that made every later listing of the bucket a 404 (read as "no such bucket"),
+    which failed the gs:// tests after the restart test. The restart drops such files."""
+    prefix = gcs.prefix()
+    gcs.fs().pipe(f"{prefix.split('://')[1]}/whole", b"kept")
+    cut = gcs.data_dir / "root" / prefix.split("://")[1] / "cut-short"
+    cut.write_bytes(b"no metadata: the kill came before it")
+    gcs.restart()
+    assert gcs.keys_under(prefix) == [f"{prefix.split('/', 3)[3]}/whole"]
+    assert not cut.exists()
