@@ -246,9 +246,10 @@ def test_peak_bytes_of_a_concat_read_in_parts() -> None:
 
 
 def test_openvino_convs_hand_on_channels_last_only_to_openvino_readers(monkeypatch) -> None:
-    """a -> b: a's output, read only by OpenVINO conv b, stays channels-last; b's output is
-    also a concat's part and c's output only a concat's, so both come back channels-first;
-    the graph's output too. The whole pass equals the reference (skipped without OpenVINO)."""
+    """a -> b, a -> c: a's output, read only by OpenVINO convs b and c, stays channels-last
+    (two readers: no chain); b's and c's outputs are a concat's parts, so both come back
+    channels-first; the graph's output too. The whole pass equals the reference (skipped
+    without OpenVINO)."""
     pytest.importorskip("openvino")
     from znni.model.graph import Graph, Node, channels_last_convs, reader_counts
     from znni.primitives.cpu.backend import CpuBackend
@@ -263,7 +264,7 @@ def test_openvino_convs_hand_on_channels_last_only_to_openvino_readers(monkeypat
         Node("ra", "relu", ("ta",), ("a",)),
         conv("b", "a", "tb", 3, 3, (1,) * 6),
         Node("rb", "relu", ("tb",), ("b",)),
-        conv("c", "b", "c", 3, 2, (1,) * 6),
+        conv("c", "a", "c", 3, 2, (1,) * 6),
         Node("cat", "concat", ("b", "c"), ("d",)),
         conv("e", "d", "y", 5, 4, (1, 1, 0, 1, 1, 0)),
     )
@@ -287,6 +288,53 @@ def test_openvino_convs_hand_on_channels_last_only_to_openvino_readers(monkeypat
     x = rng.standard_normal((2, 2, *win)).astype(np.float32)
     got = run_graph(graph, x, make_backend("cpu", threads=2), prims)
     assert [flag for flag, _ in calls] == [True, False, False, False]
-    assert [plain for _, plain in calls] == [True, False, True, True]  # b reads a as it lies
+    assert [plain for _, plain in calls] == [True, False, False, True]  # b, c read a as it lies
     assert got.flags.c_contiguous
     assert close(got, run_graph(graph, x, make_backend("reference")))
+
+
+@pytest.mark.parametrize("tail_reader", ["openvino", "winograd"])
+def test_openvino_chains_run_in_one_call_and_equal_the_reference(tail_reader, monkeypatch) -> None:
+    """x -> a (norm, leaky relu) -> b (relu) -> c, each the only reader of the one before,
+    all OpenVINO: one call of three steps with anisotropic pads; c's output goes on to a
+    concat with x, read by conv d on `tail_reader`. Equals the reference pass."""
+    pytest.importorskip("openvino")
+    from znni.model.graph import Graph, Node, openvino_chains, reader_counts
+    from znni.primitives.cpu.backend import CpuBackend
+
+    rng = np.random.default_rng(11)
+    norm = {"scale": rng.random(3).astype(np.float32) + 0.5,
+            "bias": rng.standard_normal(3).astype(np.float32), "epsilon": 1e-5}
+    nodes = (
+        _conv3(rng, "a", "x", "ta", 2, 3, (1, 0, 1, 1, 2, 1)),
+        Node("na", "instance_norm", ("ta",), ("na",), norm),
+        Node("ra", "leaky_relu", ("na",), ("a",), {"alpha": 0.1}),
+        _conv3(rng, "b", "a", "tb", 3, 4, (1,) * 6),
+        Node("rb", "relu", ("tb",), ("b",)),
+        _conv3(rng, "c", "b", "c", 4, 2, (1, 1, 0, 1, 1, 2)),
+        Node("cat", "concat", ("x", "c"), ("d",)),
+        _conv3(rng, "d", "d", "y", 4, 3, (1,) * 6),
+    )
+    win = (7, 6, 9)
+    mid = {t: (1, c, *win) for t, c in (("ta", 3), ("na", 3), ("a", 3), ("tb", 4), ("b", 4),
+                                         ("c", 2), ("d", 4))}
+    graph = Graph("chain3", "x", 2, win, nodes, "y", 3, win, "d",
+                  {"x": (1, 2, *win), **mid, "y": (1, 3, *win)})
+    prims = {"a": "openvino", "b": "openvino", "c": "openvino", "d": tail_reader}
+    index = {i: prims.get(n.name) for i, n in enumerate(nodes)}
+    assert openvino_chains(graph, reader_counts(graph), index.get) == {0: (0, 3, 5)}
+    chained, real = [], CpuBackend.conv3d_chain
+
+    def spy(self, parts, steps, *args):  # noqa: ANN001, ANN002, ANN202
+        chained.append([(st.weight.shape, st.pads, st.norm is not None, st.act) for st in steps])
+        return real(self, parts, steps, *args)
+
+    monkeypatch.setattr(CpuBackend, "conv3d_chain", spy)
+    x = rng.standard_normal((2, 2, *win)).astype(np.float32)
+    got = run_graph(graph, x, make_backend("cpu", threads=2), prims)
+    assert len(chained) == 1 and [s[0][:2] for s in chained[0]] == [(3, 2), (4, 3), (2, 4)]
+    assert [s[1] for s in chained[0]] == [(1, 0, 1, 1, 2, 1), (1,) * 6, (1, 1, 0, 1, 1, 2)]
+    assert [s[2] for s in chained[0]] == [True, False, False]
+    assert [a.kind if a else None for *_, a in chained[0]] == ["leaky_relu", "relu", None]
+    assert close(got, run_graph(graph, x, make_backend("reference")))
+

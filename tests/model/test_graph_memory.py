@@ -53,3 +53,19 @@ def test_the_input_lives_through_the_pass() -> None:
     graph = Graph("chain", "x", 1, (4, 4, 4), nodes, "y", 1, (4, 4, 4), "d", shapes)
     assert graph.live_tensor_bytes() == [512, 512, 512]
     assert graph.live_tensor_bytes(batch=2) == [1024, 1024, 1024]
+
+
+def test_convs_run_in_one_call_hold_no_buffer_between_them() -> None:
+    """r: x -> a, then conv p (its relu q writes p's buffer) and conv k run as one call
+    (calls {1: 3}, model.graph.openvino_chains): u and v get no buffer, and a, the call's
+    input, lives until the call ends. By hand, in units of 256 bytes:
+    apart r: x a | p: x a u | q: x u | k: x u w; in one call r: x a | p: x a | q: x a | k: x a w."""
+    conv = {"weight": np.zeros((1, 1, 3, 3, 3), np.float32), "bias": None,
+            "strides": (1, 1, 1), "pads": (1,) * 6, "dilations": (1, 1, 1), "group": 1}
+    nodes = (Node("r", "relu", ("x",), ("a",)), Node("p", "conv", ("a",), ("u",), conv),
+             Node("q", "relu", ("u",), ("v",)), Node("k", "conv", ("v",), ("w",), conv))
+    shapes = {t: ONE for t in ("x", "a", "u", "v", "w")}
+    graph = Graph("call", "x", 1, (4, 4, 4), nodes, "w", 1, (4, 4, 4), "d", shapes)
+    assert graph.live_tensor_bytes() == [256 * n for n in (2, 3, 2, 3)]
+    assert graph.live_tensor_bytes(calls={1: 3}) == [256 * n for n in (2, 2, 2, 3)]
+    assert graph.peak_tensor_bytes(batch=2, calls={1: 3}) == 2 * 3 * 256

@@ -51,8 +51,9 @@ def test_every_fast_conv_gets_a_primitive_and_the_peak_counts_lifetimes(
     model, openvino_rate, monkeypatch
 ) -> None:
     machine = MachineProfile.load("ci-2core")
-    # no channels-last hand-on here (its kept bytes are checked in the test of it, below)
+    # no channels-last hand-on and no chains here (their bytes are checked in their tests)
     monkeypatch.setattr("znni.planner.graph_search.channels_last_convs", lambda *a: frozenset())
+    monkeypatch.setattr("znni.planner.graph_search.openvino_chains", lambda *a: {})
     if openvino_rate is not None:  # and its copies and calls free: every conv on it
         monkeypatch.setattr("znni.planner.graph_search.OPENVINO_COPY_PASSES", 0.0)
         monkeypatch.setattr("znni.planner.graph_search.OPENVINO_NORM_PASSES", 0.0)
@@ -270,12 +271,16 @@ def test_openvino_pays_for_idle_channel_lanes_and_shares_its_first_call() -> Non
     assert shared - steady == pytest.approx((once - steady) / 100)
 
 
-def test_a_batch_of_windows_shares_each_nodes_call_cost(model) -> None:
+def test_a_batch_of_windows_shares_each_nodes_call_cost(model, monkeypatch) -> None:  # noqa: ANN001
     """Batch 2: twice the work and tensors, one call overhead per node; the window's share
     is half the batch's time. plan_window batches where that is BATCH_GAIN faster per window
-    and the batch's peak fits, else runs one window at a time."""
+    and the batch's peak fits, else runs one window at a time. Without OpenVINO, whose
+    layers run a call per window (nothing shared) and chain at batch 1 where batch 2 may
+    pick other primitives."""
     from znni.engine import graph_choice
     from znni.planner.graph_search import NODE_OVERHEAD_S
+
+    monkeypatch.setattr("znni.planner.graph_search.openvino_ready", lambda: False)
 
     machine = MachineProfile(name="t", cores=2, memory_bytes=2**33)
     graph = model.graph((32, 32, 32))
@@ -377,3 +382,49 @@ def test_a_channels_last_hand_on_is_not_charged_its_copies(model, monkeypatch) -
     unkept = sum(int(less * conv_layer(graph, j, graph.nodes[j]).in_bytes) for j in takers)
     work = [max(n.workspace_bytes for n in plan.nodes) for plan in (kept, copied)]
     assert copied.peak_bytes - kept.peak_bytes == unkept + work[1] - work[0] > 0
+
+
+@pytest.mark.parametrize("passes", [None, 1000])
+def test_convs_chained_in_one_openvino_layer_save_a_call_and_the_tensor_between(
+    model, monkeypatch, passes  # noqa: ANN001
+) -> None:
+    """Each conv whose output goes on to the next inside one OpenVINO layer saves a call,
+    OPENVINO_CHAIN_PASSES over its output at the memory rate and, in a run of `passes`
+    windows, its share of a compile; no other node changes (skipped without OpenVINO)."""
+    if not openvino_ready():
+        pytest.skip("needs OpenVINO")
+    from znni.model.graph import absorbs_next_norm, openvino_chains, reader_counts
+    from znni.planner import graph_search
+
+    ci = MachineProfile.load("ci-2core")
+    machine = replace(ci, cpu_rates={**ci.cpu_rates, "openvino_flops_per_s": 1e15})
+    graph = model.graph((32, 32, 32))
+    chained = plan_graph(graph, machine, passes=passes)
+    picked = {i: p.primitive for i, p in enumerate(chained.nodes)}
+    chains = openvino_chains(graph, reader_counts(graph), picked.get)
+    links = {i for chain in chains.values() for i in chain[:-1]}
+    assert len(chains) >= 6 and len(links) >= 6  # BasicUNet's conv pairs
+    picks = {i: (0.0, 0, 0, p.primitive) for i, p in enumerate(chained.nodes) if p.primitive}
+    calls = graph_search.chain_calls(graph, picks)
+    monkeypatch.setattr(graph_search, "openvino_chains", lambda *a: {})
+    apart = plan_graph(graph, machine, passes=passes)
+    first_s = 0.0 if passes is None else graph_search.OPENVINO_FIRST_CALL_S / passes
+    for i, (a, b) in enumerate(zip(chained.nodes, apart.nodes, strict=True)):
+        want = 0.0
+        if i in links:
+            out_bytes = conv_layer(graph, i, graph.nodes[i]).out_bytes
+            want = (graph_search.OPENVINO_CHAIN_PASSES * out_bytes
+                    / machine.rate("memory_bytes_per_s") + graph_search.OPENVINO_CALL_S + first_s)
+        assert b.predicted_s - a.predicted_s == pytest.approx(want, abs=1e-12)
+    assert chained.predicted_window_s < apart.predicted_window_s
+    # memory: the tensors between are the layer's (kept), not ours (no buffer)
+    readers = reader_counts(graph)
+    kept = sum(int((graph_search.OPENVINO_KEPT_PER_CHAINED_NORMED_BYTE
+                    if absorbs_next_norm(graph, i, readers, "openvino")
+                    else graph_search.OPENVINO_KEPT_PER_CHAINED_BYTE)
+                   * conv_layer(graph, i, graph.nodes[i]).out_bytes) for i in links)
+    unbuilt = unbuilt_concats(graph, picks)
+    ours = graph.peak_tensor_bytes(unbuilt=unbuilt) - graph.peak_tensor_bytes(unbuilt=unbuilt,
+                                                                              calls=calls)
+    assert ours >= 0  # where the peak falls on a chain (Graph.live_tensor_bytes' tests)
+    assert apart.peak_bytes - chained.peak_bytes == ours - kept

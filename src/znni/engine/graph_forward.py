@@ -29,10 +29,12 @@ from znni.model.graph import (
     absorbs_next_norm,
     channels_last_convs,
     concat_read_in_parts,
+    openvino_chains,
+    openvino_output_node,
     reader_counts,
     stride_one_conv,
 )
-from znni.primitives.base import Activation, Backend, InstanceNorm
+from znni.primitives.base import Activation, Backend, ConvStep, InstanceNorm
 
 
 def run_graph(
@@ -62,8 +64,21 @@ def run_graph(
     reads_parts = on_host and hasattr(backend, "conv3d_parts")
     last_layout = channels_last_convs(  # OpenVINO convs whose readers all are too
         graph, readers, lambda j: chosen.get(nodes[j].name)) if reads_parts else frozenset()
+    chains = openvino_chains(  # OpenVINO convs that run one after another in one layer
+        graph, readers, lambda j: chosen.get(nodes[j].name)) \
+        if reads_parts and hasattr(backend, "conv3d_chain") else {}
     while i < len(nodes):
         node = nodes[i]
+        if i in chains:  # a chain of convs in one call: the tensors between them are not ours
+            end = openvino_output_node(graph, chains[i][-1], readers)
+            steps = _chain_steps(graph, chains[i], readers, node.inputs[0] in padded)
+            x = env[node.inputs[0]]
+            y = backend.conv3d_chain(list(x) if isinstance(x, ChannelParts) else [x], steps,
+                                     chains[i][-1] in last_layout)
+            i, node = end, Node(node.name, node.op, node.inputs, nodes[end].outputs, node.params)
+            _store(env, y, node, i, last, graph)
+            i += 1
+            continue
         norm = _fused_norm(graph, i, readers, chosen.get(node.name)) if reads_parts else None
         absorbed = 0 if norm is None else 1  # nodes after node i it applies in its call
         fused = _fusable_activation(graph, i + absorbed, readers, on_host)
@@ -93,12 +108,34 @@ def run_graph(
         if absorbed:  # the last absorbed node's output is the conv's
             i += absorbed
             node = Node(node.name, node.op, node.inputs, nodes[i].outputs, node.params)
-        env[node.outputs[0]] = y
-        for t in set(nodes[i].inputs) | set(node.inputs):
-            if last.get(t, -1) <= i and t != graph.output:
-                env.pop(t, None)
+        _store(env, y, node, i, last, graph)
         i += 1
     return env[graph.output]
+
+
+def _store(env: dict[str, Any], y: Any, node: Node, i: int, last: dict[str, int],
+           graph: Graph) -> None:
+    """Node i's output `y` under its name (`node`: the node or the call that ended at i,
+    with its first node's inputs); the inputs read for the last time are dropped."""
+    env[node.outputs[0]] = y
+    for t in set(graph.nodes[i].inputs) | set(node.inputs):
+        if last.get(t, -1) <= i and t != graph.output:
+            env.pop(t, None)
+
+
+def _chain_steps(graph: Graph, chain: tuple[int, ...], readers: dict[str, int],
+                 prepadded: bool) -> list[ConvStep]:
+    """Each chained conv's pads, weights, norm and activation (model.graph.openvino_chains);
+    the first conv's pads are zero where its input already carries them."""
+    steps = []
+    for k, c in enumerate(chain):
+        p = graph.nodes[c].params
+        norm = _fused_norm(graph, c, readers, "openvino")
+        act = _fusable_activation(graph, c + (norm is not None), readers)
+        bias = p["bias"] if p["bias"] is not None else np.zeros(p["weight"].shape[0], np.float32)
+        pads = (0,) * 6 if k == 0 and prepadded else tuple(p["pads"])
+        steps.append(ConvStep(pads, p["weight"], bias, act, norm))
+    return steps
 
 
 class ChannelParts(tuple):

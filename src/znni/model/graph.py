@@ -103,17 +103,19 @@ class Graph:
         return last
 
     def peak_tensor_bytes(
-        self, batch: int = 1, itemsize: int = 4, unbuilt: frozenset[str] = frozenset()
+        self, batch: int = 1, itemsize: int = 4, unbuilt: frozenset[str] = frozenset(),
+        calls: Mapping[int, int] | None = None,
     ) -> int:
         """Most bytes of buffers alive at once as the host executor runs the nodes in order
         (engine.graph_forward; node workspaces not included): the largest of
         `live_tensor_bytes`, or the input's bytes where there are no nodes."""
         if not self.nodes:
             return batch * int(np.prod(self.shapes[self.input][1:])) * itemsize
-        return max(self.live_tensor_bytes(batch, itemsize, unbuilt))
+        return max(self.live_tensor_bytes(batch, itemsize, unbuilt, calls))
 
     def live_tensor_bytes(
-        self, batch: int = 1, itemsize: int = 4, unbuilt: frozenset[str] = frozenset()
+        self, batch: int = 1, itemsize: int = 4, unbuilt: frozenset[str] = frozenset(),
+        calls: Mapping[int, int] | None = None,
     ) -> list[int]:
         """Per node, the bytes of buffers alive while it runs (its outputs allocated, before
         any frees), as the host executor holds them (engine.graph_forward): a buffer is freed
@@ -122,10 +124,15 @@ class Graph:
         node before it, an in-place op on a dying tensor, and views (slices, identities,
         zero pads) hold their input's buffer instead of a new one. `unbuilt`: concats the
         conv right after reads part by part (Winograd): no buffer; their inputs live on to
-        that conv (ChannelParts holds them) and are freed after it."""
+        that conv (ChannelParts holds them) and are freed after it. `calls`: first node ->
+        last node of nodes run in one call (openvino_chains): the tensors between them get
+        no buffer, and the first node's inputs live until the call ends."""
         if not self.shapes:
             raise ValueError(f"graph {self.name!r} carries no tensor shapes")
         last, readers = self.last_use(), reader_counts(self)
+        for first, end in (calls or {}).items():
+            last.update({t: max(last[t], end) for t in self.nodes[first].inputs})
+            unbuilt = unbuilt | {self.nodes[j].outputs[0] for j in range(first, end)}
         for i, node in enumerate(self.nodes):
             if node.outputs[0] in unbuilt:
                 last.update({t: max(last[t], i + 1) for t in node.inputs})
@@ -413,3 +420,40 @@ def aligned_axes(graph: Graph) -> tuple[bool, bool, bool]:
                 n_out = graph.shapes[node.outputs[0]][2 + a]
                 ok[a] = ok[a] and (n_out % n_in[a] == 0 or n_in[a] % n_out == 0)
     return (ok[0], ok[1], ok[2])
+
+
+def openvino_chains(
+    graph: Graph, readers: dict[str, int], primitive_of: Callable[[int], str | None]
+) -> dict[int, tuple[int, ...]]:
+    """First conv node -> the convs (two or more) that run one after another in one
+    OpenVINO layer (primitives/cpu/openvino_conv): each on OpenVINO, each but the first
+    reading whole the output (after its norm and activation) of the one before, its only
+    reader. The tensors between them never leave the layer: no call, no copy out and back
+    in, no buffer of ours. `primitive_of`: node index -> its conv primitive."""
+    nodes = graph.nodes
+
+    def on_openvino(j: int) -> bool:
+        return primitive_of(j) == "openvino" and stride_one_conv(nodes[j])
+
+    def next_link(i: int) -> int | None:
+        end = openvino_output_node(graph, i, readers)
+        out = nodes[end].outputs[0]
+        j = end + 1
+        if (out == graph.output or readers.get(out) != 1 or j >= len(nodes)
+                or not on_openvino(j) or tuple(nodes[j].inputs) != (out,)):
+            return None
+        return j
+
+    chains: dict[int, tuple[int, ...]] = {}
+    inside: set[int] = set()
+    for i in range(len(nodes)):
+        if i in inside or not on_openvino(i):
+            continue
+        chain = [i]
+        while (j := next_link(chain[-1])) is not None:
+            chain.append(j)
+        if len(chain) > 1:
+            chains[i] = tuple(chain)
+            inside.update(chain)
+    return chains
+

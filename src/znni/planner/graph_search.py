@@ -23,6 +23,7 @@ from znni.model.graph import (
     absorbs_next_norm,
     channels_last_convs,
     concat_read_in_parts,
+    openvino_chains,
     openvino_output_node,
     reader_counts,
     stride_one_conv,
@@ -109,6 +110,21 @@ OPENVINO_KEPT_PER_NORMED_OUTPUT_BYTE = 1.15
 OPENVINO_RUNTIME_BYTES = 60 * 2**20
 OPENVINO_FIRST_CALL_S = 0.03
 OPENVINO_FIRST_CALL_S_PER_BYTE = 2.5e-9
+# convs chained in one layer (model.graph.openvino_chains) save, per link, a call and the
+# first call's fixed part (one compile: a 1 -> 16 -> 16 pair at 64^3 compiled in 37 ms
+# against 61-67 for its two layers), and over the tensor between them what the layer
+# does to hand it out and take it back in: the pair ran 27.5-28 ms against 32-33 ms handed
+# on channels-last at 64^3, 227 against 262 ms at 128^3 (0.27-0.3 ns per byte of it: 2.9
+# passes at the calibrated memory rate; Intel host of the CI kind, 2026-11-24)
+OPENVINO_CHAIN_PASSES = 2.9
+# The tensor between chained convs is no buffer of ours (Graph.live_tensor_bytes' calls)
+# but the layer's own: resident peaks of the six benchmarks/graph_planner.py windows less
+# the model's without this term, over the tensors between: +0.9 and +1.5x them where no
+# norm follows the conv (valid U-Net 92^3, 132^3), -0.96 and +0.3x where one does (it
+# already kept the conv's output before the norm; BasicUNet 64^3, 96^3; Intel host of the
+# CI kind, 2026-11-24). Fitted: 1.0 and -0.4
+OPENVINO_KEPT_PER_CHAINED_BYTE = 1.0
+OPENVINO_KEPT_PER_CHAINED_NORMED_BYTE = -0.4
 
 
 @dataclass(frozen=True)
@@ -336,6 +352,36 @@ def _hand_on_channels_last(
     return picks, saved
 
 
+def _chained(
+    graph: Graph, picks: dict[int, tuple[float, int, int, str]], readers: dict[str, int],
+    machine: MachineProfile, batch: int, passes: int | None,
+) -> tuple[dict[int, tuple[float, int, int, str]], dict[int, float]]:
+    """(picks, seconds saved per conv) where a conv's output goes on to the next conv inside
+    one OpenVINO layer (model.graph.openvino_chains): a call per window, the first call's
+    fixed part (for a run of `passes` windows) and OPENVINO_CHAIN_PASSES over the tensor
+    between are saved; the layer keeps that tensor (OPENVINO_KEPT_PER_CHAINED_BYTE)."""
+    chains = openvino_chains(graph, readers, lambda j: picks[j][3] if j in picks else None)
+    picks, saved = dict(picks), {}
+    for chain in chains.values():
+        for i in chain[:-1]:
+            between_bytes = conv_layer(graph, i, graph.nodes[i], batch).out_bytes
+            saved[i] = (OPENVINO_CHAIN_PASSES * between_bytes / machine.rate("memory_bytes_per_s")
+                        + OPENVINO_CALL_S * batch
+                        + (0.0 if passes is None else OPENVINO_FIRST_CALL_S / max(1, passes)))
+            seconds, work, kept, prim = picks[i]
+            per_byte = (OPENVINO_KEPT_PER_CHAINED_NORMED_BYTE if absorbs_next_norm(
+                graph, i, readers, prim) else OPENVINO_KEPT_PER_CHAINED_BYTE)
+            picks[i] = (seconds, work, max(0, kept + int(per_byte * between_bytes / batch)), prim)
+    return picks, saved
+
+
+def chain_calls(graph: Graph, picks: dict[int, tuple[float, int, int, str]]) -> dict[int, int]:
+    """First node -> last node of each chain of OpenVINO convs run in one call."""
+    readers = reader_counts(graph)
+    chains = openvino_chains(graph, readers, lambda j: picks[j][3] if j in picks else None)
+    return {i: openvino_output_node(graph, chain[-1], readers) for i, chain in chains.items()}
+
+
 def unbuilt_concats(graph: Graph, picks: dict[int, tuple[float, int, int, str]]) -> frozenset:
     """Concats the executor never builds (model.graph.concat_read_in_parts)."""
     readers = reader_counts(graph)
@@ -394,6 +440,8 @@ def plan_graph(
         if i in picks and absorbs_next_norm(graph, i, readers, picks[i][3]):
             free[i + 1] = other_seconds(graph, graph.nodes[i + 1], machine, batch)
     picks, saved = _hand_on_channels_last(graph, picks, readers, machine, batch)
+    picks, chain_saved = _chained(graph, picks, readers, machine, batch, passes)
+    saved = {i: saved.get(i, 0.0) + chain_saved.get(i, 0.0) for i in {*saved, *chain_saved}}
     seconds = [  # a conv that applies the norm after it also takes the norm's time
         picks[i][0] + free.get(i + 1, 0.0) - saved.get(i, 0.0) if i in picks
         else 0.0 if i in free  # applied in the conv's call: never dispatched
@@ -410,7 +458,8 @@ def plan_graph(
         network=graph.name, window=graph.window, nodes=tuple(plans),
         predicted_window_s=sum(n.predicted_s for n in plans) * large_window_factor(graph)
         / batch,
-        peak_bytes=_peak(graph.peak_tensor_bytes(batch, unbuilt=unbuilt_concats(graph, picks)),
+        peak_bytes=_peak(graph.peak_tensor_bytes(batch, unbuilt=unbuilt_concats(graph, picks),
+                                                 calls=chain_calls(graph, picks)),
                          picks, max(spaces)),
         spectra_bytes=sum(p[2] for p in picks.values() if p[3] == "fft-keep"), batch=batch,
     )

@@ -8,7 +8,7 @@ the planner's spec types leaking into `primitives/`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -59,6 +59,18 @@ class InstanceNorm:
         for v in (self.scale, self.bias):
             h.update(b"-" if v is None else np.asarray(v, np.float32).tobytes())
         h.update(repr(float(self.epsilon)).encode())
+
+
+class ConvStep(NamedTuple):
+    """One conv of a chain that a backend runs in one call (model.graph.openvino_chains):
+    its zero pads (z, y, x before, then after), weights, the instance norm it applies (or
+    None) and then its activation (or None)."""
+
+    pads: tuple[int, ...]
+    weight: np.ndarray
+    bias: np.ndarray
+    act: Activation | None = None
+    norm: InstanceNorm | None = None
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from math import prod
 import numpy as np
 
 from znni.primitives.activations import apply_activation
-from znni.primitives.base import Activation, InstanceNorm, Triple
+from znni.primitives.base import Activation, ConvStep, InstanceNorm, Triple
 from znni.primitives.cpu.choice import PrimitiveChooser, estimate_s, layer_key, time_call
 from znni.primitives.cpu.direct_conv import direct_conv3d
 from znni.primitives.cpu.fft_conv import (
@@ -159,6 +159,22 @@ class CpuBackend:
 
         x = concat_channels(parts, pads) if len(parts) > 1 or any(pads) else parts[0]
         return self.conv3d(x, weight, bias, activation, primitive)
+
+    def conv3d_chain(
+        self,
+        parts: Sequence[np.ndarray],
+        steps: Sequence[ConvStep],
+        channels_last: bool = False,
+    ) -> np.ndarray:
+        """Convs one after another in one OpenVINO layer (model.graph.openvino_chains),
+        the first reading the channel concatenation of `parts` as conv3d_parts does; the
+        tensors between them are never ours. `channels_last` as in conv3d_parts."""
+        if not steps:
+            raise ValueError("a conv chain needs one step or more, got none")
+        arrays, pads, shape = channel_parts(parts, steps[0].pads)
+        weight, bias = _checked_weights(shape, steps[0].weight, steps[0].bias)
+        first = steps[0]._replace(pads=pads, weight=weight, bias=bias)
+        return self._openvino().conv3d_chain(arrays, [first, *steps[1:]], channels_last)
 
     def _run(
         self,

@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from znni.primitives.base import Activation, InstanceNorm
+from znni.primitives.base import Activation, ConvStep, InstanceNorm
 
 MAX_COMPILED = 48  # compiled layers kept (one per conv and window shape in a run)
 
@@ -62,24 +62,24 @@ def _activation(ops: Any, y: Any, act: Activation | None) -> Any:
 
 
 class _Layer(NamedTuple):
-    """What shapes one compiled layer (for one window: a batch runs window by window)."""
+    """What shapes one compiled layer (for one window: a batch runs window by window): its
+    inputs, and its convs one after another (a chain: model.graph.openvino_chains)."""
 
     shapes: tuple  # (Cin_k, Z, Y, X) of each input part
     layouts: tuple  # per part: True where it is channels-last in memory
-    pads: tuple  # z, y, x before, then after
-    weight: np.ndarray
-    bias: np.ndarray
-    act: Activation | None
-    norm: InstanceNorm | None
+    steps: tuple[ConvStep, ...]
 
     def key(self) -> tuple:
         """The compiled-layer cache key: shapes, pads and a digest of the values."""
-        digest = hashlib.sha1(_array_digest(self.weight))
-        digest.update(np.ascontiguousarray(self.bias).tobytes())
-        if self.norm is not None:
-            self.norm.digest(digest)
-        return (self.shapes, self.layouts, self.pads, self.weight.shape, digest.hexdigest(),
-                self.act, self.norm is not None)
+        digest = hashlib.sha1()
+        for step in self.steps:
+            digest.update(_array_digest(step.weight))
+            digest.update(np.ascontiguousarray(step.bias).tobytes())
+            if step.norm is not None:
+                step.norm.digest(digest)
+        shaped = tuple((st.pads, st.weight.shape, st.act, st.norm is not None)
+                       for st in self.steps)
+        return (self.shapes, self.layouts, shaped, digest.hexdigest())
 
 
 # a layer's weights digested once: sha1 over 128 -> 128 3^3 weights (1.8 MB) took 1.8 ms,
@@ -117,6 +117,7 @@ class OpenVinoConvs:
         self._compiled: OrderedDict[tuple, Any] = OrderedDict()
         self._lock = threading.Lock()
         self._ov: Any = None  # the openvino module, once a layer is compiled
+        self._core: Any = None
 
     def conv3d(
         self,
@@ -135,12 +136,23 @@ class OpenVinoConvs:
         part may be channels-last in memory (as this returns them with `channels_last`,
         for a reader that is itself a layer here: model.graph.channels_last_convs); the
         layer then reads it as it lies."""
+        step = ConvStep(tuple(int(v) for v in pads), weight, bias, act, norm)
+        return self.conv3d_chain(x, [step], channels_last)
+
+    def conv3d_chain(
+        self,
+        x: np.ndarray | Sequence[np.ndarray],
+        steps: Sequence[ConvStep],
+        channels_last: bool = False,
+    ) -> np.ndarray:
+        """`steps` one after another in one compiled layer, each as conv3d runs one; the
+        tensors between them stay inside it (model.graph.openvino_chains)."""
         parts = [_layer_input(p) for p in ([x] if isinstance(x, np.ndarray) else x)]
         layouts = tuple(_is_channels_last(p) for p in parts)
-        pads = tuple(int(v) for v in pads)
         shapes = tuple(p.shape[1:] for p in parts)  # (Cin_k, Z, Y, X): any batch, window by window
-        layer = _Layer(shapes, layouts, pads, weight, bias, act, norm)
-        request, out_shape, lock = self._request(layer)
+        steps = tuple(ConvStep(tuple(int(v) for v in st.pads), *st[1:]) for st in steps)
+        _check_chain(sum(shape[0] for shape in shapes), steps)
+        request, out_shape, lock = self._request(_Layer(shapes, layouts, steps))
         feeds = [p.transpose(0, 2, 3, 4, 1) if last_ else p  # (S, Z, Y, X, C) where channels-last
                  for p, last_ in zip(parts, layouts, strict=True)]
         last = np.empty((parts[0].shape[0], *out_shape), np.float32)  # (S, Z', Y', X', Cout)
@@ -172,7 +184,7 @@ class OpenVinoConvs:
 
     def _compile(self, layer: _Layer) -> Any:
         ov, ops = self._import()
-        shapes, layouts, pads, weight, bias, act, norm = layer
+        shapes, layouts, steps = layer
         # one window: with a dynamic batch the plugin reorders its output to channels-first
         # with its reference reorder, transpose or not (9-10 ms for 16 x 64^3)
         inputs = [ops.parameter(ov.PartialShape([1, *shape[1:], shape[0]] if last_ else
@@ -181,18 +193,9 @@ class OpenVinoConvs:
         # (1, Cin_k, Z, Y, X), channels-last parts transposed to it: no reorder runs for those
         xs = [ops.transpose(v, ops.constant(np.array([0, 4, 1, 2, 3]))) if last_ else v
               for v, last_ in zip(inputs, layouts, strict=True)]
-        x = xs[0] if len(xs) == 1 else ops.concat(xs, 1)
-        w = ops.constant(np.ascontiguousarray(weight, np.float32))
-        y = ops.convolution(x, w, [1, 1, 1], list(pads[:3]), list(pads[3:]), [1, 1, 1])
-        y = ops.add(y, ops.constant(np.asarray(bias, np.float32).reshape(1, -1, 1, 1, 1)))
-        if norm is not None:
-            y = ops.mvn(y, ops.constant(np.array([2, 3, 4])), True, float(norm.epsilon),
-                        "inside_sqrt")
-            if norm.scale is not None:
-                y = ops.multiply(y, ops.constant(_per_channel(norm.scale)))
-            if norm.bias is not None:
-                y = ops.add(y, ops.constant(_per_channel(norm.bias)))
-        y = _activation(ops, y, act)
+        y = xs[0] if len(xs) == 1 else ops.concat(xs, 1)
+        for step in steps:
+            y = _conv_step(ops, y, step)
         # (S, Z', Y', X', Cout): what its convs write, so no reorder runs inside (above)
         y = ops.transpose(y, ops.constant(np.array([0, 2, 3, 4, 1])))
         # unpinned: its threads share the cores with the pipeline's readers and writers (a
@@ -200,7 +203,9 @@ class OpenVinoConvs:
         # unpinned, 0.88-1.21, median 1.06 pinned; 5 alternated runs each, 2026-11-24)
         config = {"INFERENCE_NUM_THREADS": self.threads, "INFERENCE_PRECISION_HINT": "f32",
                   "ENABLE_CPU_PINNING": False}
-        return ov.Core().compile_model(ov.Model([y], inputs), "CPU", config)
+        if self._core is None:  # one for every layer: a new Core cost 3 of a compile's 28 ms
+            self._core = ov.Core()
+        return self._core.compile_model(ov.Model([y], inputs), "CPU", config)
 
     def _import(self) -> tuple[Any, Any]:
         try:
@@ -211,6 +216,36 @@ class OpenVinoConvs:
                              f"but does not import ({e})") from e
         self._ov = ov
         return ov, ops
+
+
+def _conv_step(ops: Any, y: Any, step: ConvStep) -> Any:
+    """The step's conv + bias (+ norm) (+ activation) on (1, C, Z, Y, X) node `y`."""
+    w = ops.constant(np.ascontiguousarray(step.weight, np.float32))
+    pads = step.pads
+    y = ops.convolution(y, w, [1, 1, 1], list(pads[:3]), list(pads[3:]), [1, 1, 1])
+    y = ops.add(y, ops.constant(np.asarray(step.bias, np.float32).reshape(1, -1, 1, 1, 1)))
+    norm = step.norm
+    if norm is not None:
+        y = ops.mvn(y, ops.constant(np.array([2, 3, 4])), True, float(norm.epsilon),
+                    "inside_sqrt")
+        if norm.scale is not None:
+            y = ops.multiply(y, ops.constant(_per_channel(norm.scale)))
+        if norm.bias is not None:
+            y = ops.add(y, ops.constant(_per_channel(norm.bias)))
+    return _activation(ops, y, step.act)
+
+
+def _check_chain(channels: int, steps: Sequence[ConvStep]) -> None:
+    """Each step's weight reads what the one before it writes (the input's channels first)."""
+    if not steps:
+        raise ValueError("an OpenVINO layer needs one conv step or more, got none")
+    for k, step in enumerate(steps):
+        if step.weight.ndim != 5 or step.weight.shape[1] != channels:
+            raise ValueError(f"conv step {k} has weight shape {step.weight.shape} but reads "
+                             f"{channels} channels")
+        if len(step.pads) != 6 or min(step.pads) < 0:
+            raise ValueError(f"conv step {k} needs six pads >= 0, got {step.pads}")
+        channels = step.weight.shape[0]
 
 
 def _is_channels_last(a: np.ndarray) -> bool:
