@@ -164,3 +164,44 @@ def test_large_weights_are_digested_once_per_array() -> None:
     other[0, 0, 0, 0, 0] += 1
     assert openvino_conv._array_digest(other) != first
     assert openvino_conv._array_digest(w.copy()) == first  # equal values, equal digest
+
+
+def test_a_chain_of_convs_in_one_layer_equals_the_naive_steps() -> None:
+    """Three convs in one layer (CpuBackend.conv3d_chain): the first reads a channels-last
+    part and a channels-first one with uneven pads and applies a norm and leaky relu, the
+    second has an anisotropic (3, 1, 3) kernel and valid pads, the third a 1^3 kernel and
+    no activation; odd sizes, a batch of two, both layouts out. Against the naive steps."""
+    from znni.primitives.base import ConvStep
+
+    rng = np.random.default_rng(21)
+    backend = make_backend("cpu", threads=2)
+    last = rng.standard_normal((2, 7, 6, 9, 3)).astype(np.float32).transpose(0, 4, 1, 2, 3)
+    first = rng.standard_normal((2, 2, 7, 6, 9)).astype(np.float32)  # (S, C, Z, Y, X)
+
+    def weights(cout: int, cin: int, kernel: tuple[int, int, int]) -> tuple:
+        w = (rng.standard_normal((cout, cin, *kernel)) / np.sqrt(cin * np.prod(kernel)))
+        return w.astype(np.float32), rng.standard_normal(cout).astype(np.float32)
+
+    norm = InstanceNorm(rng.standard_normal(4).astype(np.float32),
+                        rng.standard_normal(4).astype(np.float32), 1e-5)
+    steps = [ConvStep((1, 0, 2, 1, 1, 0), *weights(4, 5, (3, 3, 3)), Activation("leaky_relu", 0.1),
+                      norm),
+             ConvStep((0,) * 6, *weights(3, 4, (3, 1, 3)), Activation("relu")),
+             ConvStep((0,) * 6, *weights(2, 3, (1, 1, 1)))]
+    ref = np.concatenate([last, first], axis=1)
+    for st in steps:
+        ref = np.pad(ref, [(0, 0), (0, 0)] + [(st.pads[a], st.pads[a + 3]) for a in range(3)])
+        ref = np.stack([naive_conv(ref[s], st.weight, st.bias) for s in range(2)])
+        if st.norm is not None:
+            ref = naive_instance_norm(ref, st.norm.scale, st.norm.bias, st.norm.epsilon)
+        if st.act is not None:
+            ref = naive_activation(ref, st.act.kind, st.act.slope)
+    for channels_last in (False, True):
+        got = backend.conv3d_chain([last, first], steps, channels_last)
+        assert got.shape == ref.shape == (2, 2, 5, 5, 7)
+        assert got.flags.c_contiguous != channels_last
+        assert np.abs(got - ref).max() <= 1e-4 * max(1.0, np.abs(ref).max())
+    with pytest.raises(ValueError, match="conv step 1 has weight shape"):
+        backend.conv3d_chain([last, first], [steps[0], steps[2]])
+    with pytest.raises(ValueError, match="needs one step or more"):
+        backend.conv3d_chain([first], [])
