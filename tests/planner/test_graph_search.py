@@ -156,7 +156,7 @@ def test_the_first_pass_is_counted_once_per_run(model, monkeypatch) -> None:
     monkeypatch.setattr("znni.planner.graph_search.openvino_ready", lambda: False)
     budget, region = 2**32, (64, 64, 64)
     free = choose(model, budget, region)
-    run_s = free.passes * free.plan.predicted_window_s + first_pass_seconds(free.plan.peak_bytes)
+    run_s = free.passes * free.plan.predicted_window_s + first_pass_seconds(free.plan)
     assert free.predicted_voxels_per_second == pytest.approx(prod(region) / run_s)
     assert _candidates(model, (256, 256, 256))[-1] == (256, 256, 256)  # up to MAX_WINDOW
     monkeypatch.setattr("znni.planner.graph_search.FIRST_PASS_S_PER_PEAK_BYTE", 1e-3)
@@ -428,3 +428,29 @@ def test_convs_chained_in_one_openvino_layer_save_a_call_and_the_tensor_between(
                                                                               calls=calls)
     assert ours >= 0  # where the peak falls on a chain (Graph.live_tensor_bytes' tests)
     assert apart.peak_bytes - chained.peak_bytes == ours - kept
+
+
+def test_convs_that_would_chain_move_to_openvino_together_where_the_link_pays(model) -> None:
+    """In a run of 27 windows a small conv alone is faster on another primitive than on
+    OpenVINO with its share of a compile; a pair that would chain moves to OpenVINO
+    together where both there, less the link's saving, beat their fastest options alone
+    (skipped without OpenVINO)."""
+    if not openvino_ready():
+        pytest.skip("needs OpenVINO")
+    from znni.model.graph import openvino_chains, reader_counts
+    from znni.planner import graph_search
+
+    machine, graph = MachineProfile.load("ci-2core"), model.graph((32, 32, 32))
+    options = graph_search._conv_options(graph, machine, graph.peak_tensor_bytes(), 2**33, 27, 1)
+    picked = {i: n.primitive for i, n in enumerate(plan_graph(graph, machine, 2**33, 27).nodes)}
+    ov = {i: next(o for o in opts if o[3] == "openvino") for i, opts in options.items()
+          if any(o[3] == "openvino" for o in opts)}
+    chains = openvino_chains(graph, reader_counts(graph), lambda j: "openvino" if j in ov else None)
+    moved = 0
+    for a, b in (c for c in chains.values() if len(c) == 2):
+        both_s = ov[a][0] + ov[b][0] - graph_search._link_seconds(graph, a, machine, 1, 27)
+        alone_s = options[a][0][0] + options[b][0][0]
+        assert (picked[a] == picked[b] == "openvino") == (both_s < alone_s)
+        moved += picked[a] == "openvino" and "openvino" not in (options[a][0][3],
+                                                                 options[b][0][3])
+    assert moved >= 4

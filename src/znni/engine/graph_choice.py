@@ -6,8 +6,8 @@ time and peak); among those whose peak fits the budget, the one with the most
 predicted output voxels per second over the region wins. That weighs a window's
 cost against the recomputed overlap: windowed runs compute MONAI's scan of windows
 (more, smaller windows overlap more), exact runs one tile per grid step of output; and
-a run's first pass, which pays once for the pages of its peak (planner.graph_search.
-first_pass_seconds): large windows make few passes to share it.
+a run's first pass, which pays once for the pages of its peak and the import of openvino
+(planner.graph_search.first_pass_seconds): large windows make few passes to share it.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def plan_window(model: OnnxModel, window: Triple, budget_bytes: int, region: Tri
             f"pass, beyond the {budget_bytes:,}-byte memory budget; choose a smaller window or "
             "a larger memory limit"
         )
-    run_s = n * plan.predicted_window_s + first_pass_seconds(plan.peak_bytes)
+    run_s = n * plan.predicted_window_s + first_pass_seconds(plan)
     return GraphChoice(window, plan, n, prod(region) / max(1e-12, run_s))
 
 

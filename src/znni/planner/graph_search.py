@@ -88,9 +88,15 @@ OPENVINO_CALL_S = 0.5e-3
 # (3^3 convs, 64^3-166^3 outputs, CI kind, 2026-11-23): rate x sqrt(min(1, Cin / 16))
 OPENVINO_CHANNEL_BLOCK = 16
 # the first call of a compiled layer (compile, JIT, first-touch of its buffers) took 25-34 ms
-# more than later ones at 4^3-16^3, 105 ms at 16->16 64^3 (33.6 MB in + out), growing with
-# its tensors (BasicUNet 64^3 window, CI kind, 2026-11-24): a fixed part plus a part per
-# tensor byte, shared by the windows of a run
+# more than later ones at 4^3-16^3, growing with its tensors: a fixed part plus a part per
+# tensor byte, shared by the windows of a run. Per byte of the convs' inputs and outputs,
+# beyond the compile, in a whole BasicUNet pass with its convs chained (fresh processes,
+# Intel host of the CI kind, 2026-11-24): 0-0.7 ns at 64^3, 0.2-1.3 ns at 128^3 (the
+# process's first layer the most; 0.56 over all its layers). 2.2 ns had been fitted on the
+# earlier dynamic-batch layers, and with it the planner left the middle layers of
+# 27-window runs off OpenVINO (5.24-5.89 s for a 128^3 segment in 64^3 windows against
+# 4.44-4.94 s with all on it, alternated). At 0.5 ns it put the first convs of one 128^3
+# window on OpenVINO: 4.24 s against 3.35 s for none there (one run each); 1.0 keeps both.
 # a compiled layer keeps its own buffers between calls: its blocked copy of the input and,
 # with the norm after it, the conv's output before the norm (without one the conv writes
 # our channels-last buffer itself). Compiled for one window and writing channels-last
@@ -109,7 +115,9 @@ OPENVINO_KEPT_PER_CHANNELS_LAST_INPUT_BYTE = 0.8
 OPENVINO_KEPT_PER_NORMED_OUTPUT_BYTE = 1.15
 OPENVINO_RUNTIME_BYTES = 60 * 2**20
 OPENVINO_FIRST_CALL_S = 0.03
-OPENVINO_FIRST_CALL_S_PER_BYTE = 2.5e-9
+# and once per run, the import of openvino itself: 0.20-0.27 s (fresh processes, 2026-11-24)
+OPENVINO_IMPORT_S = 0.25
+OPENVINO_FIRST_CALL_S_PER_BYTE = 1.0e-9
 # convs chained in one layer (model.graph.openvino_chains) save, per link, a call and the
 # first call's fixed part (one compile: a 1 -> 16 -> 16 pair at 64^3 compiled in 37 ms
 # against 61-67 for its two layers), and over the tensor between them what the layer
@@ -264,9 +272,9 @@ def openvino_terms(
                     + (OPENVINO_NORM_PASSES * layer.out_bytes if norm else 0))
     calls_s = OPENVINO_CALL_S * layer.batch_in  # one call a window
     first_s = 0.0
-    if passes is not None:
-        tensor_bytes = layer.in_bytes + layer.out_bytes
-        first_s = (OPENVINO_FIRST_CALL_S
+    if passes is not None:  # the batch's share of a first call: a compile, a window's tensors
+        tensor_bytes = layer.in_bytes + layer.out_bytes  # the batch's
+        first_s = (OPENVINO_FIRST_CALL_S * layer.batch_in
                    + OPENVINO_FIRST_CALL_S_PER_BYTE * tensor_bytes) / max(1, passes)
     return (layer.direct_flops / rate,
             copies_bytes / machine.rate("memory_bytes_per_s") + calls_s + first_s)
@@ -294,9 +302,11 @@ def openvino_seconds(
 FIRST_PASS_S_PER_PEAK_BYTE = 0.5e-9
 
 
-def first_pass_seconds(peak_bytes: int) -> float:
-    """What a run's first pass costs beyond the steady-state prediction (once per run)."""
-    return FIRST_PASS_S_PER_PEAK_BYTE * peak_bytes
+def first_pass_seconds(plan: GraphPlan) -> float:
+    """What a run's first pass costs beyond the steady-state prediction (once per run):
+    the pages of its peak, and the import of openvino where a conv runs on it."""
+    uses_openvino = any(n.primitive == "openvino" for n in plan.nodes)
+    return FIRST_PASS_S_PER_PEAK_BYTE * plan.peak_bytes + OPENVINO_IMPORT_S * uses_openvino
 
 
 def large_window_factor(graph: Graph) -> float:
@@ -365,14 +375,44 @@ def _chained(
     for chain in chains.values():
         for i in chain[:-1]:
             between_bytes = conv_layer(graph, i, graph.nodes[i], batch).out_bytes
-            saved[i] = (OPENVINO_CHAIN_PASSES * between_bytes / machine.rate("memory_bytes_per_s")
-                        + OPENVINO_CALL_S * batch
-                        + (0.0 if passes is None else OPENVINO_FIRST_CALL_S / max(1, passes)))
+            saved[i] = _link_seconds(graph, i, machine, batch, passes)
             seconds, work, kept, prim = picks[i]
             per_byte = (OPENVINO_KEPT_PER_CHAINED_NORMED_BYTE if absorbs_next_norm(
                 graph, i, readers, prim) else OPENVINO_KEPT_PER_CHAINED_BYTE)
             picks[i] = (seconds, work, max(0, kept + int(per_byte * between_bytes / batch)), prim)
     return picks, saved
+
+
+def _link_seconds(graph: Graph, i: int, machine: MachineProfile, batch: int,
+                  passes: int | None) -> float:
+    """What conv i saves where its output goes on to the next conv in one OpenVINO layer."""
+    between_bytes = conv_layer(graph, i, graph.nodes[i], batch).out_bytes
+    return (OPENVINO_CHAIN_PASSES * between_bytes / machine.rate("memory_bytes_per_s")
+            + OPENVINO_CALL_S * batch
+            + (0.0 if passes is None else OPENVINO_FIRST_CALL_S * batch / max(1, passes)))
+
+
+def _paired(
+    picks: dict[int, tuple[float, int, int, str]],
+    options: dict[int, list[tuple[float, int, int, str]]],
+    graph: Graph, machine: MachineProfile, batch: int, passes: int | None,
+) -> dict[int, tuple[float, int, int, str]]:
+    """Each conv takes its fastest option alone; two convs that would chain on OpenVINO
+    (model.graph.openvino_chains) both move to it where the link saves more than that
+    costs them (a small layer alone is faster on Winograd, say, than with its compile)."""
+    openvino = {i: next((o for o in opts if o[3] == "openvino"), None)
+                for i, opts in options.items()}
+    readers = reader_counts(graph)
+    chains = openvino_chains(graph, readers, lambda j: "openvino" if openvino.get(j) else None)
+    picks = dict(picks)
+    for chain in chains.values():
+        for a, b in zip(chain, chain[1:], strict=False):
+            ov_a, ov_b = openvino[a], openvino[b]
+            assert ov_a is not None and ov_b is not None  # chained only where both can
+            apart_s = picks[a][0] + picks[b][0]
+            if ov_a[0] + ov_b[0] - _link_seconds(graph, a, machine, batch, passes) < apart_s:
+                picks[a], picks[b] = ov_a, ov_b
+    return picks
 
 
 def chain_calls(graph: Graph, picks: dict[int, tuple[float, int, int, str]]) -> dict[int, int]:
@@ -417,7 +457,8 @@ def plan_graph(
     tensors = graph.peak_tensor_bytes(batch)
     limit = memory_limit_bytes if memory_limit_bytes is not None else machine.memory_bytes
     options = _conv_options(graph, machine, tensors, limit, passes, batch)
-    picks = {i: opts[0] for i, opts in options.items()}
+    picks = _paired({i: opts[0] for i, opts in options.items()}, options, graph, machine,
+                    batch, passes)
     spaces = [batch * general_workspace_bytes(graph, n, machine.cores) for n in graph.nodes]
     while _peak(tensors, picks, max(spaces)) > limit:
         keeping = [i for i, p in picks.items()
