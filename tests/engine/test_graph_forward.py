@@ -251,7 +251,8 @@ def test_openvino_convs_hand_on_channels_last_only_to_openvino_readers(monkeypat
     channels-first; the graph's output too. The whole pass equals the reference (skipped
     without OpenVINO)."""
     pytest.importorskip("openvino")
-    from znni.model.graph import Graph, Node, channels_last_convs, reader_counts
+    from znni.model.graph import Graph, Node, reader_counts
+    from znni.model.openvino_layers import channels_last_convs
     from znni.primitives.cpu.backend import CpuBackend
 
     rng = np.random.default_rng(8)
@@ -299,7 +300,8 @@ def test_openvino_chains_run_in_one_call_and_equal_the_reference(tail_reader, mo
     all OpenVINO: one call of three steps with anisotropic pads; c's output goes on to a
     concat with x, read by conv d on `tail_reader`. Equals the reference pass."""
     pytest.importorskip("openvino")
-    from znni.model.graph import Graph, Node, openvino_chains, reader_counts
+    from znni.model.graph import Graph, Node, reader_counts
+    from znni.model.openvino_layers import openvino_chains
     from znni.primitives.cpu.backend import CpuBackend
 
     rng = np.random.default_rng(11)

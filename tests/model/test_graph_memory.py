@@ -57,7 +57,7 @@ def test_the_input_lives_through_the_pass() -> None:
 
 def test_convs_run_in_one_call_hold_no_buffer_between_them() -> None:
     """r: x -> a, then conv p (its relu q writes p's buffer) and conv k run as one call
-    (calls {1: 3}, model.graph.openvino_chains): u and v get no buffer, and a, the call's
+    (calls {1: 3}, model.openvino_layers.openvino_chains): u and v get no buffer, and a, the call's
     input, lives until the call ends. By hand, in units of 256 bytes:
     apart r: x a | p: x a u | q: x u | k: x u w; in one call r: x a | p: x a | q: x a | k: x a w."""
     conv = {"weight": np.zeros((1, 1, 3, 3, 3), np.float32), "bias": None,

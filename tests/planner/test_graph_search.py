@@ -350,7 +350,8 @@ def test_a_channels_last_hand_on_is_not_charged_its_copies(model, monkeypatch) -
     changes (skipped without OpenVINO)."""
     if not openvino_ready():
         pytest.skip("needs OpenVINO")
-    from znni.model.graph import channels_last_convs, openvino_output_node, reader_counts
+    from znni.model.graph import reader_counts
+    from znni.model.openvino_layers import channels_last_convs, openvino_output_node
     from znni.planner import graph_search
 
     ci = MachineProfile.load("ci-2core")
@@ -393,7 +394,8 @@ def test_convs_chained_in_one_openvino_layer_save_a_call_and_the_tensor_between(
     windows, its share of a compile; no other node changes (skipped without OpenVINO)."""
     if not openvino_ready():
         pytest.skip("needs OpenVINO")
-    from znni.model.graph import absorbs_next_norm, openvino_chains, reader_counts
+    from znni.model.graph import reader_counts
+    from znni.model.openvino_layers import absorbs_next_norm, openvino_chains
     from znni.planner import graph_search
 
     ci = MachineProfile.load("ci-2core")
@@ -437,7 +439,8 @@ def test_convs_that_would_chain_move_to_openvino_together_where_the_link_pays(mo
     (skipped without OpenVINO)."""
     if not openvino_ready():
         pytest.skip("needs OpenVINO")
-    from znni.model.graph import openvino_chains, reader_counts
+    from znni.model.graph import reader_counts
+    from znni.model.openvino_layers import openvino_chains
     from znni.planner import graph_search
 
     machine, graph = MachineProfile.load("ci-2core"), model.graph((32, 32, 32))

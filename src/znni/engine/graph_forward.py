@@ -4,9 +4,9 @@ Convolutions with stride 1, no dilation and one group (nearly all of a U-Net's
 work) run on the backend's fast primitives (direct, FFT kept, FFT recomputed,
 chosen per layer by the backend) after explicit zero padding, except Winograd and
 OpenVINO, which read their zero pads and a concat's parts (ChannelParts) where they lie;
-an OpenVINO conv also applies the instance norm after it (model.graph.absorbs_next_norm),
+an OpenVINO conv also applies the instance norm after it (model.openvino_layers.absorbs_next_norm),
 and hands its output on channels-last where only OpenVINO convs read it
-(model.graph.channels_last_convs). Other convs and the
+(model.openvino_layers.channels_last_convs). Other convs and the
 graph-only kernels (transposed conv, interpolation, normalisations, pad) run on
 the backend's `graph_op` where it has one (the GPU backend: on the device), else
 on `primitives.cpu.graph_ops`. A following ReLU-family activation is fused into the
@@ -26,13 +26,15 @@ from znni.model.graph import (
     Graph,
     Node,
     absorbs_next_activation,
-    absorbs_next_norm,
-    channels_last_convs,
     concat_read_in_parts,
-    openvino_chains,
-    openvino_output_node,
     reader_counts,
     stride_one_conv,
+)
+from znni.model.openvino_layers import (
+    absorbs_next_norm,
+    channels_last_convs,
+    openvino_chains,
+    openvino_output_node,
 )
 from znni.primitives.base import Activation, Backend, ConvStep, InstanceNorm
 
@@ -125,8 +127,8 @@ def _store(env: dict[str, Any], y: Any, node: Node, i: int, last: dict[str, int]
 
 def _chain_steps(graph: Graph, chain: tuple[int, ...], readers: dict[str, int],
                  prepadded: bool) -> list[ConvStep]:
-    """Each chained conv's pads, weights, norm and activation (model.graph.openvino_chains);
-    the first conv's pads are zero where its input already carries them."""
+    """Each chained conv's pads, weights, norm and activation (model.openvino_layers.
+    openvino_chains); the first conv's pads are zero where its input already carries them."""
     steps = []
     for k, c in enumerate(chain):
         p = graph.nodes[c].params

@@ -10,7 +10,7 @@ executor (to free it) and the memory model (to count it) follow.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -244,56 +244,6 @@ def absorbs_next_activation(
             and readers[node.outputs[0]] == 1)
 
 
-def absorbs_next_norm(
-    graph: Graph, i: int, readers: dict[str, int], primitive: str | None
-) -> bool:
-    """Whether node i, a fast conv on `primitive` OpenVINO, applies the InstanceNormalization
-    right after it in its own compiled layer: that norm alone reads the conv's output (its
-    own following activation then goes with it, see absorbs_next_activation)."""
-    nodes = graph.nodes
-    if primitive != "openvino" or not stride_one_conv(nodes[i]) or i + 1 >= len(nodes):
-        return False
-    nxt = nodes[i + 1]
-    return (nxt.op == "instance_norm" and nxt.inputs == nodes[i].outputs
-            and readers[nodes[i].outputs[0]] == 1)
-
-
-def openvino_output_node(graph: Graph, i: int, readers: dict[str, int]) -> int:
-    """The last node an OpenVINO conv at node i applies in its call: itself, the norm after
-    it (absorbs_next_norm), the activation after either (absorbs_next_activation)."""
-    j = i + 1 if absorbs_next_norm(graph, i, readers, "openvino") else i
-    return j + 1 if absorbs_next_activation(graph, j, readers) else j
-
-
-def channels_last_convs(
-    graph: Graph, readers: dict[str, int], primitive_of: Callable[[int], str | None]
-) -> frozenset[int]:
-    """Conv nodes on OpenVINO that may hand their output on channels-last, the layout its
-    layers compute in (primitives/cpu/openvino_conv): every reader is a conv on OpenVINO
-    that reads it whole, so the copy back to channels-first and the next layer's reorder
-    are both skipped and no other node sees the layout. `primitive_of`: node index -> its
-    conv primitive."""
-    nodes = graph.nodes
-    takers: dict[str, list[int]] = {}  # tensor -> the nodes that read it
-    for j, node in enumerate(nodes):
-        for t in node.inputs:
-            takers.setdefault(t, []).append(j)
-
-    def openvino_reader(j: int, t: str) -> bool:
-        return (primitive_of(j) == "openvino" and stride_one_conv(nodes[j])
-                and nodes[j].inputs[0] == t)
-
-    keep = set()
-    for i, node in enumerate(nodes):
-        if primitive_of(i) != "openvino" or not stride_one_conv(node):
-            continue
-        out = nodes[openvino_output_node(graph, i, readers)].outputs[0]
-        if out != graph.output and takers.get(out) and all(
-                openvino_reader(j, out) for j in takers[out]):
-            keep.add(i)
-    return frozenset(keep)
-
-
 def digest_arrays(parts: list[bytes], arrays: list[np.ndarray]) -> str:
     """sha256 over byte strings and arrays (dtype, shape and data)."""
     h = hashlib.sha256()
@@ -420,40 +370,3 @@ def aligned_axes(graph: Graph) -> tuple[bool, bool, bool]:
                 n_out = graph.shapes[node.outputs[0]][2 + a]
                 ok[a] = ok[a] and (n_out % n_in[a] == 0 or n_in[a] % n_out == 0)
     return (ok[0], ok[1], ok[2])
-
-
-def openvino_chains(
-    graph: Graph, readers: dict[str, int], primitive_of: Callable[[int], str | None]
-) -> dict[int, tuple[int, ...]]:
-    """First conv node -> the convs (two or more) that run one after another in one
-    OpenVINO layer (primitives/cpu/openvino_conv): each on OpenVINO, each but the first
-    reading whole the output (after its norm and activation) of the one before, its only
-    reader. The tensors between them never leave the layer: no call, no copy out and back
-    in, no buffer of ours. `primitive_of`: node index -> its conv primitive."""
-    nodes = graph.nodes
-
-    def on_openvino(j: int) -> bool:
-        return primitive_of(j) == "openvino" and stride_one_conv(nodes[j])
-
-    def next_link(i: int) -> int | None:
-        end = openvino_output_node(graph, i, readers)
-        out = nodes[end].outputs[0]
-        j = end + 1
-        if (out == graph.output or readers.get(out) != 1 or j >= len(nodes)
-                or not on_openvino(j) or tuple(nodes[j].inputs) != (out,)):
-            return None
-        return j
-
-    chains: dict[int, tuple[int, ...]] = {}
-    inside: set[int] = set()
-    for i in range(len(nodes)):
-        if i in inside or not on_openvino(i):
-            continue
-        chain = [i]
-        while (j := next_link(chain[-1])) is not None:
-            chain.append(j)
-        if len(chain) > 1:
-            chains[i] = tuple(chain)
-            inside.update(chain)
-    return chains
-

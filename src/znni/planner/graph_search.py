@@ -20,15 +20,17 @@ from znni.model.graph import (
     Graph,
     Node,
     absorbs_next_activation,
-    absorbs_next_norm,
-    channels_last_convs,
     concat_read_in_parts,
-    openvino_chains,
-    openvino_output_node,
     reader_counts,
     stride_one_conv,
 )
 from znni.model.network import FLOAT_BYTES, LayerShape
+from znni.model.openvino_layers import (
+    absorbs_next_norm,
+    channels_last_convs,
+    openvino_chains,
+    openvino_output_node,
+)
 from znni.planner.costs import CPU_CONV_PRIMITIVES, Work, cpu_seconds, layer_seconds
 from znni.planner.graph_op_costs import (
     phase_split_conv,
@@ -118,7 +120,7 @@ OPENVINO_FIRST_CALL_S = 0.03
 # and once per run, the import of openvino itself: 0.20-0.27 s (fresh processes, 2026-11-24)
 OPENVINO_IMPORT_S = 0.25
 OPENVINO_FIRST_CALL_S_PER_BYTE = 1.0e-9
-# convs chained in one layer (model.graph.openvino_chains) save, per link, a call and the
+# convs chained in one layer (model.openvino_layers.openvino_chains) save, per link, a call and the
 # first call's fixed part (one compile: a 1 -> 16 -> 16 pair at 64^3 compiled in 37 ms
 # against 61-67 for its two layers), and over the tensor between them what the layer
 # does to hand it out and take it back in: the pair ran 27.5-28 ms against 32-33 ms handed
@@ -339,7 +341,7 @@ def _hand_on_channels_last(
     machine: MachineProfile, batch: int,
 ) -> tuple[dict[int, tuple[float, int, int, str]], dict[int, float]]:
     """(picks, seconds saved per conv) where OpenVINO convs hand their output on
-    channels-last to OpenVINO readers (model.graph.channels_last_convs): the copies
+    channels-last to OpenVINO readers (model.openvino_layers.channels_last_convs): the copies
     openvino_seconds charged that never run (its transpose of the output, each reader's
     reorder of it) are saved; the conv makes no copy of its output (no workspace) and its
     readers keep less of their input (OPENVINO_KEPT_PER_CHANNELS_LAST_INPUT_BYTE)."""
@@ -367,7 +369,7 @@ def _chained(
     machine: MachineProfile, batch: int, passes: int | None,
 ) -> tuple[dict[int, tuple[float, int, int, str]], dict[int, float]]:
     """(picks, seconds saved per conv) where a conv's output goes on to the next conv inside
-    one OpenVINO layer (model.graph.openvino_chains): a call per window, the first call's
+    one OpenVINO layer (model.openvino_layers.openvino_chains): a call per window, the first call's
     fixed part (for a run of `passes` windows) and OPENVINO_CHAIN_PASSES over the tensor
     between are saved; the layer keeps that tensor (OPENVINO_KEPT_PER_CHAINED_BYTE)."""
     chains = openvino_chains(graph, readers, lambda j: picks[j][3] if j in picks else None)
@@ -398,7 +400,7 @@ def _paired(
     graph: Graph, machine: MachineProfile, batch: int, passes: int | None,
 ) -> dict[int, tuple[float, int, int, str]]:
     """Each conv takes its fastest option alone; two convs that would chain on OpenVINO
-    (model.graph.openvino_chains) both move to it where the link saves more than that
+    (model.openvino_layers.openvino_chains) both move to it where the link saves more than that
     costs them (a small layer alone is faster on Winograd, say, than with its compile)."""
     openvino = {i: next((o for o in opts if o[3] == "openvino"), None)
                 for i, opts in options.items()}

@@ -62,7 +62,7 @@ class InstanceNorm:
 
 
 class ConvStep(NamedTuple):
-    """One conv of a chain that a backend runs in one call (model.graph.openvino_chains):
+    """One conv of a chain that a backend runs in one call (model.openvino_layers.openvino_chains):
     its zero pads (z, y, x before, then after), weights, the instance norm it applies (or
     None) and then its activation (or None)."""
 

@@ -166,7 +166,7 @@ class CpuBackend:
         steps: Sequence[ConvStep],
         channels_last: bool = False,
     ) -> np.ndarray:
-        """Convs one after another in one OpenVINO layer (model.graph.openvino_chains),
+        """Convs one after another in one OpenVINO layer (model.openvino_layers.openvino_chains),
         the first reading the channel concatenation of `parts` as conv3d_parts does; the
         tensors between them are never ours. `channels_last` as in conv3d_parts."""
         if not steps:

@@ -63,7 +63,7 @@ def _activation(ops: Any, y: Any, act: Activation | None) -> Any:
 
 class _Layer(NamedTuple):
     """What shapes one compiled layer (for one window: a batch runs window by window): its
-    inputs, and its convs one after another (a chain: model.graph.openvino_chains)."""
+    inputs, and its convs one after another (a chain: model.openvino_layers.openvino_chains)."""
 
     shapes: tuple  # (Cin_k, Z, Y, X) of each input part
     layouts: tuple  # per part: True where it is channels-last in memory
@@ -134,7 +134,7 @@ class OpenVinoConvs:
         `x` may be the channel parts of a concat (S, Cin_i, Z, Y, X), read as one input,
         and `pads` (z, y, x before, then after) zeros around it; neither is built here. A
         part may be channels-last in memory (as this returns them with `channels_last`,
-        for a reader that is itself a layer here: model.graph.channels_last_convs); the
+        for a reader that is itself a layer here: model.openvino_layers.channels_last_convs); the
         layer then reads it as it lies."""
         step = ConvStep(tuple(int(v) for v in pads), weight, bias, act, norm)
         return self.conv3d_chain(x, [step], channels_last)
@@ -146,7 +146,7 @@ class OpenVinoConvs:
         channels_last: bool = False,
     ) -> np.ndarray:
         """`steps` one after another in one compiled layer, each as conv3d runs one; the
-        tensors between them stay inside it (model.graph.openvino_chains)."""
+        tensors between them stay inside it (model.openvino_layers.openvino_chains)."""
         parts = [_layer_input(p) for p in ([x] if isinstance(x, np.ndarray) else x)]
         layouts = tuple(_is_channels_last(p) for p in parts)
         shapes = tuple(p.shape[1:] for p in parts)  # (Cin_k, Z, Y, X): any batch, window by window
