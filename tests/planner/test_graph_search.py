@@ -15,18 +15,20 @@ from znni.engine.graph_forward import run_graph
 from znni.model.loading import load_model
 from znni.planner.costs import CPU_CONV_PRIMITIVES
 from znni.planner.graph_search import (
-    OPENVINO_KEPT_PER_INPUT_BYTE,
-    OPENVINO_KEPT_PER_NORMED_OUTPUT_BYTE,
-    OPENVINO_RUNTIME_BYTES,
     conv_layer,
     fast_conv,
     first_pass_seconds,
-    openvino_ready,
     plan_graph,
     unbuilt_concats,
     winograd_bytes,
 )
 from znni.planner.machine import MachineProfile
+from znni.planner.openvino_costs import (
+    OPENVINO_KEPT_PER_INPUT_BYTE,
+    OPENVINO_KEPT_PER_NORMED_OUTPUT_BYTE,
+    OPENVINO_RUNTIME_BYTES,
+    openvino_ready,
+)
 from znni.planner.winograd_costs import chunk_rounds_factor
 from znni.primitives.backends import make_backend
 
@@ -52,12 +54,12 @@ def test_every_fast_conv_gets_a_primitive_and_the_peak_counts_lifetimes(
 ) -> None:
     machine = MachineProfile.load("ci-2core")
     # no channels-last hand-on and no chains here (their bytes are checked in their tests)
-    monkeypatch.setattr("znni.planner.graph_search.channels_last_convs", lambda *a: frozenset())
-    monkeypatch.setattr("znni.planner.graph_search.openvino_chains", lambda *a: {})
+    monkeypatch.setattr("znni.planner.openvino_costs.channels_last_convs", lambda *a: frozenset())
+    monkeypatch.setattr("znni.planner.openvino_costs.openvino_chains", lambda *a: {})
     if openvino_rate is not None:  # and its copies and calls free: every conv on it
-        monkeypatch.setattr("znni.planner.graph_search.OPENVINO_COPY_PASSES", 0.0)
-        monkeypatch.setattr("znni.planner.graph_search.OPENVINO_NORM_PASSES", 0.0)
-        monkeypatch.setattr("znni.planner.graph_search.OPENVINO_CALL_S", 0.0)
+        monkeypatch.setattr("znni.planner.openvino_costs.OPENVINO_COPY_PASSES", 0.0)
+        monkeypatch.setattr("znni.planner.openvino_costs.OPENVINO_NORM_PASSES", 0.0)
+        monkeypatch.setattr("znni.planner.openvino_costs.OPENVINO_CALL_S", 0.0)
         machine = replace(machine, cpu_rates={**machine.cpu_rates,
                                               "openvino_flops_per_s": openvino_rate})
     graph = model.graph((32, 32, 32))
@@ -241,7 +243,7 @@ def test_openvino_convs_apply_the_instance_norms_after_them(model, monkeypatch) 
     with pytest.raises(AssertionError, match="host ran"):  # on Winograd the host norms run
         run_graph(graph, x, make_backend("cpu"), {k: "direct" for k in prims})
 
-    from znni.planner.graph_search import openvino_seconds
+    from znni.planner.openvino_costs import openvino_seconds
 
     machine = MachineProfile.load("ci-2core")
     i = next(i for i, n in enumerate(graph.nodes) if fast_conv(n))
@@ -251,7 +253,7 @@ def test_openvino_convs_apply_the_instance_norms_after_them(model, monkeypatch) 
 
 def test_openvino_pays_for_idle_channel_lanes_and_shares_its_first_call() -> None:
     from znni.planner.costs import LayerShape
-    from znni.planner.graph_search import openvino_seconds
+    from znni.planner.openvino_costs import openvino_seconds
 
     ci = MachineProfile.load("ci-2core")
     machine = replace(ci, cpu_rates={**ci.cpu_rates, "memory_bytes_per_s": 1e15})
@@ -352,25 +354,25 @@ def test_a_channels_last_hand_on_is_not_charged_its_copies(model, monkeypatch) -
         pytest.skip("needs OpenVINO")
     from znni.model.graph import reader_counts
     from znni.model.openvino_layers import channels_last_convs, openvino_output_node
-    from znni.planner import graph_search
+    from znni.planner import openvino_costs
 
     ci = MachineProfile.load("ci-2core")
     machine = replace(ci, cpu_rates={**ci.cpu_rates, "openvino_flops_per_s": 1e15})
-    monkeypatch.setattr(graph_search, "OPENVINO_CALL_S", 0.0)
+    monkeypatch.setattr(openvino_costs, "OPENVINO_CALL_S", 0.0)
     graph = model.graph((32, 32, 32))
     kept = plan_graph(graph, machine)
     picked = {i: p.primitive for i, p in enumerate(kept.nodes)}
     readers = reader_counts(graph)
     chained = channels_last_convs(graph, readers, picked.get)
     assert len(chained) >= 6  # BasicUNet's conv pairs
-    monkeypatch.setattr(graph_search, "channels_last_convs", lambda *a: frozenset())
+    monkeypatch.setattr(openvino_costs, "channels_last_convs", lambda *a: frozenset())
     copied = plan_graph(graph, machine)
     for i, (a, b) in enumerate(zip(kept.nodes, copied.nodes, strict=True)):
         want = 0.0
         if i in chained:
             out = graph.nodes[openvino_output_node(graph, i, readers)].outputs[0]
             out_bytes = conv_layer(graph, i, graph.nodes[i]).out_bytes
-            want = (graph_search.OPENVINO_COPY_PASSES * 2 * out_bytes * (1 + readers[out])
+            want = (openvino_costs.OPENVINO_COPY_PASSES * 2 * out_bytes * (1 + readers[out])
                     / machine.rate("memory_bytes_per_s"))
         assert b.predicted_s - a.predicted_s == pytest.approx(want, abs=1e-12)
         assert a.workspace_bytes == (0 if i in chained else b.workspace_bytes)
@@ -378,8 +380,8 @@ def test_a_channels_last_hand_on_is_not_charged_its_copies(model, monkeypatch) -
     takers = [j for j, n in enumerate(graph.nodes) if n.op == "conv" and any(
         graph.nodes[openvino_output_node(graph, i, readers)].outputs[0] == n.inputs[0]
         for i in chained)]
-    less = (graph_search.OPENVINO_KEPT_PER_INPUT_BYTE
-            - graph_search.OPENVINO_KEPT_PER_CHANNELS_LAST_INPUT_BYTE)
+    less = (openvino_costs.OPENVINO_KEPT_PER_INPUT_BYTE
+            - openvino_costs.OPENVINO_KEPT_PER_CHANNELS_LAST_INPUT_BYTE)
     unkept = sum(int(less * conv_layer(graph, j, graph.nodes[j]).in_bytes) for j in takers)
     work = [max(n.workspace_bytes for n in plan.nodes) for plan in (kept, copied)]
     assert copied.peak_bytes - kept.peak_bytes == unkept + work[1] - work[0] > 0
@@ -396,7 +398,7 @@ def test_convs_chained_in_one_openvino_layer_save_a_call_and_the_tensor_between(
         pytest.skip("needs OpenVINO")
     from znni.model.graph import reader_counts
     from znni.model.openvino_layers import absorbs_next_norm, openvino_chains
-    from znni.planner import graph_search
+    from znni.planner import openvino_costs
 
     ci = MachineProfile.load("ci-2core")
     machine = replace(ci, cpu_rates={**ci.cpu_rates, "openvino_flops_per_s": 1e15})
@@ -407,23 +409,23 @@ def test_convs_chained_in_one_openvino_layer_save_a_call_and_the_tensor_between(
     links = {i for chain in chains.values() for i in chain[:-1]}
     assert len(chains) >= 6 and len(links) >= 6  # BasicUNet's conv pairs
     picks = {i: (0.0, 0, 0, p.primitive) for i, p in enumerate(chained.nodes) if p.primitive}
-    calls = graph_search.chain_calls(graph, picks)
-    monkeypatch.setattr(graph_search, "openvino_chains", lambda *a: {})
+    calls = openvino_costs.chain_calls(graph, picks)
+    monkeypatch.setattr(openvino_costs, "openvino_chains", lambda *a: {})
     apart = plan_graph(graph, machine, passes=passes)
-    first_s = 0.0 if passes is None else graph_search.OPENVINO_FIRST_CALL_S / passes
+    first_s = 0.0 if passes is None else openvino_costs.OPENVINO_FIRST_CALL_S / passes
     for i, (a, b) in enumerate(zip(chained.nodes, apart.nodes, strict=True)):
         want = 0.0
         if i in links:
             out_bytes = conv_layer(graph, i, graph.nodes[i]).out_bytes
-            want = (graph_search.OPENVINO_CHAIN_PASSES * out_bytes
-                    / machine.rate("memory_bytes_per_s") + graph_search.OPENVINO_CALL_S + first_s)
+            want = (openvino_costs.OPENVINO_CHAIN_PASSES * out_bytes
+                    / machine.rate("memory_bytes_per_s") + openvino_costs.OPENVINO_CALL_S + first_s)
         assert b.predicted_s - a.predicted_s == pytest.approx(want, abs=1e-12)
     assert chained.predicted_window_s < apart.predicted_window_s
     # memory: the tensors between are the layer's (kept), not ours (no buffer)
     readers = reader_counts(graph)
-    kept = sum(int((graph_search.OPENVINO_KEPT_PER_CHAINED_NORMED_BYTE
+    kept = sum(int((openvino_costs.OPENVINO_KEPT_PER_CHAINED_NORMED_BYTE
                     if absorbs_next_norm(graph, i, readers, "openvino")
-                    else graph_search.OPENVINO_KEPT_PER_CHAINED_BYTE)
+                    else openvino_costs.OPENVINO_KEPT_PER_CHAINED_BYTE)
                    * conv_layer(graph, i, graph.nodes[i]).out_bytes) for i in links)
     unbuilt = unbuilt_concats(graph, picks)
     ours = graph.peak_tensor_bytes(unbuilt=unbuilt) - graph.peak_tensor_bytes(unbuilt=unbuilt,
@@ -441,7 +443,7 @@ def test_convs_that_would_chain_move_to_openvino_together_where_the_link_pays(mo
         pytest.skip("needs OpenVINO")
     from znni.model.graph import reader_counts
     from znni.model.openvino_layers import openvino_chains
-    from znni.planner import graph_search
+    from znni.planner import graph_search, openvino_costs
 
     machine, graph = MachineProfile.load("ci-2core"), model.graph((32, 32, 32))
     options = graph_search._conv_options(graph, machine, graph.peak_tensor_bytes(), 2**33, 27, 1)
@@ -451,7 +453,7 @@ def test_convs_that_would_chain_move_to_openvino_together_where_the_link_pays(mo
     chains = openvino_chains(graph, reader_counts(graph), lambda j: "openvino" if j in ov else None)
     moved = 0
     for a, b in (c for c in chains.values() if len(c) == 2):
-        both_s = ov[a][0] + ov[b][0] - graph_search._link_seconds(graph, a, machine, 1, 27)
+        both_s = ov[a][0] + ov[b][0] - openvino_costs.link_seconds(graph, a, machine, 1, 27)
         alone_s = options[a][0][0] + options[b][0][0]
         assert (picked[a] == picked[b] == "openvino") == (both_s < alone_s)
         moved += picked[a] == "openvino" and "openvino" not in (options[a][0][3],

@@ -10,7 +10,7 @@ there, was costed as if slower, and graph_ops' strided and transposed convs, cos
 direct conv's fitted GEMM rate (276 GFLOP/s there: that fit puts the conv's time in its
 gather term), at half their time. So `calibrate.calibrated_profile` also runs each of them
 at U-Net layer shapes through the real primitives, and relative least squares on the cost
-model's own terms (winograd_costs.winograd_terms, graph_search.openvino_terms, the norm's
+model's own terms (winograd_costs.winograd_terms, openvino_costs.openvino_terms, the norm's
 traffic as graph_search.other_seconds counts it) scales their rates; the constants of
 those terms (passes, factors, call costs) stay as fitted.
 """
@@ -69,7 +69,7 @@ def graph_rates(profile: MachineProfile, quick: bool = False) -> dict[str, float
         gemm_shapes = QUICK_GRAPH_GEMM_SHAPES if quick else GRAPH_GEMM_SHAPES
         (gemm_m,) = relative_fit(graph_gemm_rows(profile, gemm_shapes))
         rates["graph_gemm_flops_per_s"] /= gemm_m
-        from znni.planner.graph_search import openvino_ready
+        from znni.planner.openvino_costs import openvino_ready
 
         if not quick and openvino_ready():
             try:
@@ -138,7 +138,7 @@ def winograd_rows(backend: object, profile: MachineProfile, shapes: tuple) -> li
 
 
 def openvino_rows(backend: object, profile: MachineProfile, shapes: tuple) -> list[Row]:
-    from znni.planner.graph_search import openvino_terms
+    from znni.planner.openvino_costs import openvino_terms
 
     def terms(layer: LayerShape) -> tuple[tuple[float, ...], float]:
         flops_s, rest_s = openvino_terms(layer, profile)

@@ -26,7 +26,7 @@ DEFAULT_CPU_RATES: dict[str, float] = {
     "direct_flops_per_s": 40e9,  # direct conv as GEMMs
     # one Conv3d compiled with OpenVINO 2026.4 at f32 (+ the instance norm after it) for
     # one window, reading and writing numpy's memory in place, fitted by the calibration
-    # (calibrate_graph.py) on graph_search.openvino_terms: 181 GFLOP/s on the Intel host of
+    # (calibrate_graph.py) on openvino_costs.openvino_terms: 181 GFLOP/s on the Intel host of
     # the CI kind (2026-11-24; its brgconv kernel ran 221-280 GFLOP/s alone on 16 -> 16 at
     # 64^3-96^3, the AMD host's 202 at 64^3). Fitted with the earlier terms (copies 1.8
     # passes, 2.3 ms a call) it had been 289-299; calibrated per machine
