@@ -247,9 +247,9 @@ def test_peak_bytes_of_a_concat_read_in_parts() -> None:
 
 def test_openvino_convs_hand_on_channels_last_only_to_openvino_readers(monkeypatch) -> None:
     """a -> b, a -> c: a's output, read only by OpenVINO convs b and c, stays channels-last
-    (two readers: no chain); b's and c's outputs are a concat's parts, so both come back
-    channels-first; the graph's output too. The whole pass equals the reference (skipped
-    without OpenVINO)."""
+    (two readers: no chain); b's and c's outputs are the parts of a concat that OpenVINO conv
+    e reads, so they stay channels-last too; the graph's output comes back channels-first.
+    The whole pass equals the reference (skipped without OpenVINO)."""
     pytest.importorskip("openvino")
     from znni.model.graph import Graph, Node, reader_counts
     from znni.model.openvino_layers import channels_last_convs
@@ -276,7 +276,7 @@ def test_openvino_convs_hand_on_channels_last_only_to_openvino_readers(monkeypat
         "x": (1, 2, *win), **mid, "y": (1, 4, *end)})
     prims = {n.name: "openvino" for n in nodes if n.op == "conv"}
     by_index = {i: prims.get(n.name) for i, n in enumerate(nodes)}
-    assert channels_last_convs(graph, reader_counts(graph), by_index.get) == {0}
+    assert channels_last_convs(graph, reader_counts(graph), by_index.get) == {0, 2, 4}
     calls = []
     real = CpuBackend.conv3d_parts
 
@@ -288,8 +288,8 @@ def test_openvino_convs_hand_on_channels_last_only_to_openvino_readers(monkeypat
     monkeypatch.setattr(CpuBackend, "conv3d_parts", spy)
     x = rng.standard_normal((2, 2, *win)).astype(np.float32)
     got = run_graph(graph, x, make_backend("cpu", threads=2), prims)
-    assert [flag for flag, _ in calls] == [True, False, False, False]
-    assert [plain for _, plain in calls] == [True, False, False, True]  # b, c read a as it lies
+    assert [flag for flag, _ in calls] == [True, True, True, False]
+    assert [plain for _, plain in calls] == [True, False, False, False]  # all but a: as they lie
     assert got.flags.c_contiguous
     assert close(got, run_graph(graph, x, make_backend("reference")))
 
@@ -340,3 +340,60 @@ def test_openvino_chains_run_in_one_call_and_equal_the_reference(tail_reader, mo
     assert [a.kind if a else None for *_, a in chained[0]] == ["leaky_relu", "relu", None]
     assert close(got, run_graph(graph, x, make_backend("reference")))
 
+
+
+@pytest.mark.parametrize("pool_reader", ["openvino", "winograd"])
+def test_channels_last_goes_through_pools_crops_and_upsampling(pool_reader, monkeypatch) -> None:
+    """A valid U-Net level: a -> max pool -> b -> 2^3 transposed conv, a -> crop, both into
+    concat -> c. With b on OpenVINO, a's and b's outputs stay channels-last through the pool,
+    the crop and the upsampling (every reader takes them as they lie) and c reads its parts
+    channels-last; with b on Winograd nothing does (the pool's reader would not). The pass
+    equals the reference either way, on odd anisotropic sizes (skipped without OpenVINO)."""
+    pytest.importorskip("openvino")
+    from znni.model.graph import Graph, Node, reader_counts
+    from znni.model.openvino_layers import channels_last_convs
+    from znni.primitives.cpu.backend import CpuBackend
+
+    rng = np.random.default_rng(9)
+    up_w = (rng.standard_normal((4, 3, 2, 2, 2)) / 4).astype(np.float32)
+    up = {"weight": up_w, "bias": rng.standard_normal(3).astype(np.float32),
+          "strides": (2, 2, 2), "pads": (0,) * 6, "output_padding": (0, 0, 0),
+          "dilations": (1, 1, 1), "group": 1}
+    pool = {"kernel": (2, 2, 2), "strides": (2, 2, 2), "pads": (0,) * 6, "ceil_mode": False,
+            "dilations": (1, 1, 1)}
+    crop = {"slices": ((0, 2, 1), (0, 3, 1), (0, 10, 1), (0, 10, 1), (1, 13, 1))}
+    nodes = (
+        _conv3(rng, "a", "x", "ta", 2, 3, (0,) * 6),
+        Node("ra", "relu", ("ta",), ("a",)),
+        Node("pool", "maxpool", ("a",), ("p",), pool),
+        _conv3(rng, "b", "p", "tb", 3, 4, (1,) * 6),
+        Node("rb", "relu", ("tb",), ("b",)),
+        Node("up", "conv_transpose", ("b",), ("u",), up),
+        Node("crop", "slice", ("a",), ("s",), crop),
+        Node("cat", "concat", ("s", "u"), ("d",)),
+        _conv3(rng, "c", "d", "y", 6, 2, (0, 1, 0, 0, 1, 1)),
+    )
+    win, a_win = (13, 12, 15), (11, 10, 13)
+    shapes = {"x": (1, 2, *win), "ta": (1, 3, *a_win), "a": (1, 3, *a_win),
+              "p": (1, 3, 5, 5, 6), "tb": (1, 4, 5, 5, 6), "b": (1, 4, 5, 5, 6),
+              "u": (1, 3, 10, 10, 12), "s": (1, 3, 10, 10, 12), "d": (1, 6, 10, 10, 12),
+              "y": (1, 2, 8, 10, 11)}
+    graph = Graph("level", "x", 2, win, nodes, "y", 2, (8, 10, 11), "d", shapes)
+    prims = {"a": "openvino", "b": pool_reader, "c": "openvino"}
+    by_index = {i: prims.get(n.name) for i, n in enumerate(nodes)}
+    want = {0, 3} if pool_reader == "openvino" else set()
+    assert channels_last_convs(graph, reader_counts(graph), by_index.get) == want
+    layouts = []
+    real = CpuBackend.conv3d_parts
+
+    def spy(self, parts, *args, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
+        layouts.append([p.strides[1] == p.itemsize for p in parts])  # channels innermost
+        return real(self, parts, *args, **kw)
+
+    monkeypatch.setattr(CpuBackend, "conv3d_parts", spy)
+    x = rng.standard_normal((2, 2, *win)).astype(np.float32)
+    got = run_graph(graph, x, make_backend("cpu", threads=2), prims)
+    if pool_reader == "openvino":  # b reads the pool's output, c the crop and upsampling
+        assert layouts == [[False], [True], [True, True]]
+    assert got.flags.c_contiguous
+    assert close(got, run_graph(graph, x, make_backend("reference")))

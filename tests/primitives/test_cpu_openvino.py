@@ -103,6 +103,26 @@ def test_a_channels_last_output_feeds_the_next_layer_as_it_lies() -> None:
     assert np.abs(got - ref).max() <= 1e-4 * max(1.0, np.abs(ref).max())
 
 
+def test_channels_last_parts_and_crops_of_them_are_joined_as_they_lie() -> None:
+    """Every part channels-last, one of them a crop (a U-Net's skip: a strided view with
+    the channels innermost): the layer joins them channels-last and equals the naive conv
+    of the channels-first concat, with uneven pads, an anisotropic kernel, odd sizes."""
+    rng = np.random.default_rng(12)
+    backend = make_backend("cpu", threads=2)
+    big = rng.standard_normal((2, 11, 9, 13, 3)).astype(np.float32)  # (S, Z, Y, X, C)
+    crop = big.transpose(0, 4, 1, 2, 3)[:, :, 2:9, 1:7, 2:11]  # (S, 3, 7, 6, 9), a view
+    up = rng.standard_normal((2, 7, 6, 9, 4)).astype(np.float32).transpose(0, 4, 1, 2, 3)
+    w = (rng.standard_normal((5, 7, 3, 1, 3)) / 8).astype(np.float32)
+    b = rng.standard_normal(5).astype(np.float32)
+    pads = (1, 0, 0, 0, 2, 1)
+    got = backend.conv3d_parts([crop, up], pads, w, b, Activation("relu"), "openvino")
+    joined = np.pad(np.concatenate([np.array(crop), np.array(up)], axis=1),
+                    [(0, 0), (0, 0)] + [(pads[a], pads[a + 3]) for a in range(3)])
+    ref = np.maximum(np.stack([naive_conv(joined[s], w, b) for s in range(2)]), 0)
+    assert got.shape == ref.shape == (2, 5, 6, 8, 8)
+    assert np.abs(got - ref).max() <= 1e-4 * max(1.0, np.abs(ref).max())
+
+
 @pytest.mark.parametrize("threshold", [0, 2**40])  # split over the pool, or one thread
 def test_channels_last_output_comes_back_channels_first(monkeypatch, threshold) -> None:
     """The layers write channels-last; the copy back runs plane by plane, over the pool."""

@@ -186,6 +186,54 @@ def test_pools_split_into_channel_ranges_on_the_pool(monkeypatch, case):
     assert out.flags.c_contiguous and out.dtype == np.float32
 
 
+def _channels_last(x: np.ndarray) -> np.ndarray:
+    """x's values, lying (N, Z, Y, X, C) in memory (an OpenVINO layer's output)."""
+    return np.ascontiguousarray(x.transpose(0, 2, 3, 4, 1)).transpose(0, 4, 1, 2, 3)
+
+
+def _lies_channels_last(a: np.ndarray) -> bool:
+    return a.transpose(0, 2, 3, 4, 1).flags.c_contiguous and not a.flags.c_contiguous
+
+
+@pytest.mark.parametrize("case", POOL_CASES)
+def test_pools_keep_a_channels_last_input_channels_last(monkeypatch, case):
+    """A channels-last input (odd sizes, anisotropic, pads, ceil overrun) pools to the
+    naive result in a channels-last output, its z slabs split over the pool's workers."""
+    from znni.primitives.cpu.graph_ops import _parallel, pooling_general
+
+    monkeypatch.setattr(_parallel, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(_parallel, "PIN_BLAS_BYTES", 0)
+    monkeypatch.setattr(pooling_general, "CHANNEL_TILE_BYTES", 1)  # a slab per output plane
+    size, k, s, p, d = case
+    x = _rand(np.random.default_rng(4), 2, 5, *size)
+    out = max_pool3d(_channels_last(x), k, s, p, d, True)
+    close(out, ng.naive_max_pool3d(x, k, s, p, d, True))
+    assert _lies_channels_last(out)
+    if d == (1, 1, 1):
+        out = avg_pool3d(_channels_last(x), k, s, p, False, True)
+        close(out, ng.naive_avg_pool3d(x, k, s, p, False, True))
+
+
+@pytest.mark.parametrize("case", CONVT_CASES)
+def test_conv_transpose3d_of_a_channels_last_input(monkeypatch, case):
+    """Every case on a channels-last input equals the naive result; the one-group k == s
+    upsampling keeps the layout (its own GEMM path), on the pool's workers."""
+    from znni.primitives.cpu.graph_ops import _parallel, conv_transpose
+
+    monkeypatch.setattr(_parallel, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(_parallel, "PIN_BLAS_BYTES", 0)
+    monkeypatch.setattr(conv_transpose, "SLAB_BYTES", 1)  # a slab per input plane
+    size, cin, cout, k, s, p, op, d, g = case
+    rng = np.random.default_rng(sum(size) + 7 * cin)
+    x, w, b = _rand(rng, 2, cin, *size), _rand(rng, cin, cout // g, *k), _rand(rng, cout)
+    for bias in (b, None):
+        out = conv_transpose3d(_channels_last(x), w, bias, strides=s, pads=p,
+                               output_padding=op, dilations=d, groups=g)
+        close(out, ng.naive_conv_transpose3d(x, w, bias, s, p, op, d, g))
+    upsampling = k == s and not any(p) and not any(op) and d == (1, 1, 1) and g == 1
+    assert _lies_channels_last(out) == upsampling
+
+
 @pytest.mark.parametrize("count_include_pad", [False, True])
 @pytest.mark.parametrize("ceil_mode", [False, True])
 @pytest.mark.parametrize("case", [c for c in POOL_CASES if c[4] == (1, 1, 1)])

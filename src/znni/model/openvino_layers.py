@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from znni.model.graph import Graph, absorbs_next_activation, stride_one_conv
+from znni.model.graph import (
+    Graph,
+    Node,
+    absorbs_next_activation,
+    concat_read_in_parts,
+    stride_one_conv,
+)
 
 
 def absorbs_next_norm(
@@ -33,33 +39,57 @@ def openvino_output_node(graph: Graph, i: int, readers: dict[str, int]) -> int:
     return j + 1 if absorbs_next_activation(graph, j, readers) else j
 
 
+def passes_layout_on(node: Node) -> bool:
+    """Node's host kernel gives a channels-last output for a channels-last input (the
+    same tensor in its own layout): views (a crop's slice, identity, a zero-width pad),
+    max pooling, and the k == s upsampling transposed conv of one group
+    (primitives/cpu/graph_ops)."""
+    p = node.params
+    if node.op in ("slice", "identity", "maxpool"):
+        return True
+    if node.op == "pad":
+        return not any(p["pads"])
+    return (node.op == "conv_transpose" and int(p["group"]) == 1
+            and tuple(p["weight"].shape[2:]) == tuple(p["strides"]) and not any(p["pads"])
+            and not any(p["output_padding"]) and tuple(p["dilations"]) == (1, 1, 1))
+
+
 def channels_last_convs(
     graph: Graph, readers: dict[str, int], primitive_of: Callable[[int], str | None]
 ) -> frozenset[int]:
     """Conv nodes on OpenVINO that may hand their output on channels-last, the layout its
-    layers compute in (primitives/cpu/openvino_conv): every reader is a conv on OpenVINO
-    that reads it whole, so the copy back to channels-first and the next layer's reorder
-    are both skipped and no other node sees the layout. `primitive_of`: node index -> its
-    conv primitive."""
+    layers compute in (primitives/cpu/openvino_conv): every reader takes it as it lies, so
+    the copy back to channels-first (and an OpenVINO reader's reorder) is skipped. A reader
+    takes it when it is a conv on OpenVINO reading it whole, a concat whose parts such a
+    conv reads (model.graph.concat_read_in_parts), or a node that passes the layout on
+    (passes_layout_on) whose own output every reader takes so. `primitive_of`: node index
+    -> its conv primitive."""
     nodes = graph.nodes
     takers: dict[str, list[int]] = {}  # tensor -> the nodes that read it
     for j, node in enumerate(nodes):
         for t in node.inputs:
             takers.setdefault(t, []).append(j)
 
-    def openvino_reader(j: int, t: str) -> bool:
-        return (primitive_of(j) == "openvino" and stride_one_conv(nodes[j])
-                and nodes[j].inputs[0] == t)
+    def on_openvino(j: int) -> bool:
+        return primitive_of(j) == "openvino" and stride_one_conv(nodes[j])
 
-    keep = set()
-    for i, node in enumerate(nodes):
-        if primitive_of(i) != "openvino" or not stride_one_conv(node):
-            continue
-        out = nodes[openvino_output_node(graph, i, readers)].outputs[0]
-        if out != graph.output and takers.get(out) and all(
-                openvino_reader(j, out) for j in takers[out]):
-            keep.add(i)
-    return frozenset(keep)
+    def reads_last(j: int, t: str) -> bool:
+        node = nodes[j]
+        if node.op == "concat":
+            return (j + 1 < len(nodes) and on_openvino(j + 1)
+                    and concat_read_in_parts(graph, j, readers, "openvino"))
+        if node.inputs[0] != t:
+            return False
+        if on_openvino(j):
+            return True
+        return passes_layout_on(node) and takes_last(node.outputs[0])
+
+    def takes_last(t: str) -> bool:
+        return t != graph.output and bool(takers.get(t)) and all(
+            reads_last(j, t) for j in takers[t])
+
+    return frozenset(i for i in range(len(nodes)) if on_openvino(i) and takes_last(
+        nodes[openvino_output_node(graph, i, readers)].outputs[0]))
 
 
 def openvino_chains(

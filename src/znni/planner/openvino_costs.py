@@ -130,21 +130,23 @@ def hand_on_channels_last(
     machine: MachineProfile, batch: int,
 ) -> tuple[dict[int, tuple[float, int, int, str]], dict[int, float]]:
     """(picks, seconds saved per conv) where OpenVINO convs hand their output on
-    channels-last to OpenVINO readers (model.openvino_layers.channels_last_convs): the copies
-    openvino_seconds charged that never run (its transpose of the output, each reader's
-    reorder of it) are saved; the conv makes no copy of its output (no workspace) and its
+    channels-last (model.openvino_layers.channels_last_convs): the copies openvino_seconds
+    charged that never run (its transpose of the output, each OpenVINO reader's reorder
+    of it) are saved; the conv makes no copy of its output (no workspace) and its
     readers keep less of their input (OPENVINO_KEPT_PER_CHANNELS_LAST_INPUT_BYTE)."""
     chained = channels_last_convs(graph, readers, lambda j: picks[j][3] if j in picks else None)
     picks, saved = dict(picks), {}
     for i in chained:
         out = graph.nodes[openvino_output_node(graph, i, readers)].outputs[0]
         out_bytes = conv_layer(graph, i, graph.nodes[i], batch).out_bytes
-        copies_bytes = OPENVINO_COPY_PASSES * 2 * out_bytes * (1 + readers[out])
+        convs = [j for j, node in enumerate(graph.nodes)  # the OpenVINO convs reading it whole
+                 if j in picks and node.inputs and node.inputs[0] == out]
+        copies_bytes = OPENVINO_COPY_PASSES * 2 * out_bytes * (1 + len(convs))
         saved[i] = copies_bytes / machine.rate("memory_bytes_per_s")
         seconds, _, kept, prim = picks[i]
         picks[i] = (seconds, 0, kept, prim)
         for j, node in enumerate(graph.nodes):
-            if node.inputs and node.inputs[0] == out:
+            if j in convs:
                 in_bytes = conv_layer(graph, j, node, batch).in_bytes
                 seconds, work, kept, prim = picks[j]
                 kept -= int((OPENVINO_KEPT_PER_INPUT_BYTE

@@ -5,6 +5,9 @@ then owns a disjoint kz*ky*kx output block, so a GEMM per slab of z planes plus
 strided copies write the whole output, the slabs on all cores. Other settings
 overlap: per slab of z planes one GEMM for every kernel offset, each offset's rows added
 into a strided view of the uncropped output, non-overlapping slabs on all cores.
+The upsampling case keeps a channels-last input (an OpenVINO layer's output,
+engine.graph_forward) channels-last: one GEMM per slab with the channels as its inner
+dimension on both sides, and no transposing copy.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from znni.primitives.cpu.graph_ops._args import (
     Triple,
     as_volume,
     channel_vector,
+    is_channels_last,
     six,
     triple,
 )
@@ -73,6 +77,8 @@ def conv_transpose3d(
         raise ValueError(f"empty output {out}: input {x.shape[2:]}, kernel {kernel}, pads {p}")
     b = channel_vector(bias, w.shape[1] * groups, "bias")
     if kernel == s and not any(p) and not any(op) and d == (1, 1, 1):
+        if groups == 1 and is_channels_last(x):
+            return _upsample_gemm_last(x, w, b)
         return _upsample_gemm(x, w, b, groups)
     y = _scatter(x, w, groups, s, d, p, out)
     if b is not None:
@@ -121,6 +127,34 @@ def _upsample_gemm(
 
     run_tiles(run, slabs, out.nbytes)
     return out.reshape(n, groups * cog, z * kz, y * ky, xx * kx)  # (N, Cout, Z*kz, Y*ky, X*kx)
+
+
+def _upsample_gemm_last(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    """`_upsample_gemm` of a channels-last x, one group, into a channels-last output: per
+    slab of z planes one GEMM (voxels, Cin) @ (Cin, kz*ky*kx*Cout), then one copy whose
+    inner runs are (kx, Cout) long on both sides; the slabs on all cores."""
+    n, cin, z, y, xx = x.shape
+    cout = w.shape[1]
+    kz, ky, kx = w.shape[2:]
+    xl = x.transpose(0, 2, 3, 4, 1)  # (N, Z, Y, X, Cin), contiguous
+    wm = np.ascontiguousarray(w.transpose(0, 2, 3, 4, 1)).reshape(cin, -1)  # (Cin, k*Cout)
+    row = None if bias is None else np.tile(bias, kz * ky * kx)  # (k*Cout,)
+    out = np.empty((n, z, kz, y, ky, xx, kx, cout), np.float32)  # (N, Z, kz, Y, ky, X, kx, C)
+    per = max(1, min(z, SLAB_BYTES // (4 * cout * kz * ky * kx * y * xx)))  # z planes per slab
+    slabs = [(b, z0, min(z0 + per, z)) for b in range(n) for z0 in range(0, z, per)]
+
+    def run(part: Sequence[tuple[int, int, int]]) -> list[None]:
+        for b, z0, z1 in part:
+            r = np.matmul(xl[b, z0:z1].reshape(-1, cin), wm)  # (planes, k*Cout)
+            if row is not None:
+                r += row
+            r = r.reshape(z1 - z0, y, xx, kz, ky, kx, cout)
+            out[b, z0:z1] = r.transpose(0, 3, 1, 4, 2, 5, 6)  # (z, kz, Y, ky, X, kx, Cout)
+        return [None] * len(part)
+
+    run_tiles(run, slabs, out.nbytes)
+    # (N, Z*kz, Y*ky, X*kx, Cout) seen as (N, Cout, Z*kz, Y*ky, X*kx): channels-last
+    return out.reshape(n, z * kz, y * ky, xx * kx, cout).transpose(0, 4, 1, 2, 3)
 
 
 def scatter_slab_planes(kz: int, stride_z: int, dilation_z: int, plane_bytes: int) -> int:

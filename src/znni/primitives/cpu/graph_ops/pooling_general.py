@@ -3,7 +3,9 @@
 The MPF pooling of the dense engine assumes valid, non-overlapping windows;
 graph networks use pads, strides != kernel and ceil_mode. A box window is
 separable, so each axis is reduced in turn from k strided views of the input
-(k reads per axis instead of k^3), with no Python loop over voxels.
+(k reads per axis instead of k^3), with no Python loop over voxels. A channels-last
+input (an OpenVINO layer's output, engine.graph_forward) gives a channels-last output:
+the channels are every tap's contiguous inner run, and no copy changes the layout.
 """
 
 from __future__ import annotations
@@ -12,7 +14,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from znni.primitives.cpu.graph_ops._args import Six, Triple, as_volume, six, triple
+from znni.primitives.cpu.graph_ops._args import (
+    Six,
+    Triple,
+    as_volume,
+    is_channels_last,
+    six,
+    triple,
+)
 from znni.primitives.cpu.graph_ops._parallel import run_tiles
 
 CHANNEL_TILE_BYTES = 1 << 20  # input per channel range: whole channels, a few per core
@@ -61,6 +70,10 @@ def _padded(
         width.append((p[i], max(0, need - p[i] - x.shape[2 + i])))
     if not any(a or b for a, b in width):
         return x
+    if is_channels_last(x):  # padded as it lies: (N, Z, Y, X, C)
+        last = [width[0], *width[2:], width[1]]
+        return np.pad(x.transpose(0, 2, 3, 4, 1), last, constant_values=fill).transpose(
+            0, 4, 1, 2, 3)
     return np.pad(x, width, constant_values=fill)
 
 
@@ -69,6 +82,8 @@ def _reduce_channels(
 ) -> np.ndarray:
     """`_reduce_axes` into a new (N, C, *out) array, channel ranges of about
     CHANNEL_TILE_BYTES of input each on every core (run_tiles)."""
+    if is_channels_last(xp):
+        return _reduce_planes(xp, k, s, d, out, op)
     n, c = xp.shape[:2]
     flat = xp.reshape(n * c, 1, *xp.shape[2:])  # (N*C, 1, Z, Y, X)
     y = np.empty((n * c, 1, *out), xp.dtype)  # (N*C, 1, *out)
@@ -82,6 +97,28 @@ def _reduce_channels(
 
     run_tiles(run, ranges, xp.nbytes)
     return y.reshape(n, c, *out)
+
+
+def _reduce_planes(
+    xp: np.ndarray, k: Triple, s: Triple, d: Triple, out: Triple, op: np.ufunc
+) -> np.ndarray:
+    """`_reduce_axes` of channels-last `xp` into a new channels-last (N, C, *out) array,
+    slabs of output z planes (about CHANNEL_TILE_BYTES of input each) on every core."""
+    n, c = xp.shape[:2]
+    y = np.empty((n, *out, c), xp.dtype).transpose(0, 4, 1, 2, 3)  # (N, C, *out), C inner
+    plane_bytes = xp[0, :, 0].nbytes * s[0]  # input per output z plane
+    per = max(1, CHANNEL_TILE_BYTES // max(1, plane_bytes))
+    slabs = [(b, z0, min(z0 + per, out[0])) for b in range(n) for z0 in range(0, out[0], per)]
+
+    def run(part: Sequence[tuple[int, int, int]]) -> list[None]:
+        for b, z0, z1 in part:
+            lo, hi = z0 * s[0], (z1 - 1) * s[0] + d[0] * (k[0] - 1) + 1
+            y[b : b + 1, :, z0:z1] = _reduce_axes(
+                xp[b : b + 1, :, lo:hi], k, s, d, (z1 - z0, out[1], out[2]), op)
+        return [None] * len(part)
+
+    run_tiles(run, slabs, xp.nbytes)
+    return y
 
 
 def _reduce_axes(
