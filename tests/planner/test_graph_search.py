@@ -253,20 +253,29 @@ def test_openvino_convs_apply_the_instance_norms_after_them(model, monkeypatch) 
 
 def test_openvino_pays_for_idle_channel_lanes_and_shares_its_first_call() -> None:
     from znni.planner.costs import LayerShape
-    from znni.planner.openvino_costs import openvino_seconds
+    from znni.planner.openvino_costs import openvino_seconds, openvino_terms
 
     ci = MachineProfile.load("ci-2core")
     machine = replace(ci, cpu_rates={**ci.cpu_rates, "memory_bytes_per_s": 1e15})
 
-    def layer(cin: int, cout: int) -> LayerShape:
-        return LayerShape(0, "conv", 1, cin, (130, 130, 130), 1, cout, (128, 128, 128), (3, 3, 3))
+    def layer(cin: int, cout: int, k: int = 3) -> LayerShape:
+        return LayerShape(0, "conv", 1, cin, (127 + k,) * 3, 1, cout, (128,) * 3, (k,) * 3)
 
-    def per_flop(cin: int, cout: int) -> float:
-        shape = layer(cin, cout)
+    def per_flop(cin: int, cout: int, k: int = 3) -> float:
+        shape = layer(cin, cout, k)
         return openvino_seconds(shape, machine) / shape.direct_flops
 
     assert per_flop(1, 16) == pytest.approx(4 * per_flop(16, 16), rel=0.05)  # 1/16 of lanes
     assert per_flop(32, 16) == pytest.approx(per_flop(16, 16), rel=0.05)
+    def mac_per_flop(cin: int, cout: int, k: int = 3) -> float:  # the multiply-add term
+        shape = layer(cin, cout, k)
+        return openvino_terms(shape, machine)[0] / shape.direct_flops
+
+    # fewer output channels than a block leave lanes idle where multiply-adds bound the layer
+    assert mac_per_flop(16, 12) == pytest.approx(16 / 12 * mac_per_flop(16, 16))
+    assert mac_per_flop(16, 24) == pytest.approx(mac_per_flop(16, 16))  # the fitted rate
+    assert mac_per_flop(1, 12) == pytest.approx(mac_per_flop(1, 16))  # output-bound
+    assert mac_per_flop(16, 2, 1) == pytest.approx(mac_per_flop(16, 16, 1))
     shape = layer(16, 16)
     steady, once, shared = (openvino_seconds(shape, machine, p) for p in (None, 1, 100))
     assert steady < shared < once

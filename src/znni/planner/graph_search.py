@@ -192,10 +192,13 @@ def _conv_options(
 # page faults (and transparent huge-page compaction) of the pass's peak, and the kernel
 # transforms. BasicUNet first minus second pass over one window, over the planned peak
 # (fresh processes, CI kind, 2026-11-23): 1.3-2.2 ns/byte at 128^3 (446 MiB), 0.5-1.5 at
-# 160^3 (820 MiB), 1.3-2.4 at 192^3 (1.3 GiB), 0.3-1.8 at 256^3 (3.1 GiB). The low end is
-# taken: at 1.5 the planner chose 8 tiles of 104^3 for the valid U-Net over 128^3, which
-# ran slower (2.36-3.07 s end to end) than its one 168^3 tile (2.08-2.52 s)
-FIRST_PASS_S_PER_PEAK_BYTE = 0.5e-9
+# 160^3 (820 MiB), 1.3-2.4 at 192^3 (1.3 GiB), 0.3-1.8 at 256^3 (3.1 GiB). 0.5 had been
+# taken, when the valid U-Net's one 168^3 tile over 128^3 ran faster than 8 of 104^3; with
+# OpenVINO chains and channels-last hand-ons the 104^3 tiles ran 2.48-3.04 s end to end
+# against 3.47-3.85 s for the one tile (Winograd and direct; 4 alternated pairs,
+# 2026-11-24), that tile's first pass 1.5-2.4 ns per peak byte over its later ones; at 0.5
+# the planner chose it. The middle of both ranges
+FIRST_PASS_S_PER_PEAK_BYTE = 2.0e-9
 
 
 def first_pass_seconds(plan: GraphPlan) -> float:

@@ -5,7 +5,7 @@ measurements it comes from."""
 
 from __future__ import annotations
 
-from math import sqrt
+from math import prod, sqrt
 
 from znni.model.graph import Graph, reader_counts
 from znni.model.network import LayerShape
@@ -35,7 +35,19 @@ OPENVINO_NORM_PASSES = 1.3
 OPENVINO_CALL_S = 0.5e-3
 # its JIT kernels work on blocks of 16 channels (AVX-512 here); fewer input channels leave
 # lanes idle: 18-31 GFLOP/s at Cin 1, 59 at 4, 100-113 at 12, 117-162 at 16-48 measured
-# (3^3 convs, 64^3-166^3 outputs, CI kind, 2026-11-23): rate x sqrt(min(1, Cin / 16))
+# (3^3 convs, 64^3-166^3 outputs, CI kind, 2026-11-23): rate x sqrt(min(1, Cin / 16)).
+# Output channels are computed a whole block at a time: 16 -> 8, 16 -> 12 and 16 -> 16 took
+# 15.8, 15.9 and 17.8 ms at 64^3, 16 -> 20 37.2 ms (two blocks), 12 -> 12 and 12 -> 16 12.1
+# and 11.2 ms (at 96^3: 62.0, 68.3, 74.8, 130.3; 45.7, 53.2 ms; one layer each, channels-
+# last in and out, CI kind, 2026-11-24): rate x Cout / 16 below one block. The valid
+# U-Net's 12-channel layers had run 1.2-1.35x their prediction without it; the
+# calibration's shapes are whole blocks, so its fitted rate means the same. Wider layers
+# are left to that one fitted rate: 24 -> 24 ran at 0.94 and 0.82 of 16 -> 16's rate
+# (192 and 133 GFLOP/s), and charging it as 32 channels put the valid U-Net's 48 -> 24 ->
+# 24 pair on Winograd and direct at 104^3 (48.5 ms against 18-25 ms chained). Not where each
+# output voxel reads fewer than half a block's worth of 3^3 inputs (Cin x kernel voxels),
+# where writing the output bounds the layer: 1 -> 8, 12, 16 took 3.1, 4.1, 5.2 ms at 64^3,
+# 4 -> 12, 16 5.7 and 7.1 ms, and 1^3 12 -> 2, 16 -> 2, 16 -> 16 0.8, 1.1, 4.8 ms (same runs)
 OPENVINO_CHANNEL_BLOCK = 16
 # the first call of a compiled layer (compile, JIT, first-touch of its buffers) took 25-34 ms
 # more than later ones at 4^3-16^3, growing with its tensors: a fixed part plus a part per
@@ -99,6 +111,9 @@ def openvino_terms(
     (calibrate_graph.py) fits the rate by the first."""
     rate = machine.rate("openvino_flops_per_s")
     rate *= sqrt(min(1.0, layer.channels_in / OPENVINO_CHANNEL_BLOCK))
+    if 2 * layer.channels_in * prod(layer.kernel) >= 27 * OPENVINO_CHANNEL_BLOCK:  # bound by
+        # its multiply-adds: a whole block of output channels
+        rate *= min(1.0, layer.channels_out / OPENVINO_CHANNEL_BLOCK)
     copies_bytes = (OPENVINO_COPY_PASSES * 2 * (layer.in_bytes + layer.out_bytes)
                     + (OPENVINO_NORM_PASSES * layer.out_bytes if norm else 0))
     calls_s = OPENVINO_CALL_S * layer.batch_in  # one call a window
@@ -115,9 +130,9 @@ def openvino_seconds(
     layer: LayerShape, machine: MachineProfile, passes: int | None = None, norm: bool = False
 ) -> float:
     """Multiply-adds at the OpenVINO conv rate (lower with fewer input channels than a
-    channel block), the copies of input into its blocked layout and of its channels-last
-    output to ours (read and written: few-channel layers are bound by them), a fixed cost
-    per call (one a window),
+    channel block, and by the idle lanes of fewer output channels than one), the copies of
+    input into its blocked layout and of its channels-last output to ours (read and
+    written: few-channel layers are bound by them), a fixed cost per call (one a window),
     with `norm` the instance norm it applies (one pass over its blocked output), and,
     for a run of `passes` windows, its share of the layer's first call (None: steady state)."""
     return sum(openvino_terms(layer, machine, passes, norm))
