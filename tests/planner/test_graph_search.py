@@ -166,6 +166,30 @@ def test_the_first_pass_is_counted_once_per_run(model, monkeypatch) -> None:
     assert costly.plan.peak_bytes < free.plan.peak_bytes and costly.window < free.window
 
 
+def test_the_first_pass_pages_exclude_what_openvino_layers_keep(model) -> None:
+    """OpenVINO's layers pay for their own pages in their first calls (openvino_terms), so
+    the run's first pass charges the peak less what they and the runtime keep (skipped
+    without OpenVINO)."""
+    if not openvino_ready():
+        pytest.skip("needs OpenVINO")
+    from znni.planner import graph_search
+
+    ci = MachineProfile.load("ci-2core")
+    machine = replace(ci, cpu_rates={**ci.cpu_rates, "openvino_flops_per_s": 1e15})
+    plan = plan_graph(model.graph((32, 32, 32)), machine)
+    assert all(n.primitive == "openvino" for n in plan.nodes if n.primitive)
+    assert OPENVINO_RUNTIME_BYTES < plan.openvino_bytes < plan.peak_bytes
+    own = plan.peak_bytes - plan.openvino_bytes
+    assert first_pass_seconds(plan) == pytest.approx(
+        graph_search.FIRST_PASS_S_PER_PEAK_BYTE * own + graph_search.OPENVINO_IMPORT_S)
+    slow = replace(ci, cpu_rates={**ci.cpu_rates, "openvino_flops_per_s": 1.0})
+    plain = plan_graph(model.graph((32, 32, 32)), slow)
+    assert not any(n.primitive == "openvino" for n in plain.nodes)
+    assert plain.openvino_bytes == 0
+    assert first_pass_seconds(plain) == pytest.approx(
+        graph_search.FIRST_PASS_S_PER_PEAK_BYTE * plain.peak_bytes)
+
+
 def test_the_executor_runs_the_planned_primitives(model) -> None:
     graph = model.graph((16, 16, 16))
     x = np.random.default_rng(0).random((1, 1, 16, 16, 16), dtype=np.float32)
