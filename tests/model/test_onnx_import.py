@@ -330,3 +330,61 @@ def test_reversing_slice_runs_through_index_zero(tmp_path: Path) -> None:
     inits = {"st": np.array([-1], np.int64), "en": np.array([-(2**62)], np.int64),
              "ax": np.array([4], np.int64), "sp": np.array([-1], np.int64)}
     _check(_model(tmp_path / "rev.onnx", nodes, inits))
+
+
+def test_a_settled_model_is_parsed_once_and_read_again_when_it_changes(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Model files last changed over SETTLED_NS ago are parsed once per process and
+    resolved again per window from that parse (constant shape arithmetic remembered);
+    new contents (even of the same size) are read again, and a file changed just now is
+    never kept, since its clock tick may hide a change."""
+    import os
+
+    from znni.model import onnx_cache, onnx_import
+
+    onnx_cache.clear()
+    reads = []
+    real = onnx_import._read_model
+    monkeypatch.setattr(onnx_import, "_read_model", lambda p: reads.append(p) or real(p))
+    first, second = _external(tmp_path / "a", 1), _external(tmp_path / "b", 2)
+    old = 1_700_000_000
+    for f in (first, first.parent / "w.data"):
+        os.utime(f, (old, old))
+    graphs = [load_onnx(first, w) for w in (None, (5, 7, 9), None)]
+    assert len(reads) == 1
+    assert len({(g.digest, g.out_window, len(g.nodes)) for g in graphs}) == 1
+    _check(first)  # still equal to onnxruntime from the kept parse
+    # new weights of the same size, with another old time: read again, another digest
+    (first.parent / "w.data").write_bytes((second.parent / "w.data").read_bytes())
+    os.utime(first.parent / "w.data", (old + 1, old + 1))
+    assert load_onnx(first).digest != graphs[0].digest and len(reads) == 2
+    # a file changed just now is read every time
+    fresh = _external(tmp_path / "c", 3)
+    load_onnx(fresh)
+    load_onnx(fresh)
+    assert len(reads) == 4
+    onnx_cache.clear()
+
+
+def test_constant_nodes_are_evaluated_once_per_model_and_handed_out_as_copies() -> None:
+    """ParsedModel.evaluate runs a constant node once for the same small feeds (the shape
+    arithmetic that does not depend on the window), again for other values or large
+    feeds, and hands out copies its callers may change."""
+    from znni.model.onnx_cache import MEMO_FEED_BYTES, ParsedModel
+
+    parsed = ParsedModel(((1, 1),), None, [], "d")
+    runs = []
+
+    def run(value):  # noqa: ANN001, ANN202
+        return lambda: runs.append(value) or [np.array(value) * 2]
+
+    a = parsed.evaluate(("o",), {"i": np.array([3])}, run([3]))
+    a[0][0] = 99
+    b = parsed.evaluate(("o",), {"i": np.array([3])}, run([3]))
+    c = parsed.evaluate(("o",), {"i": np.array([4])}, run([4]))
+    assert [int(b[0][0]), int(c[0][0])] == [6, 8] and runs == [[3], [4]]
+    big = {"i": np.zeros(MEMO_FEED_BYTES // 4 + 1, np.float32)}
+    parsed.evaluate(("o",), big, run([0]))
+    parsed.evaluate(("o",), big, run([0]))
+    assert runs == [[3], [4], [0], [0]]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,9 @@ class Context:
     alias: dict[str, str] = field(default_factory=dict)  # onnx name -> our tensor
     grouped: dict[str, tuple[str, int]] = field(default_factory=dict)  # group-norm reshapes
     opset: int = 13
+    # (outputs, feeds, run) -> the constant node's outputs, remembered per model
+    # (onnx_cache.ParsedModel.evaluate); None: run each time
+    evaluated: Callable[..., list[np.ndarray]] | None = None
 
     def where(self, node: Any) -> str:
         return f"ONNX model {self.path}: node {node.name or node.output[0]!r} ({node.op_type})"

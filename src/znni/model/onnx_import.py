@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from znni.model.graph import Graph, Node
+from znni.model.onnx_cache import parsed_model
 from znni.model.onnx_ops import CONVERTERS, SUPPORTED_OPS, Context, fold_batch_norms
 
 FOLDABLE_WITHOUT_VALUES = ("Shape", "Size")
@@ -34,12 +35,14 @@ def load_onnx(
     """
     import onnx
 
-    model, files = _read_model(Path(path))
+    parsed = parsed_model(Path(path), _read_and_digest)
+    model = parsed.model
     graph = model.graph
     inputs = _data_inputs(model, path)
     (inp,) = inputs
     channels, window = _input_window(inp, window, path)
-    ctx = Context(path=str(path), shapes={inp.name: (1, channels, *window)})
+    ctx = Context(path=str(path), shapes={inp.name: (1, channels, *window)},
+                  evaluated=parsed.evaluate)
     ctx.consts.update({t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer})
     opset = _opset(model)
     ctx.opset = opset
@@ -59,9 +62,15 @@ def load_onnx(
         output=out,
         out_channels=int(shape[1]),
         out_window=(int(shape[2]), int(shape[3]), int(shape[4])),
-        digest=model_digest(Path(path), files),
+        digest=parsed.digest,
         shapes={t: ctx.shapes[t] for t in tensors},
     )
+
+
+def _read_and_digest(path: Path) -> tuple[Any, list[Path], str]:
+    """The checked model, its external data files and its digest (onnx_cache)."""
+    model, files = _read_model(path)
+    return model, files, model_digest(path, files)
 
 
 def _read_model(path: Path) -> tuple[Any, list[Path]]:
@@ -229,8 +238,12 @@ def _evaluate(ctx: Context, node: Any, opset: int) -> None:
     from onnx.reference import ReferenceEvaluator
 
     feeds = {n: ctx.consts[n] for n in node.input if n}
+
+    def run() -> list[np.ndarray]:
+        return ReferenceEvaluator(node, opsets={"": opset}).run(None, feeds)
+
     try:
-        outs = ReferenceEvaluator(node, opsets={"": opset}).run(None, feeds)
+        outs = run() if ctx.evaluated is None else ctx.evaluated(tuple(node.output), feeds, run)
     except Exception as e:  # noqa: BLE001 - the evaluator raises many types
         raise ValueError(
             f"ONNX model {ctx.path}: could not evaluate constant node "
