@@ -88,7 +88,7 @@ def parsed_model(path: Path, read: Callable[[Path], tuple[Any, list[Path], str]]
             return hit
     except OSError:
         pass  # a file is gone: read() says which
-    before = path.stat().st_size, path.stat().st_mtime_ns
+    (before,) = file_stamp(path, [])  # the model file as read() is about to read it
     read_ns = time.time_ns()
     model, files, digest = read(path)
     stamp = file_stamp(path, files)

@@ -8,6 +8,7 @@ answers, so what is predicted is what runs.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cache
 
 from znni.model.graph import (
     Graph,
@@ -84,6 +85,7 @@ def channels_last_convs(
             return True
         return passes_layout_on(node) and takes_last(node.outputs[0])
 
+    @cache  # a tensor passed on through several layout-passing readers is asked once
     def takes_last(t: str) -> bool:
         return t != graph.output and bool(takers.get(t)) and all(
             reads_last(j, t) for j in takers[t])

@@ -160,13 +160,12 @@ def hand_on_channels_last(
         saved[i] = copies_bytes / machine.rate("memory_bytes_per_s")
         seconds, _, kept, prim = picks[i]
         picks[i] = (seconds, 0, kept, prim)
-        for j, node in enumerate(graph.nodes):
-            if j in convs:
-                in_bytes = conv_layer(graph, j, node, batch).in_bytes
-                seconds, work, kept, prim = picks[j]
-                kept -= int((OPENVINO_KEPT_PER_INPUT_BYTE
-                             - OPENVINO_KEPT_PER_CHANNELS_LAST_INPUT_BYTE) * in_bytes / batch)
-                picks[j] = (seconds, work, max(0, kept), prim)
+        for j in convs:
+            in_bytes = conv_layer(graph, j, graph.nodes[j], batch).in_bytes
+            seconds, work, kept, prim = picks[j]
+            kept -= int((OPENVINO_KEPT_PER_INPUT_BYTE
+                         - OPENVINO_KEPT_PER_CHANNELS_LAST_INPUT_BYTE) * in_bytes / batch)
+            picks[j] = (seconds, work, max(0, kept), prim)
     return picks, saved
 
 

@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from znni.primitives.base import Activation, ConvStep, InstanceNorm
+from znni.primitives.cpu.layout import channels_innermost, is_channels_last
 
 MAX_COMPILED = 48  # compiled layers kept (one per conv and window shape in a run)
 
@@ -148,7 +149,7 @@ class OpenVinoConvs:
         """`steps` one after another in one compiled layer, each as conv3d runs one; the
         tensors between them stay inside it (model.openvino_layers.openvino_chains)."""
         parts = [_layer_input(p) for p in ([x] if isinstance(x, np.ndarray) else x)]
-        layouts = tuple(_is_channels_last(p) for p in parts)
+        layouts = tuple(is_channels_last(p) for p in parts)
         shapes = tuple(p.shape[1:] for p in parts)  # (Cin_k, Z, Y, X): any batch, window by window
         steps = tuple(ConvStep(tuple(int(v) for v in st.pads), *st[1:]) for st in steps)
         _check_chain(sum(shape[0] for shape in shapes), steps)
@@ -253,20 +254,13 @@ def _check_chain(channels: int, steps: Sequence[ConvStep]) -> None:
         channels = step.weight.shape[0]
 
 
-def _is_channels_last(a: np.ndarray) -> bool:
-    """(S, C, Z, Y, X) lying as (S, Z, Y, X, C) in memory (C > 1: one channel is both)."""
-    return (a.ndim == 5 and not a.flags.c_contiguous
-            and a.transpose(0, 2, 3, 4, 1).flags.c_contiguous)
-
-
 def _layer_input(a: np.ndarray) -> np.ndarray:
     """`a` as float32 in a layout a layer reads as it lies: channels-first or channels-last.
     A view with the channels innermost (a crop of a channels-last tensor: a U-Net's skip)
     is copied channels-last, runs of whole voxels, not transposed."""
-    if a.dtype == np.float32 and (a.flags.c_contiguous or _is_channels_last(a)):
+    if a.dtype == np.float32 and (a.flags.c_contiguous or is_channels_last(a)):
         return a
-    if a.ndim == 5 and a.shape[1] > 1 and abs(a.strides[1]) == a.itemsize < min(
-            abs(v) for v in a.strides[2:]):
+    if channels_innermost(a):
         last = np.ascontiguousarray(a.transpose(0, 2, 3, 4, 1), np.float32)  # (S, Z, Y, X, C)
         return last.transpose(0, 4, 1, 2, 3)
     return np.ascontiguousarray(a, np.float32)

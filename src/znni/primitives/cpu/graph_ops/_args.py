@@ -15,13 +15,6 @@ Triple = tuple[int, int, int]
 Six = tuple[int, int, int, int, int, int]
 
 
-def is_channels_last(a: np.ndarray) -> bool:
-    """(N, C, Z, Y, X) `a` lying as (N, Z, Y, X, C) in memory, as an OpenVINO layer hands its
-    output on (primitives/cpu/openvino_conv); C > 1 (one channel is both layouts)."""
-    return (a.ndim == 5 and a.shape[1] > 1 and not a.flags.c_contiguous
-            and a.transpose(0, 2, 3, 4, 1).flags.c_contiguous)
-
-
 def as_volume(x: np.ndarray, name: str = "x") -> np.ndarray:
     """`x` as a float32 (N, C, Z, Y, X) array; other ranks are a caller error."""
     arr = np.asarray(x, dtype=np.float32)

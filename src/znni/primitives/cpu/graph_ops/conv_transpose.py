@@ -21,11 +21,11 @@ from znni.primitives.cpu.graph_ops._args import (
     Triple,
     as_volume,
     channel_vector,
-    is_channels_last,
     six,
     triple,
 )
 from znni.primitives.cpu.graph_ops._parallel import run_tiles
+from znni.primitives.cpu.layout import is_channels_last
 
 # bytes of one slab's GEMM result: stays in L2 for the strided copies out of it
 SLAB_BYTES = 1 << 20

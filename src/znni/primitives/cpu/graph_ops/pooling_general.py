@@ -18,11 +18,11 @@ from znni.primitives.cpu.graph_ops._args import (
     Six,
     Triple,
     as_volume,
-    is_channels_last,
     six,
     triple,
 )
 from znni.primitives.cpu.graph_ops._parallel import run_tiles
+from znni.primitives.cpu.layout import is_channels_last
 
 CHANNEL_TILE_BYTES = 1 << 20  # input per channel range: whole channels, a few per core
 
