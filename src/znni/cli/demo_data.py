@@ -24,17 +24,23 @@ def synthetic_em(
     """Return (uint8 image, bool true-membrane mask)."""
     rng = np.random.default_rng(seed)
     seeds = rng.uniform(0, 1, size=(n_cells, 3)) * np.array(shape)
-    scale = np.array(VOXEL_SIZE)
-    grid = np.stack(np.meshgrid(*[np.arange(n) for n in shape], indexing="ij"), axis=-1)
+    axes = [np.arange(n, dtype=np.float64) for n in shape]
     best = np.full(shape, np.inf, np.float32)
     second = np.full(shape, np.inf, np.float32)
     label = np.zeros(shape, np.int32)
+    d2 = np.empty(shape, np.float64)
+    d = np.empty(shape, np.float32)
     for i, s in enumerate(seeds):
-        d = np.sqrt((((grid - s) * scale) ** 2).sum(axis=-1)).astype(np.float32)
+        # squared distance per axis, broadcast: a (Z, Y, X, 3) grid per cell took 12 s
+        dz2, dy2, dx2 = (((a - c) * v) ** 2 for a, c, v in zip(axes, s, VOXEL_SIZE, strict=True))
+        np.add(dz2[:, None, None], dy2[None, :, None], out=d2)  # (Z, Y, X)
+        d2 += dx2[None, None, :]
+        np.copyto(d, np.sqrt(d2, out=d2), casting="same_kind")
         closer = d < best
-        second = np.where(closer, best, np.minimum(second, d))
-        label = np.where(closer, i, label)
-        best = np.minimum(best, d)
+        np.minimum(second, d, out=second)
+        np.copyto(second, best, where=closer)  # the old nearest becomes the second
+        np.copyto(label, i, where=closer)
+        np.minimum(best, d, out=best)
     membrane = (second - best) < 2.2
     interior = rng.uniform(165, 205, n_cells)[label]
     image = np.where(membrane, 55.0, interior)
