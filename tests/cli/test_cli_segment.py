@@ -171,8 +171,14 @@ def test_cli_plan_for_an_input_plans_the_pass_segment_runs(setup: dict, capsys) 
     assert plan["region"] == [13, 12, 9]
     assert all(o < f for o, f in zip(plan["output_size"], free["output_size"], strict=True))
     assert max(plan["output_size"]) <= 2 * 13  # within the region, up to the pool product
+    from znni.planner.costs import FIRST_PASS_S_PER_PEAK_BYTE
+
+    patches = 1  # whole patches in whole batches, plus the first pass's pages
+    for r, o in zip((13, 12, 9), plan["output_size"], strict=True):
+        patches *= -(-r // o)
     assert plan["predicted_seconds"] == pytest.approx(
-        13 * 12 * 9 / plan["predicted_voxels_per_second"])
+        -(-patches // plan["batch"]) * plan["predicted_patch_s"]
+        + FIRST_PASS_S_PER_PEAK_BYTE * plan["peak_bytes"])
     assert main([*args, "--input", setup["inp"]]) == 0
     assert "the volume 13x17x19 in about" in capsys.readouterr().out
     assert main([*args, "--storage-option", "anon=true"]) == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from pathlib import Path
@@ -13,11 +14,12 @@ from engine_ref import dense_volume, small_network, write_network, write_volume
 from naive import close
 
 from znni.engine.execution import plan_job
+from znni.engine.geometry import Box, Halo, patch_tiling, split_blocks
 from znni.engine.job import SegmentJob
 from znni.engine.layout import (
     block_bytes,
     choose_block_shape,
-    patch_peak_bytes,
+    input_cache_bytes,
 )
 from znni.engine.ledger import Ledger, fingerprint, read_ledger
 from znni.engine.segment import segment
@@ -75,13 +77,49 @@ def test_planned_patch_never_exceeds_region(net) -> None:
 
 
 def test_block_shape_is_whole_chunks_within_budget(net) -> None:
-    chunks, patch = (4, 4, 4), (32, 32, 32)
-    budget = patch_peak_bytes(net, patch) + 2 * block_bytes(net, (16, 16, 16), 1)
-    block = choose_block_shape(net, chunks, patch, (100, 100, 100), budget, 1)
+    chunks, patch, peak = (4, 4, 4), (32, 32, 32), 2**20
+    budget = peak + input_cache_bytes(2**24) + 2 * block_bytes(net, (16, 16, 16), 1)
+    block = choose_block_shape(net, chunks, patch, (100, 100, 100), budget, 1, peak)
     assert all(b % c == 0 for b, c in zip(block, chunks, strict=True))
-    assert 2 * block_bytes(net, block, 1) <= budget - patch_peak_bytes(net, patch)
-    roomy = choose_block_shape(net, chunks, patch, (100, 100, 100), 2**34, 1)
-    assert roomy == (32, 32, 32)  # at least one patch wide
+    assert 2 * block_bytes(net, block, 1) <= budget - peak - input_cache_bytes(budget)
+    roomy = choose_block_shape(net, chunks, patch, (96, 96, 96), 2**34, 1, peak)
+    assert roomy == (32, 32, 32)  # one patch wide, tiled without recomputation
+
+
+def _computed(block: tuple[int, ...], patch: tuple[int, ...], region: tuple[int, ...]) -> int:
+    """Output voxels the patches compute over the region cut into blocks, counted patch by
+    patch as the engine tiles them (geometry.split_blocks, geometry.patch_tiling)."""
+    total = 0
+    boxes = split_blocks(Box((0, 0, 0), region), block, block, Halo((0,) * 3, (0,) * 3),
+                         (1, 1, 1))
+    for b in boxes:
+        extent = b.write.shape
+        clipped = tuple(min(p, e) for p, e in zip(patch, extent, strict=True))
+        total += sum(box.size for box in patch_tiling(extent, clipped))
+    return total
+
+
+@pytest.mark.parametrize("chunks, patch, region, want", [
+    ((64, 64, 64), (152, 152, 152), (512, 512, 512), (448, 448, 448)),
+    ((32, 96, 96), (64, 190, 190), (64, 384, 384), (64, 288, 288)),
+    ((64, 64, 64), (64, 200, 120), (128, 400, 250), (64, 448, 192)),
+])
+def test_block_shape_lets_patches_tile_it_with_least_recomputation(
+    net, chunks, patch, region, want
+) -> None:
+    """A block just wider than a patch takes two per axis: the old rule (the fewest chunks
+    holding a patch) computed 1.6-1.9x the output on these; the block chosen computes the
+    least that any whole-chunk block does, counted patch by patch."""
+    block = choose_block_shape(net, chunks, patch, region, 2**34, 1, 2**20)
+    assert block == want
+    fewest = tuple(-(-p // c) * c for p, c in zip(patch, chunks, strict=True))
+    assert _computed(block, patch, region) < _computed(fewest, patch, region)
+    every = itertools.product(*(range(c, -(-r // c) * c + 1, c)
+                                for c, r in zip(chunks, region, strict=True)))
+    wide = [b for b in every if all(e >= min(p, r) for e, p, r in zip(b, patch, region,
+                                                                         strict=True))]
+    assert _computed(block, patch, region) <= 1.01 * min(_computed(b, patch, region)
+                                                         for b in wide)
 
 
 def test_progress_log_lines_when_not_quiet(tmp_path: Path, net, caplog) -> None:

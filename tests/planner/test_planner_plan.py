@@ -8,9 +8,16 @@ import pytest
 from planner_nets import ZNNI_FOV, ZNNI_TABLE, znni_network
 
 from znni.model.network import Network
+from znni.planner.costs import FIRST_PASS_S_PER_PEAK_BYTE
 from znni.planner.machine import MachineProfile
 from znni.planner.plan import Plan
-from znni.planner.search import make_plan
+from znni.planner.search import (
+    BATCHES,
+    candidate_sizes,
+    evaluate,
+    make_plan,
+    region_voxels_per_second,
+)
 
 CI = MachineProfile.load("ci-2core")
 
@@ -76,3 +83,34 @@ def test_impossible_limit_and_bad_device_raise() -> None:
         make_plan(net, machine=CI, device="tpu")
     with pytest.raises(ValueError, match="no GPU"):
         make_plan(net, machine=CI, device="gpu")
+
+
+def test_region_rate_counts_whole_patches_in_whole_batches() -> None:
+    plan = make_plan(znni_network("n337"), machine=CI, device="cpu",
+                     memory_limit_bytes=3 * 2**30)
+    oz, oy, ox = plan.output_size
+    first_s = FIRST_PASS_S_PER_PEAK_BYTE * plan.peak_bytes  # once per run
+    assert region_voxels_per_second(plan, None) == plan.predicted_voxels_per_second
+    one = region_voxels_per_second(plan, (oz, oy, ox))  # one patch: a whole batch's time
+    assert one == pytest.approx(oz * oy * ox / (plan.predicted_patch_s + first_s))
+    # one voxel more on two axes: four patches, so ceil(4 / S) batches
+    region = (oz + 1, oy + 1, ox)
+    batches = -(-4 // plan.batch)
+    assert region_voxels_per_second(plan, region) == pytest.approx(
+        (oz + 1) * (oy + 1) * ox / (batches * plan.predicted_patch_s + first_s))
+
+
+@pytest.mark.parametrize("name, region", [("n337", (64, 190, 194)), ("n726", (40, 300, 300)),
+                                          ("n337", (512, 512, 512))])
+def test_plan_for_a_region_is_the_fastest_over_that_region(name: str,
+                                                           region: tuple[int, int, int]) -> None:
+    """Over a region the patches must tile, the best per-patch rate can lose: a patch just
+    short of the region needs two per axis. The plan is the best over the region among
+    every size and batch the search considers."""
+    net = znni_network(name)
+    limit = 4 * 2**30
+    plan = make_plan(net, machine=CI, device="cpu", memory_limit_bytes=limit, max_output=region)
+    rates = [region_voxels_per_second(p, region)
+             for size in candidate_sizes(net, region) for batch in BATCHES
+             for p in evaluate(net, CI, "cpu", net.layer_shapes(size, batch), limit, 0)]
+    assert region_voxels_per_second(plan, region) >= 0.99 * max(rates)

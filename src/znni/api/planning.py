@@ -33,11 +33,14 @@ def plan_summary(
         raise ValueError("window applies to ONNX graph models; this network is sequential "
                          "and its patch is planned")
     from znni.engine.layout import region_seconds
+    from znni.planner.plan import Plan
+    from znni.planner.search import region_voxels_per_second
 
     plan = exact_plan(model, _machine(settings), settings, device, memory_limit_bytes, region)
     extra = {} if region is None else {
         "region": list(region),
-        "predicted_seconds": region_seconds(region, plan["predicted_voxels_per_second"]),
+        "predicted_seconds": region_seconds(
+            region, region_voxels_per_second(Plan.from_dict(plan), region)),
     }
     return {"mode": "exact", **plan, **extra}
 

@@ -83,10 +83,12 @@ def run(args: argparse.Namespace) -> int:
     plan, machine = sequential_plan(network, args.device, limit, args.machine, region)
     if args.json:
         from znni.engine.layout import region_seconds
+        from znni.planner.search import region_voxels_per_second
 
         extra = {} if region is None else {
             "region": list(region),
-            "predicted_seconds": region_seconds(region, plan.predicted_voxels_per_second)}
+            "predicted_seconds": region_seconds(region,
+                                                region_voxels_per_second(plan, region))}
         print(json.dumps({"mode": "exact", **plan.to_dict(), **extra}, indent=2))
     else:
         print(EXACT_MODE + "\n" + format_plan(plan, network, machine, region))
@@ -207,6 +209,7 @@ def format_plan(
 ) -> str:
     """The per-algorithm table (chosen one marked) and the chosen plan's layers."""
     from znni.engine.layout import region_seconds
+    from znni.planner.search import region_voxels_per_second
 
     gpu = machine.gpu
     lines = [
@@ -235,8 +238,9 @@ def format_plan(
         f"chosen: {plan.algorithm}, patch {_size(plan.input_size)} -> "
         f"{_size(plan.output_size)}, {plan.predicted_patch_s:.3f} s per patch"
         + ("" if region is None else f"; the volume {_size(region)} in about "
-           f"{_seconds(region_seconds(region, plan.predicted_voxels_per_second))} s "
-           "(blocks' reads and writes not counted)"),
+           f"{_seconds(region_seconds(region, region_voxels_per_second(plan, region)))} s "
+           "(its patches and the first pass's pages; blocks' reads and writes not "
+           "counted)"),
         "",
     ]
     lines.append(

@@ -1,17 +1,21 @@
 """Choosing the block size under a memory budget (the planner chooses the patch).
 
 Block: whole output chunks, at least one patch wide where the region
-allows, with two input blocks and two output blocks (read-ahead and
-write-behind), the input chunk cache and the patch pass inside the budget.
+allows and tiled by patches with the least recomputation, with two input
+blocks and two output blocks (read-ahead and write-behind), the input chunk
+cache and the patch pass inside the budget.
 """
 
 from __future__ import annotations
+
+import itertools
+from math import prod
 
 from znni.engine.geometry import Triple
 from znni.model.network import FLOAT_BYTES, Network
 from znni.planner.machine import available_memory_bytes
 
-PATCH_PEAK_FACTOR = 3  # backend temporaries on top of one layer's input + output
+MAX_BLOCK_EXTENTS = 16  # candidate block extents per axis (choose_block_shape)
 DEFAULT_BUDGET_FRACTION = 0.5  # of available RAM when no --memory-limit is given
 PLAN_FRACTION = 0.75  # of the budget for the patch / window pass; the rest holds blocks
 # decoded input chunks a worker keeps between blocks (`chunk_cache.py`): enough for the
@@ -46,13 +50,6 @@ def input_cache_bytes(budget_bytes: int) -> int:
     return min(INPUT_CACHE_BYTES, budget_bytes // INPUT_CACHE_FRACTION)
 
 
-def patch_peak_bytes(network: Network, output: Triple) -> int:
-    """Peak bytes of one dense pass producing `output` voxels (largest layer in + out)."""
-    size = network.input_size_for(output)
-    shapes = network.layer_shapes(size)
-    return PATCH_PEAK_FACTOR * max(s.in_bytes + s.out_bytes for s in shapes)
-
-
 def block_bytes(network: Network, block: Triple, in_dtype_bytes: int) -> int:
     """Input (raw + float32) and output bytes of one block including its halo."""
     read = [b + f - 1 for b, f in zip(block, network.fov, strict=True)]
@@ -65,17 +62,44 @@ def block_bytes(network: Network, block: Triple, in_dtype_bytes: int) -> int:
 
 def choose_block_shape(
     network: Network, chunks: Triple, patch: Triple, region: Triple, budget_bytes: int,
-    in_dtype_bytes: int,
+    in_dtype_bytes: int, pass_peak_bytes: int,
 ) -> Triple:
-    """Whole chunks covering at least one patch (within the region), shrunk to fit the budget."""
-    block = []
-    for c, p, r in zip(chunks, patch, region, strict=True):
-        want = min(max(p, c), max(r, c))
-        block.append(-(-want // c) * c)
-    spare = budget_bytes - patch_peak_bytes(network, patch) - input_cache_bytes(budget_bytes)
+    """Whole chunks, at least one patch wide where the region allows, that the patches
+    tile with the least recomputation; of extents within 1% of that, the smallest block.
+    Two input and two output blocks must fit beside the patch pass's planned peak
+    (`pass_peak_bytes`: planner.Plan.peak_bytes) and the input chunk cache; where no
+    block a patch wide fits, the smallest one is shrunk a chunk at a time."""
+    spare = budget_bytes - pass_peak_bytes - input_cache_bytes(budget_bytes)
+    per_axis = [_axis_extents(c, p, r) for c, p, r in zip(chunks, patch, region, strict=True)]
+    fits = [b for b in itertools.product(*per_axis)
+            if 2 * block_bytes(network, b, in_dtype_bytes) <= spare]
+    if fits:
+        def computed(b: tuple[int, ...]) -> int:  # output voxels the block's patches compute
+            return prod(_tiled(e, p, r) for e, p, r in zip(b, patch, region, strict=True))
+        least = min(computed(b) for b in fits)
+        z, y, x = min((b for b in fits if computed(b) <= 1.01 * least), key=prod)
+        return (z, y, x)
+    block = [e[0] for e in per_axis]
     while 2 * block_bytes(network, (block[0], block[1], block[2]), in_dtype_bytes) > spare:
         d = max(range(3), key=lambda a: block[a] // chunks[a])
         if block[d] <= chunks[d]:
             break  # one chunk per block: the smallest unit the output allows
         block[d] -= chunks[d]
     return (block[0], block[1], block[2])
+
+
+def _axis_extents(chunk: int, patch: int, region: int) -> list[int]:
+    """A block's candidate extents on one axis: whole chunks, from the fewest that hold a
+    patch (or the region) up to the region, at most MAX_BLOCK_EXTENTS of them."""
+    top = -(-max(region, chunk) // chunk)
+    first = min(-(-max(patch, chunk) // chunk), top)
+    return [k * chunk for k in range(first, min(top, first + MAX_BLOCK_EXTENTS - 1) + 1)]
+
+
+def _tiled(extent: int, patch: int, region: int) -> int:
+    """Output voxels along one axis that patches compute over the region cut into blocks
+    of `extent` (from the region's start): each block takes ceil(e / patch) patches of
+    min(patch, e) (engine.geometry.patch_tiling; a patch is clipped to its block)."""
+    full, rest = divmod(region, extent)
+    per_block = -(-extent // patch) * min(patch, extent)
+    return full * per_block + (-(-rest // patch) * min(patch, rest) if rest else 0)

@@ -16,6 +16,23 @@ from znni.planner.machine import GpuProfile, MachineProfile
 from znni.planner.tiles import fft_tiles, recompute_width, tiled_layer
 from znni.primitives.fft_sizes import padded_shape, spectrum_points
 
+# A fresh process's first pass over a window or patch pays once for what later passes
+# reuse: the page faults (and transparent huge-page compaction) of the pass's peak, and
+# the kernel transforms (planner.graph_search.first_pass_seconds; per region for
+# sequential networks, planner.search.region_voxels_per_second). BasicUNet first minus
+# second pass over one window, over the planned peak
+# (fresh processes, CI kind, 2026-11-23): 1.3-2.2 ns/byte at 128^3 (446 MiB), 0.5-1.5 at
+# 160^3 (820 MiB), 1.3-2.4 at 192^3 (1.3 GiB), 0.3-1.8 at 256^3 (3.1 GiB). 0.5 had been
+# taken, when the valid U-Net's one 168^3 tile over 128^3 ran faster than 8 of 104^3; with
+# OpenVINO chains and channels-last hand-ons the 104^3 tiles ran 2.48-3.04 s end to end
+# against 3.47-3.85 s for the one tile (Winograd and direct; 4 alternated pairs,
+# 2026-11-24), that tile's first pass 1.5-2.4 ns per peak byte over its later ones; at 0.5
+# the planner chose it. The middle of both ranges. Sequential networks (znni demo's,
+# one patch, fresh backend, 2026-11-24): 0.25-1.5 ns/byte from 74 to 704 MiB; over a
+# 200x700x700 region the patch this picks (100^3) and those 0.5 and 0 would pick ran
+# within the runs' noise of each other (4.5-5.3 s), all faster than the per-patch choice
+FIRST_PASS_S_PER_PEAK_BYTE = 2.0e-9
+
 Triple = tuple[int, int, int]
 FFT_C = 2.5  # ZNNi: an FFT of N points costs about C*N*log2(N) flops, C ~ 2.5
 COMPLEX_BYTES = 8  # complex64

@@ -28,7 +28,13 @@ from znni.model.network import FLOAT_BYTES
 from znni.model.openvino_layers import (
     absorbs_next_norm,
 )
-from znni.planner.costs import CPU_CONV_PRIMITIVES, Work, cpu_seconds, layer_seconds
+from znni.planner.costs import (
+    CPU_CONV_PRIMITIVES,
+    FIRST_PASS_S_PER_PEAK_BYTE,
+    Work,
+    cpu_seconds,
+    layer_seconds,
+)
 from znni.planner.graph_layers import conv_layer
 from znni.planner.graph_op_costs import (
     phase_split_conv,
@@ -189,17 +195,6 @@ def _conv_options(
     return out
 
 
-# A fresh process's first pass over a window pays once for what later passes reuse: the
-# page faults (and transparent huge-page compaction) of the pass's peak, and the kernel
-# transforms. BasicUNet first minus second pass over one window, over the planned peak
-# (fresh processes, CI kind, 2026-11-23): 1.3-2.2 ns/byte at 128^3 (446 MiB), 0.5-1.5 at
-# 160^3 (820 MiB), 1.3-2.4 at 192^3 (1.3 GiB), 0.3-1.8 at 256^3 (3.1 GiB). 0.5 had been
-# taken, when the valid U-Net's one 168^3 tile over 128^3 ran faster than 8 of 104^3; with
-# OpenVINO chains and channels-last hand-ons the 104^3 tiles ran 2.48-3.04 s end to end
-# against 3.47-3.85 s for the one tile (Winograd and direct; 4 alternated pairs,
-# 2026-11-24), that tile's first pass 1.5-2.4 ns per peak byte over its later ones; at 0.5
-# the planner chose it. The middle of both ranges
-FIRST_PASS_S_PER_PEAK_BYTE = 2.0e-9
 
 
 def first_pass_seconds(plan: GraphPlan) -> float:

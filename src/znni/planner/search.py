@@ -14,6 +14,7 @@ from dataclasses import replace
 from math import prod
 
 from znni.model.network import LayerShape, Network
+from znni.planner.costs import FIRST_PASS_S_PER_PEAK_BYTE
 from znni.planner.costs import transfer_seconds as xfer_s
 from znni.planner.detect import detect_machine
 from znni.planner.machine import MachineProfile
@@ -42,7 +43,8 @@ def make_plan(
     memory_limit_bytes: int | None = None,
     max_output: Triple | None = None,
 ) -> Plan:
-    """The configuration with the highest predicted output voxels/s that fits in memory.
+    """The configuration with the highest predicted output voxels/s that fits in memory
+    (over `max_output` tiled by its patches, where given: region_voxels_per_second).
 
     machine: None detects this machine (calibrated rates cached per machine).
     device: 'auto' | 'cpu' | 'gpu' | 'cpu-gpu'. memory_limit_bytes: host budget
@@ -79,7 +81,8 @@ def search(
             summaries.append(AlgorithmSummary(alg, False, reason="nothing fits in memory"))
             continue
         summaries.append(summarise(plan))
-        if best is None or plan.predicted_voxels_per_second > best.predicted_voxels_per_second:
+        if best is None or (region_voxels_per_second(plan, max_output)
+                            > region_voxels_per_second(best, max_output)):
             best = plan
     if best is None:
         reasons = "; ".join(f"{s.algorithm}: {s.reason}" for s in summaries)
@@ -143,7 +146,7 @@ def best_of_algorithm(
             shapes = network.layer_shapes(size, batch)
             for plan in evaluate(network, machine, alg, shapes, host_bytes, gpu_bytes):
                 found = True
-                if best is None or better(plan, best):
+                if best is None or better(plan, best, max_output):
                     best = plan
         misses = 0 if found else misses + 1
         if misses >= GIVE_UP_AFTER:
@@ -161,10 +164,25 @@ def _patches_needed(
     return prod(-(-r // o) for r, o in zip(max_output, out, strict=True))
 
 
-def better(plan: Plan, best: Plan) -> bool:
-    """Faster by more than 1%; within 1%, the smaller batch: a prediction that close is a
-    tie (the time model is not that exact), and the smaller batch needs less memory."""
-    a, b = plan.predicted_voxels_per_second, best.predicted_voxels_per_second
+def region_voxels_per_second(plan: Plan, region: Triple | None) -> float:
+    """Output voxels/s over `region` covered by whole patches, in whole batches (the
+    engine's tiling: engine.geometry.patch_tiling), plus the first pass's pages: a patch
+    just smaller than the region needs two per axis, a batch larger than the patches left
+    still takes a whole batch's time, and one pass over the whole region pays for all of
+    its memory at once. Without a region, the plan's own rate (the volume is unbounded)."""
+    if region is None:
+        return plan.predicted_voxels_per_second
+    patches = prod(-(-r // o) for r, o in zip(region, plan.output_size, strict=True))
+    batches = -(-patches // plan.batch)
+    seconds = batches * plan.predicted_patch_s + FIRST_PASS_S_PER_PEAK_BYTE * plan.peak_bytes
+    return prod(region) / seconds
+
+
+def better(plan: Plan, best: Plan, region: Triple | None = None) -> bool:
+    """Faster over the region by more than 1%; within 1%, the smaller batch: a prediction
+    that close is a tie (the time model is not that exact), and the smaller batch needs
+    less memory."""
+    a, b = region_voxels_per_second(plan, region), region_voxels_per_second(best, region)
     if plan.batch != best.batch and abs(a - b) <= 0.01 * b:
         return plan.batch < best.batch
     return a > b
