@@ -9,7 +9,7 @@ and hands its output on channels-last where only OpenVINO convs read it
 (model.openvino_layers.channels_last_convs). Other convs and the
 graph-only kernels (transposed conv, interpolation, normalisations, pad) run on
 the backend's `graph_op` where it has one (the GPU backend: on the device), else
-on `primitives.cpu.graph_ops`. A following ReLU-family activation is fused into the
+on `primitives.cpu.graph_ops` through the kernel table (engine.graph_kernels). A following ReLU-family activation is fused into the
 conv's call where the backend supports it.
 """
 
@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from znni.engine.graph_kernels import INPLACE, KERNELS
 from znni.model.graph import (
     HOST_NORMS,
     PARTS_READERS,
@@ -187,51 +188,6 @@ def _arrays(value: Any) -> tuple[np.ndarray, ...]:
     return tuple(value) if isinstance(value, ChannelParts) else (value,)
 
 
-def _relu_(p: dict, x: np.ndarray) -> np.ndarray:
-    return np.maximum(x, 0, out=x)
-
-
-def _leaky_relu_(p: dict, x: np.ndarray) -> np.ndarray:
-    neg = x * np.float32(p["alpha"])  # alpha < 1: max(x, alpha x); else min
-    return np.maximum(x, neg, out=x) if p["alpha"] <= 1 else np.minimum(x, neg, out=x)
-
-
-def _sigmoid_(p: dict, x: np.ndarray) -> np.ndarray:
-    np.negative(x, out=x)
-    np.exp(x, out=x)
-    x += 1
-    return np.reciprocal(x, out=x)
-
-
-def _tanh_(p: dict, x: np.ndarray) -> np.ndarray:
-    return np.tanh(x, out=x)
-
-
-def _instance_norm_(p: dict, x: np.ndarray) -> np.ndarray:
-    from znni.primitives.cpu import graph_ops as g
-
-    act = p.get("activation")
-    return g.instance_norm(x, p["scale"], p["bias"], p["epsilon"], activation=act, out=x)
-
-
-def _group_norm_(p: dict, x: np.ndarray) -> np.ndarray:
-    from znni.primitives.cpu import graph_ops as g
-
-    act = p.get("activation")
-    return g.group_norm(x, p["groups"], p["scale"], p["bias"], p["epsilon"], activation=act, out=x)
-
-
-# ops that may overwrite their input when it dies at them (no new buffer)
-INPLACE: dict[str, Callable[[dict, np.ndarray], np.ndarray]] = {
-    "relu": _relu_,
-    "leaky_relu": _leaky_relu_,
-    "sigmoid": _sigmoid_,
-    "tanh": _tanh_,
-    "instance_norm": _instance_norm_,
-    "group_norm": _group_norm_,
-}
-
-
 def _pads_for_next_conv(graph: Graph, i: int, readers: dict[str, int]) -> tuple | None:
     """The zero pads of the fast conv right after concat node i, when that conv alone
     reads the concat (a U-Net's decoder: skip and upsampled, then a padded 3^3 conv)."""
@@ -331,93 +287,3 @@ def _conv(
     if any(pads) and not prepadded:
         x = graph_ops.pad_constant(x, pads)
     return backend.conv3d(np.ascontiguousarray(x), p["weight"], bias, fused, primitive)
-
-
-def _slice(p: dict[str, Any], x: np.ndarray) -> np.ndarray:
-    """(start, stop, step) per axis as slice.indices gives them; a stop of -1 with a
-    negative step means 'through index 0', which a slice writes as None."""
-    index = tuple(slice(a, b if b >= 0 else None, c) for a, b, c in p["slices"])
-    return x[index]  # a view: its readers (concat, conv's pad) copy it once anyway
-
-
-def _binary(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Callable[..., np.ndarray]:
-    def run(params: dict[str, Any], a: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
-        if b is None:
-            k = params["constant"]
-            a, b = (k, a) if params["constant_first"] else (a, k)
-        return np.asarray(fn(a, b), np.float32)
-
-    return run
-
-
-def _kernels() -> dict[str, Callable[..., np.ndarray]]:
-    from znni.primitives.cpu import graph_ops as g
-
-    def sigmoid(p: dict, x: np.ndarray) -> np.ndarray:
-        return (1.0 / (1.0 + np.exp(-x))).astype(np.float32)
-
-    return {
-        "conv_transpose": lambda p, x: g.conv_transpose3d(
-            x,
-            p["weight"],
-            p["bias"],
-            strides=p["strides"],
-            pads=p["pads"],
-            output_padding=p["output_padding"],
-            dilations=p["dilations"],
-            groups=p["group"],
-        ),
-        "maxpool": lambda p, x: g.max_pool3d(
-            x, p["kernel"], p["strides"], p["pads"], p["dilations"], p["ceil_mode"]
-        ),
-        "avgpool": lambda p, x: g.avg_pool3d(
-            x, p["kernel"], p["strides"], p["pads"], p["ceil_mode"], p["count_include_pad"]
-        ),
-        "resize": lambda p, x: g.resize3d(
-            x,
-            p["size"],
-            mode=p["mode"],
-            coordinate_transformation_mode=p["coordinate_transformation_mode"],
-            nearest_mode=p["nearest_mode"],
-            scales=p["scales"],
-        ),
-        "concat": lambda p, *xs: g.concat_channels(xs),
-        "add": _binary(np.add),
-        "sub": _binary(np.subtract),
-        "mul": _binary(np.multiply),
-        "div": _binary(np.divide),
-        "slice": _slice,
-        # a Pad of zero widths (U-Net skip alignment) passes x on, as identity does
-        "pad": lambda p, x: g.pad3d(x, p["pads"], p["mode"], p["value"]) if any(p["pads"]) else x,
-        "instance_norm": lambda p, x: g.instance_norm(
-            x, p["scale"], p["bias"], p["epsilon"], activation=p.get("activation")
-        ),
-        "group_norm": lambda p, x: g.group_norm(
-            x, p["groups"], p["scale"], p["bias"], p["epsilon"], activation=p.get("activation")
-        ),
-        "batch_norm": lambda p, x: g.batch_norm(
-            x, p["scale"], p["bias"], p["mean"], p["var"], p["epsilon"]
-        ),
-        "relu": lambda p, x: np.maximum(x, 0, dtype=np.float32),
-        "leaky_relu": lambda p, x: g.leaky_relu(x, p["alpha"]),
-        "prelu": lambda p, x: g.prelu(x, p["slope"] if p["slope"].size > 1 else p["slope"][0]),
-        "elu": lambda p, x: g.elu(x, p["alpha"]),
-        "selu": lambda p, x: g.selu(x),
-        "sigmoid": sigmoid,
-        "tanh": lambda p, x: np.tanh(x).astype(np.float32),
-        "softmax": lambda p, x: g.softmax_channels(x),
-        "clip": lambda p, x: g.clip(x, p["min"], p["max"]),
-        "identity": lambda p, x: x,
-    }
-
-
-class _LazyKernels(dict):
-    """The kernel table, built on first use (graph_ops lives in the pyFFTW package)."""
-
-    def get(self, key: str, default: Any = None) -> Any:
-        if not self:
-            self.update(_kernels())
-        return super().get(key, default)
-
-
-KERNELS: dict[str, Callable[..., np.ndarray]] = _LazyKernels()
