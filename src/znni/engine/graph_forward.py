@@ -9,8 +9,9 @@ and hands its output on channels-last where only OpenVINO convs read it
 (model.openvino_layers.channels_last_convs). Other convs and the
 graph-only kernels (transposed conv, interpolation, normalisations, pad) run on
 the backend's `graph_op` where it has one (the GPU backend: on the device), else
-on `primitives.cpu.graph_ops` through the kernel table (engine.graph_kernels). A following ReLU-family activation is fused into the
-conv's call where the backend supports it.
+on `primitives.cpu.graph_ops` through the kernel table (engine.graph_kernels). A
+following ReLU-family activation is fused into the conv's call where the backend
+supports it.
 """
 
 from __future__ import annotations
