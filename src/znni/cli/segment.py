@@ -132,6 +132,6 @@ def plan_summary(plan: dict) -> str:
     return (
         f"plan: {plan['algorithm']}, patch {size(plan['input_size'])} -> "
         f"{size(plan['output_size'])} dense output, batch {plan['batch']}, predicted "
-        f"{plan['predicted_voxels_per_second']:,.0f} voxels/s in "
+        f"{plan['predicted_voxels_per_second']:,.0f} voxels/s (steady state) in "
         f"{plan['peak_bytes'] / 2**30:.2f} GiB"
     )
