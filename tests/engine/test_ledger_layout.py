@@ -122,6 +122,20 @@ def test_block_shape_lets_patches_tile_it_with_least_recomputation(
                                                          for b in wide)
 
 
+def test_block_shape_holds_whole_batches_of_the_plans_patches(net) -> None:
+    """A block batches only its own patches: with a batch of 2, a one-patch block runs
+    every patch alone. Of the blocks that recompute nothing, the smallest holding whole
+    batches is taken (100x100x200 ran 4.24 s against 4.80 for 100^3 blocks, 2026-11-24)."""
+    chunks, patch, region = (50, 100, 100), (100, 100, 100), (200, 700, 700)
+    alone = choose_block_shape(net, chunks, patch, region, 2**34, 1, 2**20, batch=1)
+    paired = choose_block_shape(net, chunks, patch, region, 2**34, 1, 2**20, batch=2)
+    assert alone == (100, 100, 100)
+    per_block = 1
+    for b, p in zip(paired, patch, strict=True):
+        per_block *= -(-b // p)
+    assert per_block == 2 and _computed(paired, patch, region) == _computed(alone, patch, region)
+
+
 def test_progress_log_lines_when_not_quiet(tmp_path: Path, net, caplog) -> None:
     vol = np.random.default_rng(1).integers(0, 255, size=(9, 10, 11)).astype(np.uint8)
     inp = write_volume(tmp_path / "in.zarr", vol, 3, (9, 10, 11))

@@ -62,13 +62,15 @@ def block_bytes(network: Network, block: Triple, in_dtype_bytes: int) -> int:
 
 def choose_block_shape(
     network: Network, chunks: Triple, patch: Triple, region: Triple, budget_bytes: int,
-    in_dtype_bytes: int, pass_peak_bytes: int,
+    in_dtype_bytes: int, pass_peak_bytes: int, batch: int = 1,
 ) -> Triple:
     """Whole chunks, at least one patch wide where the region allows, that the patches
-    tile with the least recomputation; of extents within 1% of that, the smallest block.
-    Two input and two output blocks must fit beside the patch pass's planned peak
-    (`pass_peak_bytes`: planner.Plan.peak_bytes) and the input chunk cache; where no
-    block a patch wide fits, the smallest one is shrunk a chunk at a time."""
+    tile with the least recomputation; of extents within 1% of that, the smallest block
+    whose patches fill whole batches of `batch` (the plan's: a block batches only its own
+    patches), else the smallest. Two input and two output blocks must fit beside the
+    patch pass's planned peak (`pass_peak_bytes`: planner.Plan.peak_bytes) and the input
+    chunk cache; where no block a patch wide fits, the smallest is shrunk a chunk at a
+    time."""
     spare = budget_bytes - pass_peak_bytes - input_cache_bytes(budget_bytes)
     per_axis = [_axis_extents(c, p, r) for c, p, r in zip(chunks, patch, region, strict=True)]
     fits = [b for b in itertools.product(*per_axis)
@@ -76,8 +78,12 @@ def choose_block_shape(
     if fits:
         def computed(b: tuple[int, ...]) -> int:  # output voxels the block's patches compute
             return prod(_tiled(e, p, r) for e, p, r in zip(b, patch, region, strict=True))
+        def part_batch(b: tuple[int, ...]) -> bool:  # the last batch of a block is short
+            return prod(-(-e // p) for e, p in zip(b, patch, strict=True)) % batch != 0
+
         least = min(computed(b) for b in fits)
-        z, y, x = min((b for b in fits if computed(b) <= 1.01 * least), key=prod)
+        near = [b for b in fits if computed(b) <= 1.01 * least]
+        z, y, x = min(near, key=lambda b: (part_batch(b), prod(b)))
         return (z, y, x)
     block = [e[0] for e in per_axis]
     while 2 * block_bytes(network, (block[0], block[1], block[2]), in_dtype_bytes) > spare:

@@ -156,7 +156,8 @@ def _prepare_run(job: SegmentJob, plan: Plan | None) -> PreparedRun:
         block_shape = job.block
     else:
         block_shape = choose_block_shape(
-            net, chunks, patch, region.shape, budget, volume.dtype.itemsize, plan.peak_bytes
+            net, chunks, patch, region.shape, budget, volume.dtype.itemsize, plan.peak_bytes,
+            plan.batch,
         )
     return PreparedRun(
         job, volume, region, out_shape, chunks, parts, resume,
