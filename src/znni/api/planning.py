@@ -33,16 +33,14 @@ def plan_summary(
         raise ValueError("window applies to ONNX graph models; this network is sequential "
                          "and its patch is planned")
     from znni.engine.layout import region_seconds
-    from znni.planner.plan import Plan
     from znni.planner.search import region_voxels_per_second
 
     plan = exact_plan(model, _machine(settings), settings, device, memory_limit_bytes, region)
     extra = {} if region is None else {
         "region": list(region),
-        "predicted_seconds": region_seconds(
-            region, region_voxels_per_second(Plan.from_dict(plan), region)),
+        "predicted_seconds": region_seconds(region, region_voxels_per_second(plan, region)),
     }
-    return {"mode": "exact", **plan, **extra}
+    return {"mode": "exact", **plan.to_dict(), **extra}
 
 
 def _machine(settings: Settings) -> Any:
@@ -59,8 +57,8 @@ def _machine(settings: Settings) -> Any:
 def exact_plan(
     network: Network, machine: Any, settings: Settings, device: str,
     memory_limit_bytes: int | None, region: tuple[int, int, int] | None = None,
-) -> dict[str, Any]:
-    """The planner's plan for a sequential network, as a job would make it."""
+) -> Any:
+    """The planner's plan (planner.Plan) for a sequential network, as a job would make it."""
     from znni.engine.layout import pass_budget_bytes
     from znni.planner.search import make_plan
 
@@ -72,4 +70,4 @@ def exact_plan(
         )
     except ImportError as e:  # e.g. a GPU profile asked for without CuPy installed
         raise PlannerUnavailableError(f"the planner cannot run here ({e})") from e
-    return result.to_dict()
+    return result

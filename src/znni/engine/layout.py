@@ -73,11 +73,15 @@ def choose_block_shape(
     time."""
     spare = budget_bytes - pass_peak_bytes - input_cache_bytes(budget_bytes)
     per_axis = [_axis_extents(c, p, r) for c, p, r in zip(chunks, patch, region, strict=True)]
+    # output voxels the patches compute along each axis, per candidate extent
+    tiled = [{e: _tiled(e, p, r) for e in extents}
+             for extents, p, r in zip(per_axis, patch, region, strict=True)]
     fits = [b for b in itertools.product(*per_axis)
             if 2 * block_bytes(network, b, in_dtype_bytes) <= spare]
     if fits:
         def computed(b: tuple[int, ...]) -> int:  # output voxels the block's patches compute
-            return prod(_tiled(e, p, r) for e, p, r in zip(b, patch, region, strict=True))
+            return prod(t[e] for t, e in zip(tiled, b, strict=True))
+
         def part_batch(b: tuple[int, ...]) -> bool:  # the last batch of a block is short
             return prod(-(-e // p) for e, p in zip(b, patch, strict=True)) % batch != 0
 
