@@ -62,7 +62,7 @@ def block_bytes(network: Network, block: Triple, in_dtype_bytes: int) -> int:
 
 def choose_block_shape(
     network: Network, chunks: Triple, patch: Triple, region: Triple, budget_bytes: int,
-    in_dtype_bytes: int, pass_peak_bytes: int, batch: int = 1,
+    in_dtype_bytes: int, pass_peak_bytes: int, batch: int = 1, origin: Triple = (0, 0, 0),
 ) -> Triple:
     """Whole chunks, at least one patch wide where the region allows, that the patches
     tile with the least recomputation; of extents within 1% of that, the smallest block
@@ -70,12 +70,14 @@ def choose_block_shape(
     patches), else the smallest. Two input and two output blocks must fit beside the
     patch pass's planned peak (`pass_peak_bytes`: planner.Plan.peak_bytes) and the input
     chunk cache; where no block a patch wide fits, the smallest is shrunk a chunk at a
-    time."""
+    time. `origin`: the region's first voxel; blocks are cut on the grid from voxel 0
+    (geometry.split_blocks), so a region off that grid starts and ends with short ones."""
     spare = budget_bytes - pass_peak_bytes - input_cache_bytes(budget_bytes)
-    per_axis = [_axis_extents(c, p, r) for c, p, r in zip(chunks, patch, region, strict=True)]
+    per_axis = [_axis_extents(c, p, lo + r)
+                for c, p, lo, r in zip(chunks, patch, origin, region, strict=True)]
     # output voxels the patches compute along each axis, per candidate extent
-    tiled = [{e: _tiled(e, p, r) for e in extents}
-             for extents, p, r in zip(per_axis, patch, region, strict=True)]
+    tiled = [{e: _tiled(e, p, lo, lo + r) for e in extents}
+             for extents, p, lo, r in zip(per_axis, patch, origin, region, strict=True)]
     fits = [b for b in itertools.product(*per_axis)
             if 2 * block_bytes(network, b, in_dtype_bytes) <= spare]
     if fits:
@@ -98,18 +100,19 @@ def choose_block_shape(
     return (block[0], block[1], block[2])
 
 
-def _axis_extents(chunk: int, patch: int, region: int) -> list[int]:
+def _axis_extents(chunk: int, patch: int, end: int) -> list[int]:
     """A block's candidate extents on one axis: whole chunks, from the fewest that hold a
-    patch (or the region) up to the region, at most MAX_BLOCK_EXTENTS of them."""
-    top = -(-max(region, chunk) // chunk)
+    patch (or the region) up to the region's `end` (no cut inside it), at most
+    MAX_BLOCK_EXTENTS of them."""
+    top = -(-max(end, chunk) // chunk)
     first = min(-(-max(patch, chunk) // chunk), top)
     return [k * chunk for k in range(first, min(top, first + MAX_BLOCK_EXTENTS - 1) + 1)]
 
 
-def _tiled(extent: int, patch: int, region: int) -> int:
-    """Output voxels along one axis that patches compute over the region cut into blocks
-    of `extent` (from the region's start): each block takes ceil(e / patch) patches of
-    min(patch, e) (engine.geometry.patch_tiling; a patch is clipped to its block)."""
-    full, rest = divmod(region, extent)
-    per_block = -(-extent // patch) * min(patch, extent)
-    return full * per_block + (-(-rest // patch) * min(patch, rest) if rest else 0)
+def _tiled(extent: int, patch: int, lo: int, hi: int) -> int:
+    """Output voxels along one axis that patches compute over [lo, hi) cut into blocks on
+    the grid of `extent` from voxel 0 (geometry.split_blocks): a block of length n takes
+    ceil(n / patch) patches of min(patch, n) (engine.geometry.patch_tiling; a patch is
+    clipped to its block)."""
+    cuts = [lo, *range((lo // extent + 1) * extent, hi, extent), hi]
+    return sum(-(-n // patch) * min(patch, n) for n in (b - a for a, b in itertools.pairwise(cuts)))

@@ -157,7 +157,7 @@ def _prepare_run(job: SegmentJob, plan: Plan | None) -> PreparedRun:
     else:
         block_shape = choose_block_shape(
             net, chunks, patch, region.shape, budget, volume.dtype.itemsize, plan.peak_bytes,
-            plan.batch,
+            plan.batch, region.lo,
         )
     return PreparedRun(
         job, volume, region, out_shape, chunks, parts, resume,
