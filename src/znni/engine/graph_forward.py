@@ -57,64 +57,89 @@ def run_graph(
             f"graph {graph.name!r} runs on (N, {graph.in_channels}, {graph.window}) windows, "
             f"got an array of shape {x.shape}"
         )
-    last = graph.last_use()
-    readers = reader_counts(graph)
-    source = np.asarray(x, np.float32)
-    padded: set[str] = set()  # tensors that already carry their reading conv's zero pads
-    env: dict[str, Any] = {graph.input: source}
-    nodes = graph.nodes
+    run = _GraphPass(graph, backend, chosen, np.asarray(x, np.float32))
     i = 0
-    on_host = not hasattr(backend, "graph_op")  # a device backend runs every node itself
-    reads_parts = on_host and hasattr(backend, "conv3d_parts")
-    last_layout = channels_last_convs(  # OpenVINO convs whose readers all are too
-        graph, readers, lambda j: chosen.get(nodes[j].name)) if reads_parts else frozenset()
-    chains = openvino_chains(  # OpenVINO convs that run one after another in one layer
-        graph, readers, lambda j: chosen.get(nodes[j].name)) \
-        if reads_parts and hasattr(backend, "conv3d_chain") else {}
-    while i < len(nodes):
-        node = nodes[i]
-        if i in chains:  # a chain of convs in one call: the tensors between them are not ours
-            end = openvino_output_node(graph, chains[i][-1], readers)
-            steps = _chain_steps(graph, chains[i], readers, node.inputs[0] in padded)
-            x = env[node.inputs[0]]
-            y = backend.conv3d_chain(list(x) if isinstance(x, ChannelParts) else [x], steps,
-                                     chains[i][-1] in last_layout)
-            i, node = end, Node(node.name, node.op, node.inputs, nodes[end].outputs, node.params)
-            _store(env, y, node, i, last, graph)
-            i += 1
-            continue
-        norm = _fused_norm(graph, i, readers, chosen.get(node.name)) if reads_parts else None
+    while i < len(graph.nodes):
+        i = run.chain(i) if i in run.chains else run.node(i)
+    return run.env[graph.output]
+
+
+class _GraphPass:
+    """One pass of `graph` over a batch: the live tensors (`env`) and what the planned
+    primitives decide once for the whole graph (chains, channels-last hand-ons)."""
+
+    def __init__(self, graph: Graph, backend: Backend, chosen: Mapping[str, str],
+                 source: np.ndarray) -> None:
+        self.graph, self.backend, self.chosen, self.source = graph, backend, chosen, source
+        self.last = graph.last_use()
+        self.readers = reader_counts(graph)
+        self.padded: set[str] = set()  # tensors that already carry their reading conv's pads
+        self.env: dict[str, Any] = {graph.input: source}
+        self.on_host = not hasattr(backend, "graph_op")  # a device backend runs every node
+        self.reads_parts = self.on_host and hasattr(backend, "conv3d_parts")
+        nodes = graph.nodes
+
+        def pick(j: int) -> str | None:
+            return chosen.get(nodes[j].name)
+
+        # OpenVINO convs whose readers all are too; OpenVINO convs run in one layer
+        self.last_layout = (channels_last_convs(graph, self.readers, pick)
+                            if self.reads_parts else frozenset())
+        self.chains = (openvino_chains(graph, self.readers, pick)
+                       if self.reads_parts and hasattr(backend, "conv3d_chain") else {})
+
+    def chain(self, i: int) -> int:
+        """The chain of convs from node i in one call (the tensors between are not ours);
+        the index after the last node it covers."""
+        graph, node, chain = self.graph, self.graph.nodes[i], self.chains[i]
+        end = openvino_output_node(graph, chain[-1], self.readers)
+        steps = _chain_steps(graph, chain, self.readers, node.inputs[0] in self.padded)
+        x = self.env[node.inputs[0]]
+        y = self.backend.conv3d_chain(list(x) if isinstance(x, ChannelParts) else [x], steps,
+                                      chain[-1] in self.last_layout)
+        call = Node(node.name, node.op, node.inputs, graph.nodes[end].outputs, node.params)
+        _store(self.env, y, call, end, self.last, graph)
+        return end + 1
+
+    def node(self, i: int) -> int:
+        """Node i, with the norm and activation after it that its call absorbs; the index
+        after the last node it covers."""
+        graph, node, chosen = self.graph, self.graph.nodes[i], self.chosen
+        norm = (_fused_norm(graph, i, self.readers, chosen.get(node.name))
+                if self.reads_parts else None)
         absorbed = 0 if norm is None else 1  # nodes after node i it applies in its call
-        fused = _fusable_activation(graph, i + absorbed, readers, on_host)
+        fused = _fusable_activation(graph, i + absorbed, self.readers, self.on_host)
         if fused is not None and node.op in HOST_NORMS:  # the host norms take it as a parameter
             node = Node(
                 node.name, node.op, node.inputs, node.outputs, {**node.params, "activation": fused}
             )
         absorbed += fused is not None
-        args = [env[t] for t in node.inputs]
-        keep_last = i in last_layout
-        pads = _pads_for_next_conv(graph, i, readers) if on_host else None
-        if node.op == "concat" and reads_parts and _read_in_place(graph, i, readers, chosen):
-            y = ChannelParts(args)  # the Winograd conv after it reads the parts themselves
-        elif pads is not None:  # the conv after it reads a zero border: write one at once
-            from znni.primitives.cpu import graph_ops
-
-            y = graph_ops.concat_channels(args, pads)
-            padded.add(node.outputs[0])
-        elif on_host and node.op in INPLACE and _dies_here(
-            node.inputs[0], i, last, env, graph, source
-        ):
-            y = INPLACE[node.op](node.params, args[0])
-        else:
-            prepadded = bool(node.inputs) and node.inputs[0] in padded
-            y = run_node(node, args, backend, fused, chosen.get(node.name), prepadded, norm,
-                         keep_last)
+        y = self._compute(i, node, fused, norm)
         if absorbed:  # the last absorbed node's output is the conv's
             i += absorbed
-            node = Node(node.name, node.op, node.inputs, nodes[i].outputs, node.params)
-        _store(env, y, node, i, last, graph)
-        i += 1
-    return env[graph.output]
+            node = Node(node.name, node.op, node.inputs, graph.nodes[i].outputs, node.params)
+        _store(self.env, y, node, i, self.last, graph)
+        return i + 1
+
+    def _compute(self, i: int, node: Node, fused: Activation | None,
+                 norm: InstanceNorm | None) -> Any:
+        graph, args = self.graph, [self.env[t] for t in node.inputs]
+        pads = _pads_for_next_conv(graph, i, self.readers) if self.on_host else None
+        if node.op == "concat" and self.reads_parts and \
+                _read_in_place(graph, i, self.readers, self.chosen):
+            return ChannelParts(args)  # the Winograd conv after it reads the parts themselves
+        if pads is not None:  # the conv after it reads a zero border: write one at once
+            from znni.primitives.cpu import graph_ops
+
+            self.padded.add(node.outputs[0])
+            return graph_ops.concat_channels(args, pads)
+        if self.on_host and node.op in INPLACE and _dies_here(
+            node.inputs[0], i, self.last, self.env, graph, self.source
+        ):
+            return INPLACE[node.op](node.params, args[0])
+        prepadded = bool(node.inputs) and node.inputs[0] in self.padded
+        return run_node(node, args, self.backend, fused, self.chosen.get(node.name), prepadded,
+                        norm, i in self.last_layout)
 
 
 def _store(env: dict[str, Any], y: Any, node: Node, i: int, last: dict[str, int],
