@@ -136,61 +136,28 @@ def direct_conv3d(
     s, cin, nz, ny, nx = (int(v) for v in x.shape)
     cout = int(weight.shape[0])
     kernel = tuple(int(v) for v in weight.shape[2:])
-    kz, ky, kx = kernel
-    out_size = (nz - kz + 1, ny - ky + 1, nx - kx + 1)
-    oz, oy, ox = out_size
+    out_size = tuple(n - k + 1 for n, k in zip((nz, ny, nx), kernel, strict=True))
     rows, gemms = column_layout(cin, kernel)  # type: ignore[arg-type]
-    ky_g = ky // gemms  # kernel rows each GEMM's columns cover: ky, or 1 when split
+    ky_g = kernel[1] // gemms  # kernel rows each GEMM's columns cover: ky, or 1 when split
     w = np.asarray(weight, dtype=np.float32)
     wg = [np.ascontiguousarray(w[:, :, :, g : g + ky_g].reshape(cout, rows))  # (Cout, rows)
-          for g in range(0, ky, ky_g)]
-    b2 = bias.astype(np.float32).reshape(cout, 1)
+          for g in range(0, kernel[1], ky_g)]
     out = np.empty((s, cout, *out_size), dtype=np.float32)
     blocks = _blocks(s, out_size, (nz, ny, nx), rows * gemms, slab_bytes, pool._max_workers)
-    plane, vol = ny * nx, nz * ny * nx
-    shift = (gemms - 1) * nx  # extra positions the split gather covers
-    cap = max(block_columns(b[2] - b[1], b[4] - b[3], ny, nx, ox) for b in blocks)
+    cap = max(block_columns(b[2] - b[1], b[4] - b[3], ny, nx, out_size[2]) for b in blocks)
+    conv = _ColumnConv(x, wg, bias.astype(np.float32).reshape(cout, 1), activation, out,
+                       kernel, ky_g)  # type: ignore[arg-type]
     it = iter(blocks)
     lock = threading.Lock()
 
-    def next_block() -> Block | None:
-        with lock:
-            return next(it, None)
-
     def worker() -> None:
-        col_buf = np.empty(rows * (cap + shift), np.float32) if kz * ky * kx > 1 else None
-        res_buf = np.empty(cout * cap, np.float32)
-        acc_buf = np.empty(cout * cap, np.float32) if gemms > 1 else None
-        st = FLOAT_BYTES
-        while (blk := next_block()) is not None:
-            si, z0, z1, y0, y1 = blk
-            cols = block_columns(z1 - z0, y1 - y0, ny, nx, ox)
-            ext = cols + shift
-            src = x[si].reshape(cin, vol)[:, z0 * plane + y0 * nx :]  # (Cin, ...) a view
-            shifted = as_strided(  # (Cin, kz, ky_g, kx, ext): column (c, dz, dy, dx) at a shift
-                src, (cin, kz, ky_g, kx, ext), (vol * st, plane * st, nx * st, st, st),
-                writeable=False,
-            )
-            if col_buf is None:
-                col = shifted.reshape(cin, ext)  # 1x1x1 kernel: a strided view, no copy
-            else:
-                col = col_buf[: rows * ext].reshape(cin, kz, ky_g, kx, ext)
-                np.copyto(col, shifted)
-                col = col.reshape(rows, ext)
-            res = res_buf[: cout * cols].reshape(cout, cols)
-            np.matmul(wg[0], col[:, :cols], out=res)
-            for g in range(1, gemms):  # offset dy = g: the same columns, g rows further on
-                acc = acc_buf[: cout * cols].reshape(cout, cols)  # type: ignore[index]
-                np.matmul(wg[g], col[:, g * nx : g * nx + cols], out=acc)
-                res += acc
-            res += b2
-            if activation is not None:  # on the contiguous result, never on a strided view
-                apply_activation(res, activation)
-            valid = as_strided(  # (Cout, zb, yb, ox) of the flat result
-                res_buf[: cout * cols], (cout, z1 - z0, y1 - y0, ox),
-                (cols * st, plane * st, nx * st, st), writeable=False,
-            )
-            out[si, :, z0:z1, y0:y1] = valid
+        buffers = conv.buffers(cap)
+        while True:
+            with lock:
+                blk = next(it, None)
+            if blk is None:
+                return
+            conv.block(blk, *buffers)
 
     workers = min(pool._max_workers, len(blocks))
     with blas_single_thread():
@@ -198,6 +165,63 @@ def direct_conv3d(
         for f in futures:
             f.result()
     return out
+
+
+class _ColumnConv:
+    """direct_conv3d's per-block work: gather a block's columns, one GEMM per kernel row
+    group (`wg`), bias and activation on the contiguous result, copy its valid part out."""
+
+    def __init__(self, x: np.ndarray, wg: list[np.ndarray], bias: np.ndarray,
+                 activation: Activation | None, out: np.ndarray,
+                 kernel: tuple[int, int, int],
+                 ky_g: int) -> None:
+        self.x, self.wg, self.bias, self.activation, self.out = x, wg, bias, activation, out
+        self.kernel, self.ky_g = kernel, ky_g
+        _, self.cin, nz, self.ny, self.nx = x.shape
+        self.cout, self.rows = wg[0].shape
+        self.plane, self.vol = self.ny * self.nx, nz * self.ny * self.nx
+        self.shift = (len(wg) - 1) * self.nx  # extra positions the split gather covers
+
+    def buffers(self, cap: int) -> tuple[np.ndarray | None, np.ndarray, np.ndarray | None]:
+        """One worker's (columns, result, accumulator) for blocks of up to `cap` columns."""
+        col = (np.empty(self.rows * (cap + self.shift), np.float32)
+               if prod(self.kernel) > 1 else None)
+        acc = np.empty(self.cout * cap, np.float32) if len(self.wg) > 1 else None
+        return col, np.empty(self.cout * cap, np.float32), acc
+
+    def block(self, blk: Block, col_buf: np.ndarray | None, res_buf: np.ndarray,
+              acc_buf: np.ndarray | None) -> None:
+        si, z0, z1, y0, y1 = blk
+        cin, nx, plane, vol, st = self.cin, self.nx, self.plane, self.vol, FLOAT_BYTES
+        kz, _, kx = self.kernel
+        ox = self.out.shape[4]
+        cols = block_columns(z1 - z0, y1 - y0, self.ny, nx, ox)
+        ext = cols + self.shift
+        src = self.x[si].reshape(cin, vol)[:, z0 * plane + y0 * nx :]  # (Cin, ...) a view
+        shifted = as_strided(  # (Cin, kz, ky_g, kx, ext): column (c, dz, dy, dx) at a shift
+            src, (cin, kz, self.ky_g, kx, ext), (vol * st, plane * st, nx * st, st, st),
+            writeable=False,
+        )
+        if col_buf is None:
+            col = shifted.reshape(cin, ext)  # 1x1x1 kernel: a strided view, no copy
+        else:
+            col = col_buf[: self.rows * ext].reshape(cin, kz, self.ky_g, kx, ext)
+            np.copyto(col, shifted)
+            col = col.reshape(self.rows, ext)
+        res = res_buf[: self.cout * cols].reshape(self.cout, cols)
+        np.matmul(self.wg[0], col[:, :cols], out=res)
+        for g in range(1, len(self.wg)):  # offset dy = g: the same columns, g rows further on
+            acc = acc_buf[: self.cout * cols].reshape(self.cout, cols)  # type: ignore[index]
+            np.matmul(self.wg[g], col[:, g * nx : g * nx + cols], out=acc)
+            res += acc
+        res += self.bias
+        if self.activation is not None:  # on the contiguous result, never on a strided view
+            apply_activation(res, self.activation)
+        valid = as_strided(  # (Cout, zb, yb, ox) of the flat result
+            res_buf[: self.cout * cols], (self.cout, z1 - z0, y1 - y0, ox),
+            (cols * st, plane * st, nx * st, st), writeable=False,
+        )
+        self.out[si, :, z0:z1, y0:y1] = valid
 
 
 def direct_bytes(
