@@ -6,19 +6,16 @@ names the URL. Refusals (401, 403) are never retried.
 The clients say these things differently: s3fs raises PermissionError and OSErrors with an
 errno, gcsfs an `HttpError` with the HTTP `code`, a plain OSError "Forbidden: ..." for 403
 and a requests/aiohttp error for a lost connection. `retrying` wraps a synchronous call,
-`retrying_store` a zarr store (every get, set and delete)."""
+and engine.retrying_store's `RetryingStore` a zarr store (every get, set and delete)."""
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import os
 import posixpath
 import time
-from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
-
-from znni.engine.store_memo import forget, wrote
+from collections.abc import Callable
+from typing import TypeVar
 
 RETRIES_ENV = "ZNNI_STORE_RETRIES"
 DEFAULT_TRIES = 5
@@ -107,83 +104,6 @@ def retrying(fn: Callable[[], T], url: str) -> T:
     raise AssertionError("unreachable")
 
 
-_STORE_CLASS: list[type] = []
-
-
-def retrying_store(store: Any, url: str) -> Any:
-    """zarr `store` (an FsspecStore at `url`) retrying transient failures like `retrying`."""
-    return _retrying_store_class()(store, url)
-
-
-def _key_url(url: str, key: str) -> str:
+def key_url(url: str, key: str) -> str:
+    """The URL of `key` under the store at `url`."""
     return posixpath.join(url.rstrip("/"), key) if key else url
-
-
-def _retrying_store_class() -> type:
-    """`WrapperStore` subclass retrying transient failures (built lazily: zarr is heavy)."""
-    if _STORE_CLASS:
-        return _STORE_CLASS[0]
-    from zarr.storage import WrapperStore
-
-    class RetryingStore(WrapperStore):  # type: ignore[type-arg]
-        def __init__(self, store: Any, url: str) -> None:
-            super().__init__(store)
-            self.url = url
-
-        def _with_store(self, store: Any) -> Any:
-            return type(self)(store, self.url)
-
-        async def _retry(self, key: str, make: Callable[[], Any]) -> Any:
-            n = tries(self.url)
-            for attempt in range(n):
-                try:
-                    return await make()
-                except Exception as e:
-                    if not is_transient(e):
-                        raise
-                    if attempt == n - 1:
-                        raise gave_up(_key_url(self.url, key), n, e) from e
-                    await asyncio.sleep(delay(attempt))
-            raise AssertionError("unreachable")
-
-        async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
-            return await self._retry(key, lambda: self._store.get(key, prototype, byte_range))
-
-        async def get_partial_values(self, prototype: Any, key_ranges: Any) -> Any:
-            key_ranges = list(key_ranges)
-            first = key_ranges[0][0] if key_ranges else ""
-            return await self._retry(
-                first, lambda: self._store.get_partial_values(prototype, key_ranges))
-
-        async def exists(self, key: str) -> bool:
-            return bool(await self._retry(key, lambda: self._store.exists(key)))
-
-        async def _write(self, key: str, make: Callable[[], Any]) -> None:
-            """A write or delete under `key`, retried; remembered answers about it dropped."""
-            try:
-                await self._retry(key, make)
-            finally:
-                forget(_key_url(self.url, key))
-
-        async def set(self, key: str, value: Any) -> None:
-            await self._write(key, lambda: self._store.set(key, value))
-            if key.endswith(METADATA_NAMES):  # metadata is read again (chunks are not)
-                wrote(_key_url(self.url, key), value.to_bytes())
-
-        async def set_if_not_exists(self, key: str, value: Any) -> None:
-            await self._write(key, lambda: self._store.set_if_not_exists(key, value))
-
-        async def _set_many(self, values: Iterable[tuple[str, Any]]) -> None:
-            await asyncio.gather(*(self.set(k, v) for k, v in values))
-
-        async def delete(self, key: str) -> None:
-            await self._write(key, lambda: self._store.delete(key))
-
-        async def delete_dir(self, prefix: str) -> None:
-            await self._write(prefix, lambda: self._store.delete_dir(prefix))
-
-        async def clear(self) -> None:
-            await self._write("", lambda: self._store.clear())
-
-    _STORE_CLASS.append(RetryingStore)
-    return RetryingStore

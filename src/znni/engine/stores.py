@@ -32,7 +32,7 @@ from znni.engine.store_gcs import (
 )
 from znni.engine.store_memo import forget, remembered_list, remembered_read, wrote
 from znni.engine.store_retry import StoreError as StoreError
-from znni.engine.store_retry import is_refused, retrying, retrying_store
+from znni.engine.store_retry import is_refused, retrying
 from znni.engine.store_retry import is_transient as is_transient
 
 SCHEMES = ("s3", "gs", "gcs", "http", "https")
@@ -375,6 +375,8 @@ def zarr_store(path: str, *, read_only: bool) -> Any:
         return path
     from zarr.storage import FsspecStore
 
+    from znni.engine.retrying_store import RetryingStore  # zarr's WrapperStore: heavy
+
     check_location(path, "volume")
     fs, p = filesystem(path, asynchronous=True)
-    return retrying_store(FsspecStore(fs=fs, path=p, read_only=read_only), path)
+    return RetryingStore(FsspecStore(fs=fs, path=p, read_only=read_only), path)
