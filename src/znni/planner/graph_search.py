@@ -269,20 +269,7 @@ def plan_graph(
     picks = paired({i: opts[0] for i, opts in options.items()}, options, graph, machine,
                     batch, passes)
     spaces = [batch * general_workspace_bytes(graph, n, machine.cores) for n in graph.nodes]
-    while _peak(tensors, picks, max(spaces)) > limit:
-        keeping = [i for i, p in picks.items()
-                   if p[2] and any(not o[2] for o in options[i])]
-        if not keeping:
-            need = _peak(tensors, picks, max(spaces))
-            raise ValueError(f"graph {graph.name!r} needs {need:,} bytes per window, more than "
-                             f"{limit:,}")
-
-        def loss(i: int) -> float:
-            alt = next(o for o in options[i] if not o[2])
-            return (alt[0] - picks[i][0]) / picks[i][2]
-
-        i = min(keeping, key=loss)
-        picks[i] = next(o for o in options[i] if not o[2])
+    _give_up_kept_bytes(graph, picks, options, tensors, max(spaces), limit)
     readers, fused, free = reader_counts(graph), set(), {}
     for i in range(len(graph.nodes)):
         if absorbs_next_activation(graph, i, readers):
@@ -315,3 +302,24 @@ def plan_graph(
         openvino_bytes=_peak(0, {i: (0.0, 0, p[2], p[3]) for i, p in picks.items()
                                  if p[3] == "openvino"}),
     )
+
+
+def _give_up_kept_bytes(graph: Graph, picks: dict, options: dict, tensors: int,
+                        space: int, limit: int) -> None:
+    """While the peak is over `limit`, the conv whose kept bytes cost least time per byte
+    to give up moves to its best option that keeps none (in `picks`); ValueError where
+    none is left to give up."""
+    while _peak(tensors, picks, space) > limit:
+        keeping = [i for i, p in picks.items()
+                   if p[2] and any(not o[2] for o in options[i])]
+        if not keeping:
+            need = _peak(tensors, picks, space)
+            raise ValueError(f"graph {graph.name!r} needs {need:,} bytes per window, more than "
+                             f"{limit:,}")
+
+        def loss(i: int) -> float:
+            alt = next(o for o in options[i] if not o[2])
+            return (alt[0] - picks[i][0]) / picks[i][2]
+
+        i = min(keeping, key=loss)
+        picks[i] = next(o for o in options[i] if not o[2])
