@@ -78,8 +78,8 @@ def choose_block_shape(
     # output voxels the patches compute along each axis, per candidate extent
     tiled = [{e: _tiled(e, p, lo, lo + r) for e in extents}
              for extents, p, lo, r in zip(per_axis, patch, origin, region, strict=True)]
-    fits = [b for b in itertools.product(*per_axis)
-            if 2 * block_bytes(network, b, in_dtype_bytes) <= spare]
+    fits = [b for b in itertools.product(*per_axis)  # a block is clipped to the region
+            if 2 * block_bytes(network, _clipped(b, region), in_dtype_bytes) <= spare]
     if fits:
         def computed(b: tuple[int, ...]) -> int:  # output voxels the block's patches compute
             return prod(t[e] for t, e in zip(tiled, b, strict=True))
@@ -98,6 +98,11 @@ def choose_block_shape(
             break  # one chunk per block: the smallest unit the output allows
         block[d] -= chunks[d]
     return (block[0], block[1], block[2])
+
+
+def _clipped(block: tuple[int, ...], region: Triple) -> Triple:
+    z, y, x = (min(b, r) for b, r in zip(block, region, strict=True))
+    return (z, y, x)
 
 
 def _axis_extents(chunk: int, patch: int, end: int) -> list[int]:
