@@ -134,8 +134,7 @@ def bench_roi_case(network, case: str, reps: int, tmp: Path) -> None:  # type: i
     ours = prepare_run(SegmentJob(network, **common))
     assert ours.plan is not None
     region, origin = ours.region.shape, ours.region.lo
-    budget = parse_bytes(limit_s)
-    old_block = choose_block_shape(network, chunks, ours.patch, region, budget, 1,
+    old_block = choose_block_shape(network, chunks, ours.patch, region, limit, 1,
                                    ours.plan.peak_bytes, ours.plan.batch)
     runs = {"ROI": SegmentJob(network, **common),
             "from start": SegmentJob(network, **common, block=old_block)}

@@ -115,13 +115,19 @@ def split_blocks(
     step = _triple(-(-b // c) * c for b, c in zip(block_shape, chunks, strict=True))
     axes = []
     for lo, hi, s in zip(region.lo, region.hi, step, strict=True):
-        cuts = [lo] + list(range((lo // s + 1) * s, hi, s)) + [hi]
-        axes.append(list(zip(cuts[:-1], cuts[1:], strict=True)))
+        axes.append(grid_spans(lo, hi, s))
     blocks = []
     for i, (rz, ry, rx) in enumerate(itertools.product(*axes)):
         write = Box((rz[0], ry[0], rx[0]), (rz[1], ry[1], rx[1]))
         blocks.append(make_block(i, write, halo, pool))
     return blocks
+
+
+def grid_spans(lo: int, hi: int, step: int) -> list[tuple[int, int]]:
+    """[lo, hi) cut on the grid of `step` from voxel 0: a short first and last span where
+    lo or hi is off the grid (how split_blocks cuts each axis)."""
+    cuts = [lo, *range((lo // step + 1) * step, hi, step), hi]
+    return list(itertools.pairwise(cuts))
 
 
 def patch_starts(extent: int, patch: int) -> list[int]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from math import prod
 
-from znni.engine.geometry import Triple
+from znni.engine.geometry import Triple, grid_spans
 from znni.model.network import FLOAT_BYTES, Network
 from znni.planner.machine import available_memory_bytes
 
@@ -119,5 +119,4 @@ def _tiled(extent: int, patch: int, lo: int, hi: int) -> int:
     the grid of `extent` from voxel 0 (geometry.split_blocks): a block of length n takes
     ceil(n / patch) patches of min(patch, n) (engine.geometry.patch_tiling; a patch is
     clipped to its block)."""
-    cuts = [lo, *range((lo // extent + 1) * extent, hi, extent), hi]
-    return sum(-(-n // patch) * min(patch, n) for n in (b - a for a, b in itertools.pairwise(cuts)))
+    return sum(-(-(b - a) // patch) * min(patch, b - a) for a, b in grid_spans(lo, hi, extent))
