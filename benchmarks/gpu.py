@@ -48,7 +48,7 @@ def _split_op(ops) -> int:
 
 
 def bench_net(name: str, edge: int, reps: int, patches: int, device, tmp: Path) -> list[str]:
-    from znni.engine.cpu_gpu import run_patches_cpu_gpu
+    from znni.engine.compute.cpu_gpu import run_patches_cpu_gpu
     from znni.primitives import dense_forward
     from znni.primitives.gpu.backend import GpuBackend
 
@@ -117,7 +117,7 @@ def _narrow(name: str, tmp: Path, width: int):
 
 def standin_smoke(tmp: Path) -> None:
     """The same code paths on the numpy stand-in: a correctness smoke, not a GPU figure."""
-    from znni.engine.cpu_gpu import run_patches_cpu_gpu
+    from znni.engine.compute.cpu_gpu import run_patches_cpu_gpu
     from znni.primitives import ReferenceBackend, dense_forward
     from znni.primitives.gpu.backend import GpuBackend
     from znni.primitives.gpu.device import HostDevice

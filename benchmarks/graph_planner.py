@@ -68,7 +68,7 @@ def export(kind: str, features: tuple[int, ...], folder: Path) -> Path:
 
 def measure(graph, plan, reps: int) -> tuple[float, float]:  # type: ignore[no-untyped-def]
     """(planned-primitives time, backend-choice time)."""
-    from znni.engine.graph_forward import make_graph_backend, run_graph
+    from znni.engine.compute.graph_forward import make_graph_backend, run_graph
 
     x = np.random.default_rng(0).random((1, 1, *graph.window), dtype=np.float32)
     backend = make_graph_backend("cpu", plan.spectra_bytes)
@@ -86,7 +86,7 @@ def measure(graph, plan, reps: int) -> tuple[float, float]:  # type: ignore[no-u
 
 def peak_child(path: str, window: int, limit: str) -> None:
     """In a fresh process: the resident bytes one first pass adds (input included)."""
-    from znni.engine.graph_forward import make_graph_backend, run_graph
+    from znni.engine.compute.graph_forward import make_graph_backend, run_graph
     from znni.engine.units import parse_bytes
     from znni.model.loading import load_model
     from znni.model.onnx_import import load_onnx

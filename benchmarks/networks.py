@@ -145,7 +145,7 @@ def slab_seconds(torch, spec: dict, params: dict, size, args) -> float:  # type:
 
 def child(args) -> None:  # type: ignore[no-untyped-def]
     """Run a plan's patch: one first pass, `reps` timed; JSON with seconds and VmHWM."""
-    from znni.engine.execution import build_backends, execution_for
+    from znni.engine.compute.execution import build_backends, execution_for
     from znni.planner.plan import Plan
     from znni.primitives.dense import dense_forward
 

@@ -63,7 +63,7 @@ def computed_per_output(region: tuple[int, ...], block: tuple[int, ...],
 
 def per_patch_plan(network, limit: int, region: tuple[int, int, int]):  # type: ignore[no-untyped-def]
     """The plan with the most predicted voxels/s per patch (ties: the smaller batch)."""
-    from znni.engine.layout import PLAN_FRACTION
+    from znni.engine.compute.layout import PLAN_FRACTION
     from znni.planner.detect import detect_machine
     from znni.planner.search import BATCHES, candidate_sizes, evaluate
 
@@ -120,8 +120,8 @@ def bench_case(network, case: str, reps: int, tmp: Path) -> None:  # type: ignor
 def bench_roi_case(network, case: str, reps: int, tmp: Path) -> None:  # type: ignore[no-untyped-def]
     import zarr
 
+    from znni.engine.compute.layout import choose_block_shape
     from znni.engine.job import SegmentJob
-    from znni.engine.layout import choose_block_shape
     from znni.engine.segment import prepare_run
     from znni.engine.units import parse_bytes, parse_roi
 

@@ -112,7 +112,7 @@ def runtime_predictor(name: str, onnx_path: Path):  # type: ignore[no-untyped-de
 
 def run_runtime(folder: Path, name: str, window: int, overlap: float) -> dict:
     """The same windows and blending as znni (engine.windows), each window by the runtime."""
-    from znni.engine.windows import WindowGrid, blend_box, read_window_input
+    from znni.engine.compute.windows import WindowGrid, blend_box, read_window_input
 
     t_setup = time.perf_counter()
     predict = runtime_predictor(name, folder / "basicunet.onnx")  # its import and compile
@@ -158,8 +158,8 @@ def spawn(name: str, folder: Path, args: argparse.Namespace) -> dict:
 def per_window(model, onnx_path: Path, window: int, limit: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
     import torch
 
-    from znni.engine.execution import planning_machine
-    from znni.engine.graph_forward import make_graph_backend, run_graph
+    from znni.engine.compute.execution import planning_machine
+    from znni.engine.compute.graph_forward import make_graph_backend, run_graph
     from znni.model.onnx_import import load_onnx
     from znni.planner.graph_search import plan_graph
 

@@ -154,7 +154,7 @@ def s3_job(job: object, local_input: str, chunks: tuple[int, int, int] | None) -
     input's) and its output there too."""
     import zarr
 
-    from znni.engine.stores import zarr_store
+    from znni.engine.io.stores import zarr_store
 
     src = zarr.open_array(local_input, mode="r")
     dst = zarr.create_array(store=zarr_store("s3://bench/in.zarr", read_only=False),
@@ -204,7 +204,7 @@ def main() -> None:
             raise SystemExit("--server-core needs at least 2 cores")
         os.sched_setaffinity(0, cores[:-1])  # before the backend sizes its thread pools
 
-    from znni.engine.blockwork import default_backend_name
+    from znni.engine.workers.mpf import default_backend_name
     from znni.primitives.backends import make_backend
 
     backend = make_backend(args.backend or default_backend_name())
@@ -225,9 +225,9 @@ def main() -> None:
 def measure(args: argparse.Namespace, backend: object, tmp: Path,
             server: subprocess.Popen | None) -> dict:
     """The fastest run of compute-only and of each end-to-end case over `args.reps`."""
+    from znni.engine.io.volume import open_or_create_output
     from znni.engine.job import SegmentJob
     from znni.engine.segment import _blocks_and_spec, make_worker, prepare_run, segment
-    from znni.engine.volume import open_or_create_output
     from znni.model.network import load_network
 
     inp = build_volume(tmp / "in.zarr", args.shape)

@@ -17,10 +17,10 @@ import numpy as np
 import zarr
 from engine_ref import slow_network, small_network, write_network, write_volume
 
+from znni.engine.io.ledger import ObjectLedger, read_ledger
+from znni.engine.io.stores import zarr_store
 from znni.engine.job import SegmentJob
-from znni.engine.ledger import ObjectLedger, read_ledger
 from znni.engine.segment import segment
-from znni.engine.stores import zarr_store
 from znni.model.network import load_network
 
 SHAPE, BLOCK = (24, 30, 36), (8, 10, 12)

@@ -12,7 +12,7 @@ from naive import close
 from server_util import Server, wait_job, write_models
 from test_jobs_e2e import reference
 
-from znni.engine.stores import zarr_store
+from znni.engine.io.stores import zarr_store
 
 ALLOWED = "s3://znni-test/allowed"
 

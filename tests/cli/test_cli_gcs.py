@@ -27,7 +27,7 @@ from store_runs import (
     traced,
 )
 
-from znni.engine.ledger import read_ledger
+from znni.engine.io.ledger import read_ledger
 
 pytestmark = pytest.mark.usefixtures("gcs_env")
 

@@ -164,7 +164,7 @@ def test_plan_says_the_mode_and_why(tmp_path, capsys) -> None:
     assert plan["window_peak_bytes"] <= plan["memory_budget_bytes"]
     assert main(["plan", str(onnx_path)]) == 0
     assert "mode: windowed" in capsys.readouterr().out
-    from znni.engine.layout import DEFAULT_BUDGET_FRACTION, PLAN_FRACTION
+    from znni.engine.compute.layout import DEFAULT_BUDGET_FRACTION, PLAN_FRACTION
     from znni.planner.machine import MachineProfile
 
     assert main(["plan", str(onnx_path), "--machine", "h100-host", "--json"]) == 0

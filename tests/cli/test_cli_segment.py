@@ -160,7 +160,7 @@ def test_cli_plan_for_an_input_plans_the_pass_segment_runs(setup: dict, capsys) 
     predicted time is reported. `--machine` keeps it from calibrating this machine."""
     import json
 
-    from znni.engine.layout import PLAN_FRACTION
+    from znni.engine.compute.layout import PLAN_FRACTION
 
     args = ["plan", setup["spec"], "--machine", "ci-2core", "--memory-limit", "1GiB"]
     assert main([*args, "--json"]) == 0

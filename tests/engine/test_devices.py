@@ -106,7 +106,7 @@ def test_failure_in_either_stage_marks_no_partial_block_and_resume_completes(
 ) -> None:
     """An error injected in the CPU or the GPU stage of a cpu-gpu run surfaces (no hang),
     the ledger lists only blocks that were written whole, and a rerun completes exactly."""
-    from znni.engine.ledger import read_ledger
+    from znni.engine.io.ledger import read_ledger
     from znni.primitives.cpu import CpuBackend
     from znni.primitives.gpu.backend import GpuBackend
 

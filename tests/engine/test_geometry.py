@@ -7,8 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
-from znni.engine.borders import read_with_border, reflect_indices
 from znni.engine.geometry import Box, Halo, make_block, patch_starts, patch_tiling, split_blocks
+from znni.engine.io.borders import read_with_border, reflect_indices
 
 
 def test_box_basics() -> None:

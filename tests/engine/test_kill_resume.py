@@ -14,7 +14,7 @@ import pytest
 import zarr
 from engine_ref import slow_network, write_network, write_volume
 
-from znni.engine.ledger import read_ledger
+from znni.engine.io.ledger import read_ledger
 
 SHAPE, BLOCK = (40, 50, 60), (8, 10, 12)
 TOTAL = 5 * 5 * 5

@@ -13,15 +13,15 @@ import zarr
 from engine_ref import dense_volume, small_network, write_network, write_volume
 from naive import close
 
-from znni.engine.execution import plan_job
-from znni.engine.geometry import Box, Halo, patch_tiling, split_blocks
-from znni.engine.job import SegmentJob
-from znni.engine.layout import (
+from znni.engine.compute.execution import plan_job
+from znni.engine.compute.layout import (
     block_bytes,
     choose_block_shape,
     input_cache_bytes,
 )
-from znni.engine.ledger import Ledger, fingerprint, read_ledger
+from znni.engine.geometry import Box, Halo, patch_tiling, split_blocks
+from znni.engine.io.ledger import Ledger, fingerprint, read_ledger
+from znni.engine.job import SegmentJob
 from znni.engine.segment import segment
 from znni.model.network import load_network
 

@@ -11,8 +11,8 @@ import zarr
 from engine_ref import dense_volume, small_network, write_network, write_volume
 from naive import close
 
+from znni.engine.io.ledger import read_ledger
 from znni.engine.job import SegmentCancelled, SegmentJob
-from znni.engine.ledger import read_ledger
 from znni.engine.segment import check_and_plan, segment
 from znni.model.network import load_network
 from znni.primitives.backends import make_backend
@@ -138,7 +138,7 @@ def test_first_block_is_read_while_the_output_is_created(tmp_path: Path, monkeyp
     """The output's creation waits here until the first block's read has begun: a run that
     read only after creating its output would never start, and the wait would time out."""
     import znni.engine.segment as seg
-    from znni.engine.blockwork import BlockWorker
+    from znni.engine.workers.mpf import BlockWorker
 
     job, vol, layers, params = _job(tmp_path)
     reading, created = threading.Event(), []

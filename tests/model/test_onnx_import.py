@@ -11,7 +11,7 @@ import pytest
 from naive import close
 from onnx import TensorProto, helper, numpy_helper
 
-from znni.engine.graph_forward import run_graph
+from znni.engine.compute.graph_forward import run_graph
 from znni.model.onnx_import import load_onnx
 from znni.primitives.backends import make_backend
 

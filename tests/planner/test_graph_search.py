@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from znni.engine.graph_choice import _candidates, choose, plan_window
-from znni.engine.graph_forward import run_graph
+from znni.engine.compute.graph_choice import _candidates, choose, plan_window
+from znni.engine.compute.graph_forward import run_graph
 from znni.model.loading import load_model
 from znni.planner.costs import CPU_CONV_PRIMITIVES
 from znni.planner.graph_search import (
@@ -248,7 +248,7 @@ def test_openvino_convs_apply_the_instance_norms_after_them(model, monkeypatch) 
     LeakyReLU after it) in its own compiled layer: the host's norm never runs, the result
     is the reference's, and the planner charges the norm to the conv."""
     pytest.importorskip("openvino")
-    from znni.engine import graph_forward
+    from znni.engine.compute import graph_forward
 
     graph = model.graph((16, 16, 16))
     x = np.random.default_rng(1).random((2, 1, 16, 16, 16), dtype=np.float32)
@@ -312,7 +312,7 @@ def test_a_batch_of_windows_shares_each_nodes_call_cost(model, monkeypatch) -> N
     and the batch's peak fits, else runs one window at a time. Without OpenVINO, whose
     layers run a call per window (nothing shared) and chain at batch 1 where batch 2 may
     pick other primitives."""
-    from znni.engine import graph_choice
+    from znni.engine.compute import graph_choice
     from znni.planner.graph_search import NODE_OVERHEAD_S
 
     monkeypatch.setattr("znni.planner.graph_search.openvino_ready", lambda: False)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from naive import close
 
-from znni.engine.graph_forward import KERNELS
+from znni.engine.compute.graph_forward import KERNELS
 from znni.primitives.cpu import graph_ops as g
 from znni.primitives.gpu.backend import GpuBackend
 from znni.primitives.gpu.device import HostDevice

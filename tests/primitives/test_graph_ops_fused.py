@@ -226,7 +226,7 @@ def _norm_graph(skip: bool):
 @pytest.mark.parametrize("skip", [False, True])
 def test_engine_fuses_norm_and_activation_without_touching_live_arrays(skip):
     """The norm runs in place (with the LeakyReLU) only where its input dies there."""
-    from znni.engine.graph_forward import run_graph
+    from znni.engine.compute.graph_forward import run_graph
     from znni.primitives.backends import make_backend
 
     graph, scale, bias = _norm_graph(skip)

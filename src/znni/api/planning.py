@@ -25,14 +25,14 @@ def plan_summary(
     request's input region) where given; ValueError for a request that cannot be
     planned."""
     if isinstance(model, OnnxModel):
-        from znni.engine.graph_plan import graph_plan
+        from znni.engine.compute.graph_plan import graph_plan
 
         other = _machine(settings) if settings.machine is not None else None
         return graph_plan(model, memory_limit_bytes, region, overlap, other, window)
     if window is not None:
         raise ValueError("window applies to ONNX graph models; this network is sequential "
                          "and its patch is planned")
-    from znni.engine.layout import region_seconds
+    from znni.engine.compute.layout import region_seconds
     from znni.planner.search import region_voxels_per_second
 
     plan = exact_plan(model, _machine(settings), settings, device, memory_limit_bytes, region)
@@ -59,7 +59,7 @@ def exact_plan(
     memory_limit_bytes: int | None, region: tuple[int, int, int] | None = None,
 ) -> Any:
     """The planner's plan (planner.Plan) for a sequential network, as a job would make it."""
-    from znni.engine.layout import pass_budget_bytes
+    from znni.engine.compute.layout import pass_budget_bytes
     from znni.planner.search import make_plan
 
     other = machine.memory_bytes if settings.machine is not None else None

@@ -229,7 +229,7 @@ async def job_preview(
 
 
 def _job_preview(job_id: int, state: ServerState, axis: str, index: int | None) -> Response:
-    from znni.engine.preview import preview_png
+    from znni.engine.output.preview import preview_png
 
     record = state.store.get(job_id)
     if record is None:

@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"znni {args.command}: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except RuntimeError as e:
-        from znni.engine.stores import StoreError
+        from znni.engine.io.stores import StoreError
 
         if not isinstance(e, StoreError) or os.environ.get("ZNNI_DEBUG"):
             raise

@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         f"throughput: {report.voxels_per_second:,.0f} output voxels/s "
         f"({report.voxels_written:,} voxels in {report.elapsed_s:.2f} s)"
     )
-    from znni.engine.preview import default_png, render_preview
+    from znni.engine.output.preview import default_png, render_preview
 
     middle = boundary.shape[0] // 2
     png = render_preview(str(out_path), default_png(str(out_path), "z", middle), "z", middle)

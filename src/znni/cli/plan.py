@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
                          "sequential network, whose patch the planner chooses")
     plan, machine = sequential_plan(network, args.device, limit, args.machine, region)
     if args.json:
-        from znni.engine.layout import region_seconds
+        from znni.engine.compute.layout import region_seconds
         from znni.planner.search import region_voxels_per_second
 
         extra = {} if region is None else {
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
 def graph_summary(args: argparse.Namespace, model: Any, limit: int | None,
                   region: tuple[int, int, int] | None) -> dict[str, Any]:
     """engine.graph_plan's summary for the command line's options."""
-    from znni.engine.graph_plan import graph_plan
+    from znni.engine.compute.graph_plan import graph_plan
     from znni.engine.units import parse_triple
     from znni.planner.machine import MachineProfile
 
@@ -118,10 +118,10 @@ def region_from_args(args: argparse.Namespace, in_channels: int) -> tuple[int, i
         if given:
             raise ValueError(f"{given[0]} needs --input, the volume to plan for")
         return None
-    from znni.engine.ome import level_path
-    from znni.engine.stores import check_location, parse_storage_options, register
+    from znni.engine.io.ome import level_path
+    from znni.engine.io.stores import check_location, parse_storage_options, register
+    from znni.engine.io.volume import open_input
     from znni.engine.units import parse_roi, roi_shape
-    from znni.engine.volume import open_input
 
     check_location(args.input, "input")
     register((args.input,), parse_storage_options(args.storage_option))
@@ -136,7 +136,7 @@ def sequential_plan(
 ) -> tuple[Plan, MachineProfile]:
     """The plan `znni segment` makes: within its pass budget (engine.layout), on this
     machine or the --machine profile."""
-    from znni.engine.layout import pass_budget_bytes
+    from znni.engine.compute.layout import pass_budget_bytes
     from znni.planner.detect import detect_machine
     from znni.planner.machine import MachineProfile
     from znni.planner.search import make_plan
@@ -208,7 +208,7 @@ def format_plan(
     region: tuple[int, int, int] | None = None,
 ) -> str:
     """The per-algorithm table (chosen one marked) and the chosen plan's layers."""
-    from znni.engine.layout import region_seconds
+    from znni.engine.compute.layout import region_seconds
     from znni.planner.search import region_voxels_per_second
 
     gpu = machine.gpu

@@ -18,8 +18,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from znni.engine.preview import default_png, read_slice, render_preview
-    from znni.engine.stores import parse_storage_options, register
+    from znni.engine.io.stores import parse_storage_options, register
+    from znni.engine.output.preview import default_png, read_slice, render_preview
 
     register((args.output,), parse_storage_options(args.storage_option))
 

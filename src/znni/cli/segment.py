@@ -53,9 +53,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def job_from_args(args: argparse.Namespace) -> SegmentJob:
     """Validate the command-line values and build the job; raises ValueError."""
+    from znni.engine.io.ome import level_path
+    from znni.engine.io.stores import parse_storage_options, register
     from znni.engine.job import SegmentJob
-    from znni.engine.ome import level_path
-    from znni.engine.stores import parse_storage_options, register
     from znni.engine.units import parse_bytes, parse_roi, parse_triple
 
     network = model_from_args(args)

@@ -14,19 +14,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from znni.engine.blockwork import BlockSpec
-from znni.engine.exact_graph import ExactGraphSpec, tile_output
-from znni.engine.execution import check_device, execution_for, plan_job
-from znni.engine.geometry import Block, Box, Halo, Triple, split_blocks
-from znni.engine.graph_choice import GraphChoice, choose, plan_window
-from znni.engine.job import ProgressEvent, SegmentJob, SegmentReport
-from znni.engine.layout import (
+from znni.engine.compute.execution import check_device, execution_for, plan_job
+from znni.engine.compute.graph_choice import GraphChoice, choose, plan_window
+from znni.engine.compute.layout import (
     PLAN_FRACTION,
     choose_block_shape,
     input_cache_bytes,
     memory_budget_bytes,
 )
-from znni.engine.ledger import (
+from znni.engine.compute.tiles import tile_output
+from znni.engine.compute.windows import WindowGrid
+from znni.engine.geometry import Block, Box, Halo, Triple, split_blocks
+from znni.engine.io.ledger import (
     BlockLedger,
     fingerprint,
     fingerprint_parts,
@@ -34,32 +33,34 @@ from znni.engine.ledger import (
     open_ledger,
     read_ledger,
 )
-from znni.engine.pipeline import ReadAhead, run_local
-from znni.engine.progress import Progress, StageTimer
-from znni.engine.store_memo import memo
-from znni.engine.stores import (
+from znni.engine.io.memo import memo
+from znni.engine.io.stores import (
     check_location,
     check_output_location,
     register,
     registered,
     resolved,
 )
-from znni.engine.target import OutputTarget, open_target, output_plan
-from znni.engine.units import resolve_roi
-from znni.engine.volume import (
+from znni.engine.io.volume import (
     InputVolume,
     check_existing_output,
     open_input,
     output_chunks,
 )
-from znni.engine.windowed import (
+from znni.engine.job import ProgressEvent, SegmentJob, SegmentReport
+from znni.engine.output.target import OutputTarget, open_target, output_plan
+from znni.engine.units import resolve_roi
+from znni.engine.workers.base import Worker
+from znni.engine.workers.exact_graph import ExactGraphSpec
+from znni.engine.workers.make import make_worker
+from znni.engine.workers.mpf import BlockSpec
+from znni.engine.workers.pipeline import ReadAhead, run_local
+from znni.engine.workers.progress import Progress, StageTimer
+from znni.engine.workers.windowed import (
     WINDOW_CACHE_BYTES,
     WindowedSpec,
-    Worker,
     check_window_options,
-    make_worker,
 )
-from znni.engine.windows import WindowGrid
 from znni.model.onnx_model import OnnxModel
 from znni.primitives.base import Backend
 
@@ -277,7 +278,7 @@ def segment(
         if worker is not None:
             run_local(worker, todo, on_done, timer, cancel, reads)
         else:
-            from znni.engine.distributed import run_dask
+            from znni.engine.workers.distributed import run_dask
 
             run_dask(spec, todo, on_done, timer, job.scheduler, cancel, registered())
     finally:

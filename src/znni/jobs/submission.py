@@ -105,8 +105,8 @@ def plan_region(
 ) -> tuple[int, int, int]:
     """The (z, y, x) shape of a plan request's input region, its input located as a job's
     is (`check_submission`) and read from its metadata alone; ValueError in API words."""
+    from znni.engine.io.volume import open_input
     from znni.engine.units import roi_shape
-    from znni.engine.volume import open_input
 
     path = _locate(data_root, allow_url, input, "input")
     if level is not None:
@@ -146,7 +146,7 @@ def input_level(root: Path, allow_url: tuple[str, ...], input_path: str, shown: 
                 level: int) -> str:
     """The array of level `level` of the OME-Zarr image at `input_path` (confined: the
     image's metadata may not lead out of the data root or the allowed URL prefixes)."""
-    from znni.engine.ome import level_path
+    from znni.engine.io.ome import level_path
 
     try:
         array = level_path(input_path, level)
@@ -198,8 +198,8 @@ def check_overwrite(output_path: str | Path, overwrite: bool, shown: str) -> Non
 
     (The engine refuses a ledger of another job; this also refuses an output without one.)
     """
-    from znni.engine.ledger import read_ledger
-    from znni.engine.stores import exists
+    from znni.engine.io.ledger import read_ledger
+    from znni.engine.io.stores import exists
 
     if overwrite or not exists(str(output_path)):
         return

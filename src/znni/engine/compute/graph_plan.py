@@ -1,0 +1,65 @@
+"""What a run of an ONNX graph model will do: its dense-output mode and why, its grid,
+and the window (windowed) or tile (exact) chosen within the memory budget."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from znni.engine.compute.graph_choice import choose, plan_window
+from znni.engine.compute.layout import pass_budget_bytes, region_seconds
+from znni.engine.compute.tiles import tile_output
+from znni.model.graph import window_dependence
+from znni.model.onnx_model import OnnxModel
+from znni.planner.machine import MachineProfile
+
+UNBOUNDED = (512, 512, 512)  # no region given: plan for a 512^3 volume
+EXACT_REASON = (
+    "window-independent: valid convolutions and pools, crops, upsampling and merges; "
+    "tiled on its downsampling grid, equal to one run over the border-extended volume"
+)
+
+
+def graph_plan(
+    model: OnnxModel, limit_bytes: int | None, region: tuple[int, int, int] | None = None,
+    overlap: float = 0.25, machine: MachineProfile | None = None,
+    window: tuple[int, int, int] | None = None,
+) -> dict[str, Any]:
+    """A JSON-ready summary (the `znni plan` and POST /v1/plan body for graph models): the
+    window `segment` would choose for `region` (the volume or ROI; None: UNBOUNDED) under
+    the same pass budget, and what it predicts for the whole region. `machine`: another
+    computer's profile (its budget, without a limit, half its memory), else this one;
+    `window`: the given window (or tile) instead of the chosen one."""
+    budget = pass_budget_bytes(limit_bytes, machine.memory_bytes if machine else None)
+    shape = region or UNBOUNDED
+    common = {
+        "network": model.name,
+        "in_channels": model.in_channels,
+        "out_channels": model.out_channels,
+        "size_factor": list(model.size_factor),
+        "min_window": list(model.min_window),
+        "fixed_window": list(model.fixed_window) if model.fixed_window else None,
+        "memory_budget_bytes": budget,
+    }
+    if window is not None:  # segment's --window: planned and checked, not chosen
+        choice = plan_window(model, window, budget, shape, overlap, machine)
+    else:
+        choice = choose(model, budget, shape, overlap, machine)
+    planned = {
+        "region": list(shape),
+        "region_given": region is not None,
+        "window_given": window is not None,
+        "passes": choice.passes,
+        "predicted_seconds": region_seconds(shape, choice.predicted_voxels_per_second),
+        "window": list(choice.window),
+        "window_peak_bytes": choice.plan.peak_bytes,
+        "batch": choice.plan.batch,
+        "predicted_window_s": choice.plan.predicted_window_s,
+        "predicted_voxels_per_second": choice.predicted_voxels_per_second,
+        "primitives": choice.plan.primitives,
+    }
+    if model.mode == "exact":
+        return {"mode": "exact", "reason": EXACT_REASON, **common,
+                "context": list(model.context),
+                "tile_output": list(tile_output(model, choice.window)), **planned}
+    reason = window_dependence(model.graph(choice.window)) or "its output has the window's size"
+    return {"mode": "windowed", "reason": reason, "overlap": overlap, **common, **planned}

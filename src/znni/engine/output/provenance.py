@@ -1,0 +1,65 @@
+"""What made an output: the `znni` attribute every output records (docs/design.md, "Volumes").
+
+Written on the output (a plain array's attributes, or an OME-Zarr group's next to
+`ome`) before its first block is computed, and again by every later run, so a
+running job's output already says which network, input and plan fill it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from znni.engine.geometry import Box
+from znni.engine.io.stores import resolved
+
+if TYPE_CHECKING:
+    from znni.engine.io.volume import InputVolume
+    from znni.engine.job import SegmentJob
+
+ATTR = "znni"
+
+
+def provenance(
+    job: SegmentJob, volume: InputVolume, region: Box, plan: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The provenance record of one run of `job` over `region`, following `plan`."""
+    from znni import __version__
+
+    plan = plan or {}
+    mode = str(plan.get("mode", "exact"))
+    whole = region == Box.from_shape(volume.shape)
+    record: dict[str, Any] = {
+        "version": __version__,
+        "network": {"name": job.network.name, "digest": job.network.digest},
+        "mode": mode,
+        "window": None,
+        "border": job.border,
+        "dtype": job.dtype,
+        "roi": None if whole else [[a, b] for a, b in zip(region.lo, region.hi, strict=True)],
+        "plan": plan,
+        "input": resolved(job.input_path),
+        "input_array": resolved(volume.ome.array_path if volume.ome else job.input_path),
+        "input_shape": [int(s) for s in volume.array.shape],
+        "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    if mode == "windowed":
+        record["window"] = {"window": plan.get("window"), "overlap": plan.get("overlap"),
+                            "blend": plan.get("blend")}
+    if volume.ome is not None:
+        record["level"] = volume.ome.level
+        record["voxel_size"] = list(volume.ome.scale)
+        record["translation"] = list(volume.ome.translation)
+        record["units"] = list(volume.ome.units)
+    return record
+
+
+def read_provenance(attrs: dict[str, Any], path: str) -> dict[str, Any]:
+    """The provenance in an output's attributes, or ValueError when it has none."""
+    record = attrs.get(ATTR)
+    if not isinstance(record, dict) or not isinstance(record.get("input_array"), str):
+        raise ValueError(
+            f"output {path} has no znni provenance (it was not written by this znni "
+            "version), so its input is unknown"
+        )
+    return record

@@ -1,0 +1,180 @@
+"""Where a run's blocks land: a plain Zarr array, or an OME-Zarr image with its pyramid.
+
+The format is `--output-format` when given (it must match an existing output), else
+the existing output's, else OME-Zarr exactly when the input is OME-Zarr. An OME-Zarr
+output is an NGFF 0.5 image group (Zarr format 3) with arrays `0` .. `K` of
+(c, z, y, x), `dimension_names` set, the input level's voxel size, offset and units,
+and the pyramid kept by `pyramid.PyramidBuilder`. Both formats carry the run's
+provenance under the `znni` attribute (`provenance.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from znni.engine.geometry import Block, Box, Triple
+from znni.engine.io.ome import group_attrs, is_group, ome_level, output_metadata
+from znni.engine.io.pyramid import Factors, PyramidBuilder, cumulative, level_shapes, level_steps
+from znni.engine.io.stores import basename, holds_anything, zarr_store
+from znni.engine.io.volume import InputVolume, open_or_create_output, output_compressors
+from znni.engine.job import SegmentJob
+from znni.engine.output.provenance import ATTR, provenance
+
+FORMATS = ("zarr", "ome-zarr")
+DIMENSIONS = ("c", "z", "y", "x")
+
+
+def existing_format(path: str) -> str | None:
+    """'ome-zarr' for an existing group, 'zarr' for anything else there, None when absent."""
+    if not holds_anything(path):
+        return None
+    return "ome-zarr" if is_group(path) else "zarr"
+
+
+def output_plan(job: SegmentJob, volume: InputVolume, out_shape: tuple[int, ...],
+                check: bool = True) -> tuple[str, Factors]:
+    """(output format, pyramid halving steps) of a job, checked against an existing output
+    (its levels' arrays too, unless `check` is False: checked already); raises ValueError,
+    writes nothing."""
+    fmt, existing = job.output_format, existing_format(job.output_path)
+    if fmt is not None and fmt not in FORMATS:
+        raise ValueError(f"output format {fmt!r} is not one of {', '.join(FORMATS)}")
+    if fmt is None:
+        fmt = existing or ("ome-zarr" if volume.ome is not None else "zarr")
+    elif existing is not None and existing != fmt:
+        kind = "an OME-Zarr image" if existing == "ome-zarr" else "a plain Zarr array"
+        raise ValueError(
+            f"existing output {job.output_path} is {kind}, not {fmt}; remove it or choose "
+            "another output path"
+        )
+    if fmt == "zarr":
+        if job.pyramid:
+            raise ValueError("--pyramid applies to OME-Zarr outputs (--output-format ome-zarr)")
+        return fmt, []
+    levels = job.pyramid
+    attrs = group_attrs(job.output_path) if existing is not None else {}  # read once
+    if levels is None and existing is not None:
+        levels = ome_level(job.output_path, 0, attrs).levels - 1
+    voxel = volume.ome.scale if volume.ome is not None else (1.0, 1.0, 1.0)
+    steps = level_steps(volume.shape, voxel, levels)
+    if existing is not None and check:
+        _check_levels(job, out_shape, steps, attrs)
+    return fmt, steps
+
+
+def _check_levels(job: SegmentJob, out_shape: tuple[int, ...], steps: Factors,
+                  attrs: dict[str, Any]) -> None:
+    """An existing OME-Zarr output (whose group attributes are `attrs`) must hold exactly the
+    levels this run would write."""
+    import zarr
+
+    path = job.output_path
+    first = ome_level(path, 0, attrs)
+    if first.levels != len(steps) + 1:
+        raise ValueError(
+            f"existing output {path} has {first.levels - 1} pyramid levels, this run writes "
+            f"{len(steps)}; give --pyramid {first.levels - 1}, remove it or choose another path"
+        )
+    for k, shape in enumerate(level_shapes(volume_shape(out_shape), steps)):
+        array_path = ome_level(path, k, attrs).array_path
+        try:
+            arr = zarr.open_array(store=zarr_store(array_path, read_only=True), mode="r")
+        except Exception as e:  # zarr raises several unrelated types for "not an array"
+            raise ValueError(f"existing output {path} has no level {k} array ({e})") from e
+        want = (out_shape[0], *shape)
+        if tuple(arr.shape) != want or np.dtype(arr.dtype) != np.dtype(job.dtype):
+            raise ValueError(
+                f"existing output {path} level {k} is {tuple(arr.shape)} {arr.dtype}, expected "
+                f"{want} {job.dtype}; remove it or choose another output path"
+            )
+
+
+def volume_shape(out_shape: tuple[int, ...]) -> Triple:
+    return (out_shape[1], out_shape[2], out_shape[3])
+
+
+@dataclass
+class OutputTarget:
+    """The opened output: level 0 for the block writers, the pyramid levels for the builder."""
+
+    path: str
+    format: str
+    level0: Any
+    level0_path: str
+    levels: list[Any]
+    steps: Factors
+    dtype: str
+    builder: PyramidBuilder | None = None
+
+    def worker_job(self, job: SegmentJob) -> SegmentJob:
+        """The job as block workers see it: writing straight into the level-0 array."""
+        return replace(job, output_path=self.level0_path)
+
+    def track(self, blocks: Sequence[Block], done: frozenset[str],
+              record: Callable[[Block], None]) -> Callable[[Block, np.ndarray | None], None]:
+        """The sweep's on_done(block, values written or None): `record` at once without a
+        pyramid, else after the block's levels are updated (so the ledger covers every
+        level)."""
+        if not self.steps:
+            return lambda block, values: record(block)
+        shape = volume_shape(tuple(self.level0.shape))
+        self.builder = PyramidBuilder(self.level0, self.levels, self.steps, shape, self.dtype,
+                                      blocks, done, record)
+        return self.builder.land
+
+    def close(self) -> None:
+        """Let the pyramid finish every landed block whose footprint is complete."""
+        if self.builder is not None:
+            self.builder.close()
+
+    def check(self) -> None:
+        """Raise a pyramid update's failure, if one happened."""
+        if self.builder is not None:
+            self.builder.check()
+
+
+def open_target(job: SegmentJob, volume: InputVolume, out_shape: tuple[int, ...],
+                chunks: Triple, region: Box, plan: dict[str, Any] | None) -> OutputTarget:
+    """Create or open the job's output and record this run's provenance on it (the job was
+    checked by `segment.prepare_run`, which also checked an existing output's levels)."""
+    fmt, steps = output_plan(job, volume, out_shape, check=False)
+    record = provenance(job, volume, region, plan)
+    if fmt == "zarr":
+        array = open_or_create_output(job.output_path, out_shape, job.dtype, chunks)
+        array.attrs.update({ATTR: record})
+        return OutputTarget(job.output_path, fmt, array, job.output_path, [], [], job.dtype)
+    arrays, level0_path = _open_ome(job, volume, out_shape, chunks, steps, record)
+    return OutputTarget(job.output_path, fmt, arrays[0], level0_path, arrays[1:], steps,
+                        job.dtype)
+
+
+def _open_ome(job: SegmentJob, volume: InputVolume, out_shape: tuple[int, ...], chunks: Triple,
+              steps: Factors, record: dict[str, Any]) -> tuple[list[Any], str]:
+    """(the level arrays, level 0's array path) of an OME-Zarr output, creating the image
+    when it is new."""
+    import zarr
+
+    path = job.output_path
+    if existing_format(path) is not None:
+        group = zarr.open_group(store=zarr_store(path, read_only=False), mode="r+")
+        attrs = group.attrs.asdict()
+        paths = [ome_level(path, k, attrs).array_path for k in range(len(steps) + 1)]
+        group.attrs.update({ATTR: record})
+        return [zarr.open_array(store=zarr_store(p, read_only=False), mode="r+")
+                for p in paths], paths[0]
+    meta = output_metadata(cumulative(steps), volume.ome, basename(path))
+    group = zarr.create_group(store=zarr_store(path, read_only=False), zarr_format=3,
+                              overwrite=True, attributes={"ome": meta, ATTR: record})
+    arrays = []
+    for k, shape in enumerate(level_shapes(volume.shape, steps)):
+        level_chunks = tuple(min(c, n) for c, n in zip(chunks, shape, strict=True))
+        arrays.append(group.create_array(
+            str(k), shape=(out_shape[0], *shape), chunks=(out_shape[0], *level_chunks),
+            dtype=job.dtype, fill_value=0, dimension_names=DIMENSIONS,
+            compressors=output_compressors(job.dtype),
+        ))
+    return arrays, ome_level(path, 0, {"ome": meta}).array_path

@@ -1,0 +1,75 @@
+"""What every block worker is, and the set-up the three kinds share.
+
+A worker computes any block of one job in one process: `read` the block's input (the
+reader thread calls it ahead), `compute` its encoded output, `write` it. The three kinds
+(`mpf.BlockWorker` for sequential networks, `exact_graph.ExactGraphWorker` for valid
+graphs, `windowed.WindowedWorker` for everything else) differ only in `read_box` and
+`compute`; they share `VolumeWorker`'s opened input and lazily opened output.
+Setting ZNNI_ENGINE_TRACE=FILE appends the key of every computed block to FILE, so
+tests and operators can see exactly what a run recomputed.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Protocol
+
+import numpy as np
+
+from znni.engine.geometry import Block
+from znni.engine.io.volume import open_input, write_block
+
+TRACE_ENV = "ZNNI_ENGINE_TRACE"
+
+
+class Worker(Protocol):
+    """The contract `pipeline.run_local` and `distributed.run_block_task` rely on."""
+
+    spec: Any  # the picklable job description the worker was made from
+
+    def read(self, block: Block) -> np.ndarray:
+        """The raw input the block needs, (C, *read box); called on the reader thread."""
+        ...
+
+    def compute(self, block: Block, raw: np.ndarray) -> np.ndarray:
+        """The block's encoded output, (Cout, *block.write.shape)."""
+        ...
+
+    def write(self, block: Block, values: np.ndarray) -> None:
+        """Store the block's output; called on the writer thread."""
+        ...
+
+    def run(self, block: Block) -> None:
+        """read, compute and write one block on this thread."""
+        ...
+
+
+class VolumeWorker:
+    """The input opened once (through its decoded-chunk cache) and the output opened at
+    the first write: the set-up every worker kind shares. `spec` has `input_path`,
+    `output_path` and `input_cache_bytes`."""
+
+    def __init__(self, spec: Any, in_channels: int, output_array: Any = None) -> None:
+        self.spec = spec
+        self.volume = open_input(spec.input_path, in_channels, spec.input_cache_bytes)
+        self.output = output_array  # None: spec.output_path, opened at the first write
+
+    def read(self, block: Block) -> np.ndarray:
+        raise NotImplementedError
+
+    def compute(self, block: Block, raw: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def write(self, block: Block, values: np.ndarray) -> None:
+        self.output = write_block(self.output, self.spec.output_path, block.write, values)
+
+    def run(self, block: Block) -> None:
+        self.write(block, self.compute(block, self.read(block)))
+
+
+def trace_block(block: Block) -> None:
+    """Append "PID BLOCK" to $ZNNI_ENGINE_TRACE when set (tests count computed blocks)."""
+    path = os.environ.get(TRACE_ENV)
+    if path:
+        with open(path, "a") as f:  # one short O_APPEND write: safe across processes
+            f.write(f"{os.getpid()} {block.key}\n")

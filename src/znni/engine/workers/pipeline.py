@@ -1,0 +1,113 @@
+"""The local block sweep: read-ahead and write-behind threads around the compute.
+
+While block i computes on the calling thread, block i+1 is read and decoded
+by the reader thread and block i-1 encoded and written by the writer
+thread. At most two inputs and two outputs are alive, which is what the
+layout's memory rule counts. A block is reported done only after its write
+returned, so the ledger never claims a block whose output is not on disk.
+The writer thread reports it (`on_done`: the ledger record, progress), so a
+ledger put to an object store or an fsync waits behind compute, not in front of it.
+`on_done` also gets the values just written, so an OME pyramid can be made from them
+instead of reading level 0 back (`pyramid.PyramidBuilder.land`).
+The reader thread (`ReadAhead`) may be started before the sweep: `segment` reads the
+first block's input while it still creates the output and its ledger, which on an object
+store are a dozen requests in a row.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+
+from znni.engine.geometry import Block
+from znni.engine.job import SegmentCancelled
+from znni.engine.workers.base import Worker
+from znni.engine.workers.progress import StageTimer
+
+
+def _timed(timer: StageTimer, stage: str, fn: Callable[[], object]) -> object:
+    t0 = time.perf_counter()
+    try:
+        return fn()
+    finally:
+        timer.add(stage, time.perf_counter() - t0)
+
+
+class ReadAhead:
+    """The sweep's reader thread: a block's input read and decoded while others compute."""
+
+    def __init__(self, worker: Worker, timer: StageTimer) -> None:
+        self.worker, self.timer = worker, timer
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="znni-read")
+        self.started: dict[str, Future] = {}  # block key -> its read, begun before the sweep
+
+    def start(self, block: Block) -> None:
+        """Begin reading `block` now; `take` hands its read over later."""
+        self.started[block.key] = self._submit(block)
+
+    def take(self, block: Block) -> Future:
+        """The read of `block`: the one `start` began, else a new one."""
+        started = self.started.pop(block.key, None)
+        return started if started is not None else self._submit(block)
+
+    def close(self) -> None:
+        """Wait for a read in progress and drop queued ones."""
+        self.started.clear()
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+    def _submit(self, block: Block) -> Future:
+        return self.pool.submit(_timed, self.timer, "read", lambda: self.worker.read(block))
+
+
+def run_local(
+    worker: Worker,
+    blocks: Sequence[Block],
+    on_done: Callable[[Block, np.ndarray | None], None],
+    timer: StageTimer,
+    cancel: threading.Event | None = None,
+    reads: ReadAhead | None = None,
+) -> None:
+    """Run `blocks` in order; raises SegmentCancelled after the current block if cancelled.
+    `reads`: a reader already started on `blocks[0]` (closed here); None: a new one."""
+    reader = reads if reads is not None else ReadAhead(worker, timer)
+    if not blocks:
+        reader.close()
+        return
+    writer = ThreadPoolExecutor(1, thread_name_prefix="znni-write")
+
+    def write(block: Block, values: np.ndarray) -> None:
+        _timed(timer, "write", lambda: worker.write(block, values))
+        on_done(block, values)  # in order: one writer thread
+
+    def wait(fut: Future) -> object:
+        return _timed(timer, "wait", fut.result)
+
+    pending_write: Future | None = None
+    try:
+        next_read: Future | None = reader.take(blocks[0])
+        for i, block in enumerate(blocks):
+            assert next_read is not None
+            raw = wait(next_read)
+            stop = cancel is not None and cancel.is_set()
+            next_read = None
+            if i + 1 < len(blocks) and not stop:
+                next_read = reader.take(blocks[i + 1])
+            out = _timed(timer, "compute", lambda b=block, r=raw: worker.compute(b, r))
+            del raw
+            if pending_write is not None:
+                wait(pending_write)
+            pending_write = writer.submit(write, block, out)
+            del out
+            if cancel is not None and cancel.is_set():
+                wait(pending_write)
+                pending_write = None
+                raise SegmentCancelled(f"cancelled after {i + 1} of {len(blocks)} blocks")
+        wait(pending_write)
+        pending_write = None
+    finally:
+        reader.close()
+        writer.shutdown(wait=True, cancel_futures=True)

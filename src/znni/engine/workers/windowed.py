@@ -1,0 +1,164 @@
+"""Windowed dense output for graph models (docs/design.md, "Planned"): MONAI-equal blending.
+
+Windows of shape W sit on the whole volume's grid (`windows.WindowGrid`, MONAI's
+scan); a block only groups the windows that touch its write box, so the result does
+not depend on the block layout. A window that touches two blocks is blended into
+both; a worker keeps such windows' outputs (bounded in bytes) for the next blocks,
+so it computes each once while they fit (Dask workers each keep their own).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from znni.engine.compute.graph_forward import make_graph_backend, run_graph
+from znni.engine.compute.windows import (
+    BlendMode,
+    WindowGrid,
+    blend_box,
+    window_group,
+    windows_touching,
+)
+from znni.engine.geometry import Block, Box, Triple
+from znni.engine.io.volume import encode_output
+from znni.engine.workers.base import VolumeWorker, trace_block
+from znni.lru import BytesLRU
+from znni.model.onnx_model import OnnxModel
+from znni.primitives.base import Backend
+
+BLEND_MODES = ("gaussian", "constant")
+# A window that straddles a block boundary is blended into every block it touches; its
+# output is kept (LRU, bounded in bytes) so the neighbouring blocks do not compute it
+# again (at 256^3 with 64^3 windows and 128^3 blocks, 216 window runs instead of 125).
+# segment() gives it an eighth of the memory budget, at least this.
+WINDOW_CACHE_BYTES = 256 * 2**20
+
+
+@dataclass(frozen=True)
+class WindowedSpec:
+    """Everything a worker needs to compute any block of a windowed job (picklable)."""
+
+    model: OnnxModel
+    input_path: str
+    output_path: str
+    dtype: str
+    grid: WindowGrid
+    blend: str
+    backend_name: str = "cpu"
+    primitives: tuple[tuple[str, str], ...] = ()  # conv node -> the planner's primitive
+    spectra_bytes: int = 0  # kernel spectra the fft-keep convs keep between windows
+    # outputs of windows that reach beyond the block, kept for the next blocks they touch
+    window_cache_bytes: int = WINDOW_CACHE_BYTES
+    input_cache_bytes: int = 0  # decoded input chunks kept between blocks (0: none)
+    batch: int = 1  # windows run as one batch (windows.window_group), the planner's choice
+
+
+class WindowedWorker(VolumeWorker):
+    """Reads, computes and writes blocks of a windowed job in this process."""
+
+    spec: WindowedSpec
+
+    def __init__(
+        self, spec: WindowedSpec, backend: Backend | None = None, output_array: Any = None
+    ) -> None:
+        super().__init__(spec, spec.model.in_channels, output_array)
+        self.backend = backend or make_graph_backend(spec.backend_name, spec.spectra_bytes)
+        self.graph = spec.model.graph(spec.grid.window)
+        self.primitives = dict(spec.primitives)
+        self._kept = BytesLRU(spec.window_cache_bytes)  # an LRU bounded in bytes
+
+    def read_box(self, block: Block) -> Box:
+        """The input (volume coordinates) that the windows touching the block, and the
+        windows batched with them, cover."""
+        grid = self.spec.grid
+        starts = [g for s in windows_touching(grid, block.write.lo, block.write.hi)
+                  for g in window_group(grid, s, self.spec.batch)]
+        pad, vol, win = grid.pad_before, grid.volume_shape, grid.window
+        lo = [max(0, min(s[i] for s in starts) - pad[i]) for i in range(3)]
+        hi = [min(vol[i], max(s[i] for s in starts) + win[i] - pad[i]) for i in range(3)]
+        return Box((lo[0], lo[1], lo[2]), (hi[0], hi[1], hi[2]))
+
+    def read(self, block: Block) -> np.ndarray:
+        return self.volume.read(self.read_box(block))  # (C, RZ, RY, RX)
+
+    def compute(self, block: Block, raw: np.ndarray) -> np.ndarray:
+        """Encoded (Cout, *block.write.shape) blended output of the block."""
+        model, grid = self.spec.model, self.spec.grid
+        x = raw.astype(np.float32)  # (C, RZ, RY, RX)
+        if model.input_scale != 1.0:
+            x *= np.float32(model.input_scale)
+        if model.input_shift != 0.0:
+            x += np.float32(model.input_shift)
+        origin = self.read_box(block).lo
+        ready: dict[Triple, np.ndarray] = {}  # batched with an earlier window of this block
+        touching: set[Triple] = set()  # the block's windows, listed at its first group
+
+        def run_window(start: Triple) -> np.ndarray:
+            out = ready.pop(start, None)
+            if out is None:
+                out = self._kept.get(start)
+            if out is None:
+                if not touching:
+                    touching.update(windows_touching(grid, block.write.lo, block.write.hi))
+                out = self._run_group(x, origin, block, start, ready, touching)
+            return out
+
+        mode: BlendMode = self.spec.blend  # type: ignore[assignment]
+        out = blend_box(grid, block.write.lo, block.write.hi, run_window, mode, model.out_channels)
+        trace_block(block)
+        return encode_output(out, self.spec.dtype)
+
+    def _run_group(self, x: np.ndarray, origin: Triple, block: Block, start: Triple,
+                   ready: dict[Triple, np.ndarray], touching: set[Triple]) -> np.ndarray:
+        """Run `start`'s window group as one batch; the others' outputs go to `ready`
+        when this block (whose windows are `touching`) blends them, and are kept when
+        another block will."""
+        grid = self.spec.grid
+        group = window_group(grid, start, self.spec.batch)
+        batch = np.stack([_window_input(x, origin, s, grid) for s in group])  # (B, C, *W)
+        outs = run_graph(self.graph, batch, self.backend, self.primitives)  # (B, Cout, *W)
+        for s, out in zip(group, outs, strict=True):
+            if not _inside(grid, s, block):
+                self._keep(s, out if len(group) == 1 else out.copy())  # not the whole batch
+            if s != start and s in touching:
+                ready[s] = out
+        return outs[group.index(start)]
+
+    def _keep(self, start: Triple, out: np.ndarray) -> None:
+        """Keep a straddling window's output, evicting the least recently used."""
+        self._kept.put(start, out)
+
+
+def _window_input(x: np.ndarray, origin: Triple, start: Triple, grid: WindowGrid) -> np.ndarray:
+    """The window's input from the block's read array; zeros where the window leaves the
+    volume (MONAI pads volumes smaller than W with zeros)."""
+    lo = [start[i] - grid.pad_before[i] for i in range(3)]  # volume coordinates
+    vol, win = grid.volume_shape, grid.window
+    src = tuple(
+        slice(max(0, lo[i]) - origin[i], min(vol[i], lo[i] + win[i]) - origin[i]) for i in range(3)
+    )
+    part = x[(slice(None), *src)]
+    if part.shape[1:] == grid.window:
+        return part
+    out = np.zeros((x.shape[0], *grid.window), np.float32)
+    dst = tuple(slice(max(0, -lo[i]), max(0, -lo[i]) + part.shape[1 + i]) for i in range(3))
+    out[(slice(None), *dst)] = part
+    return out
+
+
+def _inside(grid: WindowGrid, start: Triple, block: Block) -> bool:
+    """Whether the window at `start` (padded frame) lies within the block's write box."""
+    pad, win = grid.pad_before, grid.window
+    lo, hi = block.write.lo, block.write.hi
+    return all(lo[a] + pad[a] <= start[a] and start[a] + win[a] <= hi[a] + pad[a]
+               for a in range(3))
+
+
+def check_window_options(overlap: float, blend: str) -> None:
+    if not 0.0 <= overlap < 1.0:
+        raise ValueError(f"overlap {overlap} must be in [0, 1)")
+    if blend not in BLEND_MODES:
+        raise ValueError(f"blend mode {blend!r} is not one of {', '.join(BLEND_MODES)}")

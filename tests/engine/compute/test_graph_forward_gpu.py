@@ -1,0 +1,83 @@
+"""A torch-exported U-Net through run_graph on the GPU backend: every node on the device
+(the stand-in here; a real CUDA device in the @gpu test) agrees with the CPU backend."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from naive import close
+
+from znni.engine.compute.graph_forward import run_graph
+from znni.model.onnx_import import load_onnx
+from znni.primitives.backends import make_backend
+from znni.primitives.gpu.cupy_device import cuda_available
+
+WINDOW = (6, 16, 20)
+
+
+def _unet_onnx(path: Path) -> Path:
+    """A tiny U-Net: padded convs, a strided conv, instance norm, reflect pad, max pool,
+    ConvTranspose, trilinear upsample, concat, softmax; exported with TorchScript."""
+    torch = pytest.importorskip("torch")
+    nn, f = torch.nn, torch.nn.functional
+
+    class TinyUNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.e1 = nn.Sequential(
+                nn.Conv3d(2, 4, 3, padding=1), nn.InstanceNorm3d(4, affine=True), nn.ReLU()
+            )
+            self.down = nn.Conv3d(4, 6, (1, 2, 2), stride=(1, 2, 2))
+            self.e2 = nn.Sequential(nn.Conv3d(6, 6, (1, 3, 3)), nn.InstanceNorm3d(6), nn.ELU())
+            self.up = nn.ConvTranspose3d(6, 4, (1, 2, 2), stride=(1, 2, 2))
+            self.out = nn.Conv3d(12, 3, 1)
+
+        def forward(self, x):
+            a = self.e1(x)
+            b = self.e2(f.pad(self.down(a), (1, 1, 1, 1, 0, 0), mode="reflect"))
+            u = self.up(b)
+            v = f.interpolate(f.max_pool3d(a, (1, 2, 2)), scale_factor=(1, 2, 2), mode="trilinear")
+            return torch.softmax(self.out(torch.cat([a, u, v], 1)), 1)
+
+    torch.manual_seed(0)
+    model = TinyUNet().eval()
+    x = torch.randn(1, 2, *WINDOW)
+    torch.onnx.export(model, (x,), path, input_names=["x"], output_names=["y"], dynamo=False)
+    return path
+
+
+def _compare(tmp_path: Path, backend_name: str, **options) -> list[tuple[str, int]]:
+    """run_graph on `backend_name` vs the CPU backend; the backend's (op tag, chunks) log."""
+    graph = load_onnx(_unet_onnx(tmp_path / "unet.onnx"))
+    ops = Counter(n.op for n in graph.nodes)
+    assert {"pad", "instance_norm", "conv_transpose", "resize", "concat", "softmax"} <= set(ops)
+    x = np.random.default_rng(3).standard_normal((2, 2, *WINDOW)).astype(np.float32)
+    want = run_graph(graph, x, make_backend("cpu"))
+    backend = make_backend(backend_name, **options)
+    try:
+        got = run_graph(graph, x, backend)
+        assert close(got, want)
+        ran = {tag.split(":")[-1] for tag, _ in backend.sub_batches if ":" in tag}
+        assert {"pad", "instance_norm", "conv_transpose", "resize", "concat", "softmax"} <= ran
+        assert backend.device.in_use_bytes == 0
+        return backend.sub_batches
+    finally:
+        backend.device.close()
+
+
+def test_unet_on_the_standin_gpu_equals_cpu(tmp_path: Path) -> None:
+    _compare(tmp_path, "gpu-standin")
+
+
+def test_unet_on_a_small_standin_cap_still_equals_cpu(tmp_path: Path) -> None:
+    log = _compare(tmp_path, "gpu-standin", memory_cap_bytes=300_000)
+    assert max(n for tag, n in log if tag.startswith("graph:")) >= 2  # some node was split
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cuda_available(), reason="needs CuPy and a CUDA device")
+def test_unet_on_the_gpu_equals_cpu(tmp_path: Path) -> None:
+    _compare(tmp_path, "gpu")
