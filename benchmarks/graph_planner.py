@@ -7,7 +7,7 @@ MONAI's BasicUNet and UNet (windows 64^3 and 96^3) and benchmarks/valid_unet.py'
 valid U-Net (exact-mode tiles 92^3 and 132^3).
 
 For each network and window: the planner's per-window time and peak memory
-(planner.graph_search on this machine's calibrated profile; `znni plan` calibrates
+(planner.graph.search on this machine's calibrated profile; `znni plan` calibrates
 once) against the measured median time of `--reps` passes with the planned
 primitives, and the measured peak over a first pass in a fresh backend, in a child
 process: its peak resident set (VmHWM, reset once the backend exists) less its resident
@@ -91,7 +91,7 @@ def peak_child(path: str, window: int, limit: str) -> None:
     from znni.model.loading import load_model
     from znni.model.onnx_import import load_onnx
     from znni.planner.detect import detect_machine
-    from znni.planner.graph_search import plan_graph
+    from znni.planner.graph.search import plan_graph
 
     small = load_onnx(Path(path), load_model(Path(path)).min_window)
     run_graph(small, np.zeros((1, 1, *small.window), np.float32), make_graph_backend("cpu", 0))
@@ -127,7 +127,7 @@ def main() -> None:
     from znni.engine.units import parse_bytes
     from znni.model.onnx_import import load_onnx
     from znni.planner.detect import detect_machine
-    from znni.planner.graph_search import plan_graph
+    from znni.planner.graph.search import plan_graph
 
     machine = detect_machine()
     limit = parse_bytes(args.limit)

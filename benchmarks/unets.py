@@ -161,7 +161,7 @@ def per_window(model, onnx_path: Path, window: int, limit: int) -> dict[str, flo
     from znni.engine.compute.execution import planning_machine
     from znni.engine.compute.graph_forward import make_graph_backend, run_graph
     from znni.model.onnx_import import load_onnx
-    from znni.planner.graph_search import plan_graph
+    from znni.planner.graph.search import plan_graph
 
     x = np.random.default_rng(1).random((1, 1, window, window, window), dtype=np.float32)
     graph = load_onnx(onnx_path, (window,) * 3)

@@ -156,7 +156,7 @@ def test_only_a_compiled_layer_imports_openvino() -> None:
     code = (
         "import sys\n"
         "import numpy as np\n"
-        "from znni.planner.graph_search import openvino_ready\n"
+        "from znni.planner.graph.search import openvino_ready\n"
         "from znni.primitives.backends import make_backend\n"
         "assert openvino_ready()\n"
         "assert 'openvino' not in sys.modules, 'imported by the planner'\n"

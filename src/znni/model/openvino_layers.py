@@ -1,7 +1,7 @@
 """Which OpenVINO convs of a graph hand their output on channels-last, and which run one
 after another in one compiled layer (primitives/cpu/openvino_conv; docs/design.md, "Planned").
 
-The executor (engine.graph_forward) and the planner (planner.graph_search) read the same
+The executor (engine.graph_forward) and the planner (planner.graph.search) read the same
 answers, so what is predicted is what runs.
 """
 

@@ -9,7 +9,7 @@ layers stream from DRAM and fault in fresh pages, small ones run from cache)
 is then fitted per primitive as a time factor linear in log(working set)
 (MachineProfile.cpu_scaling). The graph primitives (Winograd, OpenVINO's conv,
 instance norm, graph_ops' strided and transposed convs) are then fitted on their
-models' own terms (calibrate_graph.py). Results are cached per machine in
+models' own terms (graph/calibrate.py). Results are cached per machine in
 $XDG_CACHE_HOME/znni, so a process calibrates once.
 """
 
@@ -90,7 +90,7 @@ def calibrated_profile(
                         () if quick else FFT_SHAPES)
     rates = fit_rates([(w, t) for _, w, t, _ in rows], dict(DEFAULT_CPU_RATES))
     scaling = fit_scaling(rows, rates)
-    from znni.planner.calibrate_graph import graph_rates
+    from znni.planner.graph.calibrate import graph_rates
 
     rates = graph_rates(replace(profile, cpu_rates=rates), quick)
     out = replace(profile, cpu_rates=rates,

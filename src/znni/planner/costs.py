@@ -18,7 +18,7 @@ from znni.primitives.fft_sizes import padded_shape, spectrum_points
 
 # A fresh process's first pass over a window or patch pays once for what later passes
 # reuse: the page faults (and transparent huge-page compaction) of the pass's peak, and
-# the kernel transforms (planner.graph_search.first_pass_seconds; per region for
+# the kernel transforms (planner.graph.search.first_pass_seconds; per region for
 # sequential networks, planner.search.region_voxels_per_second). BasicUNet first minus
 # second pass over one window, over the planned peak
 # (fresh processes, CI kind, 2026-11-23): 1.3-2.2 ns/byte at 128^3 (446 MiB), 0.5-1.5 at

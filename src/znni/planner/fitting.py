@@ -1,4 +1,4 @@
-"""The calibrations' least squares (calibrate.py, calibrate_graph.py): multipliers of a cost
+"""The calibrations' least squares (calibrate.py, graph/calibrate.py): multipliers of a cost
 model's terms that make predicted over measured time 1, none of them negative."""
 
 from __future__ import annotations

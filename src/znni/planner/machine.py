@@ -26,27 +26,27 @@ DEFAULT_CPU_RATES: dict[str, float] = {
     "direct_flops_per_s": 40e9,  # direct conv as GEMMs
     # one Conv3d compiled with OpenVINO 2026.4 at f32 (+ the instance norm after it) for
     # one window, reading and writing numpy's memory in place, fitted by the calibration
-    # (calibrate_graph.py) on openvino_costs.openvino_terms: 181 GFLOP/s on the Intel host of
+    # (graph/calibrate.py) on openvino_costs.openvino_terms: 181 GFLOP/s on the Intel host of
     # the CI kind (2026-11-24; its brgconv kernel ran 221-280 GFLOP/s alone on 16 -> 16 at
     # 64^3-96^3, the AMD host's 202 at 64^3). Fitted with the earlier terms (copies 1.8
     # passes, 2.3 ms a call) it had been 289-299; calibrated per machine
     "openvino_flops_per_s": 180e9,
     # Winograd F(4,3): the alpha^3 = 216 batched (Cout, Cin) @ (Cin, T) GEMMs, fitted with
-    # planner/graph_search.WINOGRAD_PASSES on benchmarks/winograd.py's five U-Net layers
+    # planner/graph/search.WINOGRAD_PASSES on benchmarks/winograd.py's five U-Net layers
     # (16-128 channels, 16^3-64^3 outputs, 4 MiB chunks; medians of two runs, each layer
     # within 0.88-1.16 of the fit, CI kind, 2026-11-23)
     "winograd_flops_per_s": 37e9,
     # ... and its transforms' traffic over V and M (winograd_costs.WINOGRAD_PASSES); the
-    # default is memory_bytes_per_s's. Both calibrated per machine (calibrate_graph.py)
+    # default is memory_bytes_per_s's. Both calibrated per machine (graph/calibrate.py)
     "winograd_bytes_per_s": 10e9,
     # instance and group norm: two reads and an in-place write in cache-sized row tiles
-    # (graph_search.OP_TRAFFIC); the default is memory_bytes_per_s's, calibrated per machine
+    # (graph.search.OP_TRAFFIC); the default is memory_bytes_per_s's, calibrated per machine
     "norm_bytes_per_s": 10e9,
     # graph_ops' strided, transposed and general convs: GEMMs over kernel offsets and phase
-    # splits (graph_op_costs' slowdowns on top); the default is direct_flops_per_s's. A
+    # splits (graph/op_costs' slowdowns on top); the default is direct_flops_per_s's. A
     # rate of its own because the direct conv's fit can put its time in the gather term and
     # leave a GEMM rate no other GEMM reaches (276 GFLOP/s on an Intel host, 2026-11-24);
-    # calibrated per machine (calibrate_graph.py)
+    # calibrated per machine (graph/calibrate.py)
     "graph_gemm_flops_per_s": 40e9,
     "gather_bytes_per_s": 30e9,  # direct conv: filling and reading the column buffers
     "memory_bytes_per_s": 10e9,  # element-wise passes: crop, bias, activation, MPF

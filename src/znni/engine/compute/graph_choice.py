@@ -1,13 +1,13 @@
 """Choosing the window (windowed) or tile (exact) of a graph model with the planner.
 
 Every candidate (the same number of grid steps on each axis, within the region and a
-per-axis cap) is planned (planner.graph_search: a primitive per conv, a predicted
+per-axis cap) is planned (planner.graph.search: a primitive per conv, a predicted
 time and peak); among those whose peak fits the budget, the one with the most
 predicted output voxels per second over the region wins. That weighs a window's
 cost against the recomputed overlap: windowed runs compute MONAI's scan of windows
 (more, smaller windows overlap more), exact runs one tile per grid step of output; and
 a run's first pass, which pays once for the pages of its peak and the import of openvino
-(planner.graph_search.first_pass_seconds): large windows make few passes to share it.
+(planner.graph.search.first_pass_seconds): large windows make few passes to share it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from znni.engine.compute.tiles import tile_output
 from znni.engine.compute.windows import WindowGrid
 from znni.model.graph import Graph
 from znni.model.onnx_model import OnnxModel
-from znni.planner.graph_search import GraphPlan, first_pass_seconds, plan_graph
+from znni.planner.graph.search import GraphPlan, first_pass_seconds, plan_graph
 from znni.planner.machine import MachineProfile
 
 Triple = tuple[int, int, int]

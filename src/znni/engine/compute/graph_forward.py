@@ -49,7 +49,7 @@ def run_graph(
 ) -> np.ndarray:
     """(N, C, *graph.window) -> (N, graph.out_channels, *graph.out_window), float32.
 
-    `primitives`: conv node name -> CPU primitive the planner chose (planner.graph_search);
+    `primitives`: conv node name -> CPU primitive the planner chose (planner.graph.search);
     used on the CPU backend, where a conv without one is left to the backend's choice."""
     chosen = primitives if primitives is not None and backend.name == "cpu" else {}
     if x.ndim != 5 or x.shape[1] != graph.in_channels or tuple(x.shape[2:]) != graph.window:

@@ -18,7 +18,7 @@ with 0, +-1, +-1/2 (both within the 1e-4 bound). F(2,3) uses 0, 1, -1. F(6,3) (a
 uses 0, +-1, +-1/2, +-2: 4-5e-5 on the same statistics (16-128 channels, 8^3-96^3; the
 points +-3/2 or +-3 instead of +-2 gave 7e-5 and 3e-4), so the planner offers it only for
 the big layers where it measures faster and only after `tile_error` on the layer's own
-weights (winograd_error.py, planner/winograd_costs.py).
+weights (winograd_error.py, planner/graph/winograd_costs.py).
 
 Layout: a chunk of tiles (one sample, a range of z-tile rows and y-tile rows, every x
 tile) is transformed axis by axis (x, then y, then z) as GEMMs with B^T (alpha x alpha) on strided

@@ -15,7 +15,7 @@ from znni.model.openvino_layers import (
     openvino_chains,
     openvino_output_node,
 )
-from znni.planner.graph_layers import conv_layer
+from znni.planner.graph.layers import conv_layer
 from znni.planner.machine import MachineProfile
 
 # openvino_seconds' terms. Each layer is compiled for one window and writes channels-last
@@ -29,7 +29,7 @@ from znni.planner.machine import MachineProfile
 # run 1.8 ms a call slower than their windows alone), put 8 of the 19 convs on OpenVINO
 # and took 24.4-26.2 s at 256^3 and 7.1-7.5 s at 128^3; charging 0.5 ms it put 17 there,
 # 22.0-23.6 s and 6.0-7.1 s (alternated, same host and day). The calibration fits the rate
-# with these terms fixed (calibrate_graph.py)
+# with these terms fixed (graph/calibrate.py)
 OPENVINO_COPY_PASSES = 0.8
 OPENVINO_NORM_PASSES = 1.3
 OPENVINO_CALL_S = 0.5e-3
@@ -108,7 +108,7 @@ def openvino_terms(
     layer: LayerShape, machine: MachineProfile, passes: int | None = None, norm: bool = False
 ) -> tuple[float, float]:
     """(multiply-add seconds, the rest) of `openvino_seconds`: the calibration
-    (calibrate_graph.py) fits the rate by the first."""
+    (graph/calibrate.py) fits the rate by the first."""
     rate = machine.rate("openvino_flops_per_s")
     rate *= sqrt(min(1.0, layer.channels_in / OPENVINO_CHANNEL_BLOCK))
     if 2 * layer.channels_in * prod(layer.kernel) >= 27 * OPENVINO_CHANNEL_BLOCK:  # bound by

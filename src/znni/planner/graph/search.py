@@ -35,8 +35,8 @@ from znni.planner.costs import (
     cpu_seconds,
     layer_seconds,
 )
-from znni.planner.graph_layers import conv_layer
-from znni.planner.graph_op_costs import (
+from znni.planner.graph.layers import conv_layer
+from znni.planner.graph.op_costs import (
     phase_split_conv,
     scatter_transpose_bytes,
     scatter_transpose_work,
@@ -44,9 +44,7 @@ from znni.planner.graph_op_costs import (
     strided_conv_work,
     upsample_transpose,
 )
-from znni.planner.machine import MachineProfile
-from znni.planner.memory import conv_workspace_bytes, kernel_spectra_bytes
-from znni.planner.openvino_costs import (
+from znni.planner.graph.openvino_costs import (
     OPENVINO_IMPORT_S,
     OPENVINO_KEPT_PER_INPUT_BYTE,
     OPENVINO_KEPT_PER_NORMED_OUTPUT_BYTE,
@@ -58,7 +56,9 @@ from znni.planner.openvino_costs import (
     openvino_seconds,
     paired,
 )
-from znni.planner.winograd_costs import winograd_bytes, winograd_primitives, winograd_seconds
+from znni.planner.graph.winograd_costs import winograd_bytes, winograd_primitives, winograd_seconds
+from znni.planner.machine import MachineProfile
+from znni.planner.memory import conv_workspace_bytes, kernel_spectra_bytes
 
 GEMM_OPS = ("conv", "conv_transpose")  # general convs run as GEMMs over kernel offsets
 PASS_THROUGH = ("identity", "dropout", "slice")  # views (engine/graph_forward): no traffic
@@ -132,7 +132,7 @@ def other_seconds(graph: Graph, node: Node, machine: MachineProfile, batch: int 
     written = sum(prod(graph.shapes[t][1:]) for t in node.outputs)
     moved_bytes = (reads * read + writes * written) * FLOAT_BYTES
     cores = machine.cores if parallel else 1
-    if node.op in NORM_OPS:  # at their own calibrated rate (calibrate_graph.py)
+    if node.op in NORM_OPS:  # at their own calibrated rate (graph/calibrate.py)
         norm_s = moved_bytes / cores / machine.rate("norm_bytes_per_s")
         return batch * norm_s + call_s + NODE_OVERHEAD_S
     work = Work(memory_bytes=moved_bytes / cores, calls=0)

@@ -14,7 +14,13 @@ from znni.engine.compute.graph_choice import _candidates, choose, plan_window
 from znni.engine.compute.graph_forward import run_graph
 from znni.model.loading import load_model
 from znni.planner.costs import CPU_CONV_PRIMITIVES
-from znni.planner.graph_search import (
+from znni.planner.graph.openvino_costs import (
+    OPENVINO_KEPT_PER_INPUT_BYTE,
+    OPENVINO_KEPT_PER_NORMED_OUTPUT_BYTE,
+    OPENVINO_RUNTIME_BYTES,
+    openvino_ready,
+)
+from znni.planner.graph.search import (
     conv_layer,
     fast_conv,
     first_pass_seconds,
@@ -22,14 +28,8 @@ from znni.planner.graph_search import (
     unbuilt_concats,
     winograd_bytes,
 )
+from znni.planner.graph.winograd_costs import chunk_rounds_factor
 from znni.planner.machine import MachineProfile
-from znni.planner.openvino_costs import (
-    OPENVINO_KEPT_PER_INPUT_BYTE,
-    OPENVINO_KEPT_PER_NORMED_OUTPUT_BYTE,
-    OPENVINO_RUNTIME_BYTES,
-    openvino_ready,
-)
-from znni.planner.winograd_costs import chunk_rounds_factor
 from znni.primitives.backends import make_backend
 
 torch = pytest.importorskip("torch")
@@ -54,12 +54,12 @@ def test_every_fast_conv_gets_a_primitive_and_the_peak_counts_lifetimes(
 ) -> None:
     machine = MachineProfile.load("ci-2core")
     # no channels-last hand-on and no chains here (their bytes are checked in their tests)
-    monkeypatch.setattr("znni.planner.openvino_costs.channels_last_convs", lambda *a: frozenset())
-    monkeypatch.setattr("znni.planner.openvino_costs.openvino_chains", lambda *a: {})
+    monkeypatch.setattr("znni.planner.graph.openvino_costs.channels_last_convs", lambda *a: frozenset())
+    monkeypatch.setattr("znni.planner.graph.openvino_costs.openvino_chains", lambda *a: {})
     if openvino_rate is not None:  # and its copies and calls free: every conv on it
-        monkeypatch.setattr("znni.planner.openvino_costs.OPENVINO_COPY_PASSES", 0.0)
-        monkeypatch.setattr("znni.planner.openvino_costs.OPENVINO_NORM_PASSES", 0.0)
-        monkeypatch.setattr("znni.planner.openvino_costs.OPENVINO_CALL_S", 0.0)
+        monkeypatch.setattr("znni.planner.graph.openvino_costs.OPENVINO_COPY_PASSES", 0.0)
+        monkeypatch.setattr("znni.planner.graph.openvino_costs.OPENVINO_NORM_PASSES", 0.0)
+        monkeypatch.setattr("znni.planner.graph.openvino_costs.OPENVINO_CALL_S", 0.0)
         machine = replace(machine, cpu_rates={**machine.cpu_rates,
                                               "openvino_flops_per_s": openvino_rate})
     graph = model.graph((32, 32, 32))
@@ -109,7 +109,7 @@ def test_decoder_concats_read_in_parts_take_no_buffer_and_free_their_parts(model
 def test_a_single_input_channel_conv_is_never_planned_on_winograd(model, monkeypatch) -> None:
     """Its 216 GEMMs would have depth 1, which numpy runs without BLAS; even with Winograd's
     rate made enormous, the first conv (1 -> 8) gets another primitive, the others may not."""
-    monkeypatch.setattr("znni.planner.graph_search.openvino_ready", lambda: False)
+    monkeypatch.setattr("znni.planner.graph.search.openvino_ready", lambda: False)
     ci = MachineProfile.load("ci-2core")
     machine = replace(ci, cpu_rates={**ci.cpu_rates, "winograd_flops_per_s": 1e15})
     graph = model.graph((32, 32, 32))
@@ -155,13 +155,13 @@ def test_the_chosen_window_is_the_fastest_that_fits(model) -> None:
 def test_the_first_pass_is_counted_once_per_run(model, monkeypatch) -> None:
     """A fresh run pays once for the pages of its peak: weighed against the passes, it
     moves a small region's choice to a window with a smaller peak when it is costly."""
-    monkeypatch.setattr("znni.planner.graph_search.openvino_ready", lambda: False)
+    monkeypatch.setattr("znni.planner.graph.search.openvino_ready", lambda: False)
     budget, region = 2**32, (64, 64, 64)
     free = choose(model, budget, region)
     run_s = free.passes * free.plan.predicted_window_s + first_pass_seconds(free.plan)
     assert free.predicted_voxels_per_second == pytest.approx(prod(region) / run_s)
     assert _candidates(model, (256, 256, 256))[-1] == (256, 256, 256)  # up to MAX_WINDOW
-    monkeypatch.setattr("znni.planner.graph_search.FIRST_PASS_S_PER_PEAK_BYTE", 1e-3)
+    monkeypatch.setattr("znni.planner.graph.search.FIRST_PASS_S_PER_PEAK_BYTE", 1e-3)
     costly = choose(model, budget, region)
     assert costly.plan.peak_bytes < free.plan.peak_bytes and costly.window < free.window
 
@@ -172,7 +172,7 @@ def test_the_first_pass_pages_exclude_what_openvino_layers_keep(model) -> None:
     without OpenVINO)."""
     if not openvino_ready():
         pytest.skip("needs OpenVINO")
-    from znni.planner import graph_search
+    from znni.planner.graph import search as graph_search
 
     ci = MachineProfile.load("ci-2core")
     machine = replace(ci, cpu_rates={**ci.cpu_rates, "openvino_flops_per_s": 1e15})
@@ -221,7 +221,7 @@ def test_f63_is_weighed_on_whole_tiles_of_long_rows_within_its_error_bound(
     """BasicUNet(8, ..) at 96^3: its 96^3 convs (16 x tiles of 6) get F(6,3), faster by the
     model; the 48^3 ones (8 x tiles), the 1-channel first conv and every conv of a 64^3
     window (ragged tiles) never; with the error bound at 0, no conv."""
-    monkeypatch.setattr("znni.planner.graph_search.openvino_ready", lambda: False)
+    monkeypatch.setattr("znni.planner.graph.search.openvino_ready", lambda: False)
     machine = MachineProfile.load("ci-2core")
 
     def winograd6(window: int) -> dict[tuple[int, ...], set[str]]:
@@ -239,7 +239,7 @@ def test_f63_is_weighed_on_whole_tiles_of_long_rows_within_its_error_bound(
     assert all(not any(p.startswith("winograd6") for p in prims)
                for size, prims in at96.items() if size != (96, 96, 96))
     assert not any("winograd6" in p for prims in winograd6(64).values() for p in prims)
-    monkeypatch.setattr("znni.planner.winograd_costs.WINOGRAD6_MAX_TILE_ERROR", 0.0)
+    monkeypatch.setattr("znni.planner.graph.winograd_costs.WINOGRAD6_MAX_TILE_ERROR", 0.0)
     assert not any("winograd6" in p for prims in winograd6(96).values() for p in prims)
 
 
@@ -267,7 +267,7 @@ def test_openvino_convs_apply_the_instance_norms_after_them(model, monkeypatch) 
     with pytest.raises(AssertionError, match="host ran"):  # on Winograd the host norms run
         run_graph(graph, x, make_backend("cpu"), {k: "direct" for k in prims})
 
-    from znni.planner.openvino_costs import openvino_seconds
+    from znni.planner.graph.openvino_costs import openvino_seconds
 
     machine = MachineProfile.load("ci-2core")
     i = next(i for i, n in enumerate(graph.nodes) if fast_conv(n))
@@ -277,7 +277,7 @@ def test_openvino_convs_apply_the_instance_norms_after_them(model, monkeypatch) 
 
 def test_openvino_pays_for_idle_channel_lanes_and_shares_its_first_call() -> None:
     from znni.planner.costs import LayerShape
-    from znni.planner.openvino_costs import openvino_seconds, openvino_terms
+    from znni.planner.graph.openvino_costs import openvino_seconds, openvino_terms
 
     ci = MachineProfile.load("ci-2core")
     machine = replace(ci, cpu_rates={**ci.cpu_rates, "memory_bytes_per_s": 1e15})
@@ -313,9 +313,9 @@ def test_a_batch_of_windows_shares_each_nodes_call_cost(model, monkeypatch) -> N
     layers run a call per window (nothing shared) and chain at batch 1 where batch 2 may
     pick other primitives."""
     from znni.engine.compute import graph_choice
-    from znni.planner.graph_search import NODE_OVERHEAD_S
+    from znni.planner.graph.search import NODE_OVERHEAD_S
 
-    monkeypatch.setattr("znni.planner.graph_search.openvino_ready", lambda: False)
+    monkeypatch.setattr("znni.planner.graph.search.openvino_ready", lambda: False)
 
     machine = MachineProfile(name="t", cores=2, memory_bytes=2**33)
     graph = model.graph((32, 32, 32))
@@ -354,7 +354,7 @@ def test_winograd_cost_counts_the_rounds_of_chunks_its_workers_run() -> None:
     """A layer small enough for one chunk keeps one of two cores busy: twice the time per
     unit of work of a layer whose chunks split evenly (winograd.chunks decides both)."""
     from znni.model.network import LayerShape
-    from znni.planner.winograd_costs import winograd_seconds
+    from znni.planner.graph.winograd_costs import winograd_seconds
     from znni.primitives.cpu.winograd import CHUNK_BYTES, chunks
 
     def layer(c: int, n: int) -> LayerShape:
@@ -387,7 +387,7 @@ def test_a_channels_last_hand_on_is_not_charged_its_copies(model, monkeypatch) -
         pytest.skip("needs OpenVINO")
     from znni.model.graph import reader_counts
     from znni.model.openvino_layers import channels_last_convs, openvino_output_node
-    from znni.planner import openvino_costs
+    from znni.planner.graph import openvino_costs
 
     ci = MachineProfile.load("ci-2core")
     machine = replace(ci, cpu_rates={**ci.cpu_rates, "openvino_flops_per_s": 1e15})
@@ -432,7 +432,7 @@ def test_convs_chained_in_one_openvino_layer_save_a_call_and_the_tensor_between(
         pytest.skip("needs OpenVINO")
     from znni.model.graph import reader_counts
     from znni.model.openvino_layers import absorbs_next_norm, openvino_chains
-    from znni.planner import openvino_costs
+    from znni.planner.graph import openvino_costs
 
     ci = MachineProfile.load("ci-2core")
     machine = replace(ci, cpu_rates={**ci.cpu_rates, "openvino_flops_per_s": 1e15})
@@ -477,7 +477,8 @@ def test_convs_that_would_chain_move_to_openvino_together_where_the_link_pays(mo
         pytest.skip("needs OpenVINO")
     from znni.model.graph import reader_counts
     from znni.model.openvino_layers import openvino_chains
-    from znni.planner import graph_search, openvino_costs
+    from znni.planner.graph import openvino_costs
+    from znni.planner.graph import search as graph_search
 
     machine, graph = MachineProfile.load("ci-2core"), model.graph((32, 32, 32))
     options = graph_search._conv_options(graph, machine, graph.peak_tensor_bytes(), 2**33, 27, 1)

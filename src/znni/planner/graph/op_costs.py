@@ -1,4 +1,4 @@
-"""Costs of the general conv kernels graph_ops runs for graph networks (planner.graph_search):
+"""Costs of the general conv kernels graph_ops runs for graph networks (planner.graph.search):
 the phase-split strided conv and the scatter transposed conv, as counted work over this
 machine's calibrated rates, and the strided conv's temporaries."""
 
@@ -15,7 +15,7 @@ from znni.planner.costs import Work
 # 3 fresh processes each (CI kind, 2026-11-24; 54 nodes, relative error, rms log 0.12,
 # 0.72-1.18 of measured; an earlier set of 3 gave 1.41): its GEMMs (Cout 16-64) run at
 # 1/1.5 of the calibrated direct-conv rate (graph_gemm_flops_per_s since, calibrated on
-# these convs themselves: calibrate_graph.py), and the split costs one pass over the phases
+# these convs themselves: graph/calibrate.py), and the split costs one pass over the phases
 # it writes. (The 2026-11-23 fit, 2.2 and 4 passes, predicted these nodes at 1.1-1.8x
 # their time: rms log 0.42.)
 STRIDED_GEMM_SLOWDOWN = 1.5

@@ -11,7 +11,7 @@ direct conv's fitted GEMM rate (276 GFLOP/s there: that fit puts the conv's time
 gather term), at half their time. So `calibrate.calibrated_profile` also runs each of them
 at U-Net layer shapes through the real primitives, and relative least squares on the cost
 model's own terms (winograd_costs.winograd_terms, openvino_costs.openvino_terms, the norm's
-traffic as graph_search.other_seconds counts it) scales their rates; the constants of
+traffic as graph/search.other_seconds counts it) scales their rates; the constants of
 those terms (passes, factors, call costs) stay as fitted.
 """
 
@@ -69,7 +69,7 @@ def graph_rates(profile: MachineProfile, quick: bool = False) -> dict[str, float
         gemm_shapes = QUICK_GRAPH_GEMM_SHAPES if quick else GRAPH_GEMM_SHAPES
         (gemm_m,) = relative_fit(graph_gemm_rows(profile, gemm_shapes))
         rates["graph_gemm_flops_per_s"] /= gemm_m
-        from znni.planner.openvino_costs import openvino_ready
+        from znni.planner.graph.openvino_costs import openvino_ready
 
         if not quick and openvino_ready():
             try:
@@ -128,7 +128,7 @@ def conv_rows(backend: object, profile: MachineProfile, shapes: tuple, primitive
 
 
 def winograd_rows(backend: object, profile: MachineProfile, shapes: tuple) -> list[Row]:
-    from znni.planner.winograd_costs import winograd_terms
+    from znni.planner.graph.winograd_costs import winograd_terms
 
     def terms(layer: LayerShape) -> tuple[tuple[float, ...], float]:
         gemm_s, moved_s, fixed_s = winograd_terms(layer, profile)
@@ -138,7 +138,7 @@ def winograd_rows(backend: object, profile: MachineProfile, shapes: tuple) -> li
 
 
 def openvino_rows(backend: object, profile: MachineProfile, shapes: tuple) -> list[Row]:
-    from znni.planner.openvino_costs import openvino_terms
+    from znni.planner.graph.openvino_costs import openvino_terms
 
     def terms(layer: LayerShape) -> tuple[tuple[float, ...], float]:
         flops_s, rest_s = openvino_terms(layer, profile)
@@ -149,7 +149,7 @@ def openvino_rows(backend: object, profile: MachineProfile, shapes: tuple) -> li
 
 def norm_rows(profile: MachineProfile, shapes: tuple) -> list[Row]:
     """Instance norm in place, as a window runs it (engine/graph_forward.INPLACE)."""
-    from znni.planner.graph_search import NODE_OVERHEAD_S, OP_TRAFFIC
+    from znni.planner.graph.search import NODE_OVERHEAD_S, OP_TRAFFIC
     from znni.primitives.cpu import graph_ops
 
     reads, writes, _, call_s = OP_TRAFFIC["instance_norm"]
@@ -185,9 +185,9 @@ def _strided_node(op: str, cin: int, cout: int, side: int, rng: np.random.Genera
 
 def graph_gemm_rows(profile: MachineProfile, shapes: tuple) -> list[Row]:
     """graph_ops' phase-split strided convs and scatter transposed convs, as a window runs
-    them (engine/graph_forward); the fitted term is their GEMMs (graph_op_costs)."""
-    from znni.planner.graph_op_costs import scatter_transpose_work, strided_conv_work
-    from znni.planner.graph_search import other_seconds
+    them (engine/graph_forward); the fitted term is their GEMMs (graph/op_costs)."""
+    from znni.planner.graph.op_costs import scatter_transpose_work, strided_conv_work
+    from znni.planner.graph.search import other_seconds
     from znni.primitives.cpu import graph_ops
 
     rng = np.random.default_rng(0)

@@ -99,7 +99,7 @@ def winograd_terms(
     layer: LayerShape, machine: MachineProfile, primitive: str = "winograd"
 ) -> tuple[float, float, float]:
     """(GEMM seconds, transform-traffic seconds, fixed seconds) of `winograd_seconds`: the
-    calibration (calibrate_graph.py) fits the two rates by the first two."""
+    calibration (graph/calibrate.py) fits the two rates by the first two."""
     m = _tile(primitive)
     alpha3 = (m + 2) ** 3
     t = winograd_tiles(layer, m)

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from znni.model.loading import load_model
-from znni.planner.graph_op_costs import phase_split_conv, strided_geometry
-from znni.planner.graph_search import fast_conv, plan_graph
+from znni.planner.graph.op_costs import phase_split_conv, strided_geometry
+from znni.planner.graph.search import fast_conv, plan_graph
 from znni.planner.machine import MachineProfile
 
 torch = pytest.importorskip("torch")
@@ -44,7 +44,7 @@ def test_strided_convs_carry_their_phase_split_workspace(unet) -> None:
 def test_scatter_transposed_convs_carry_their_uncropped_output(unet) -> None:
     """k=3, s=2 upsamplings add into an uncropped output (2n+1 per axis) and slab products
     of K*Cout rows; run alone (no pool below 4 MiB), one slab product at a time."""
-    from znni.planner.graph_op_costs import scatter_transpose_bytes, upsample_transpose
+    from znni.planner.graph.op_costs import scatter_transpose_bytes, upsample_transpose
 
     graph = unet.graph((24, 24, 24))
     plan = plan_graph(graph, MachineProfile.load("ci-2core"))

@@ -1,4 +1,4 @@
-"""Calibration of the graph primitives (planner/calibrate_graph.py): the fit on the cost
+"""Calibration of the graph primitives (planner/graph/calibrate.py): the fit on the cost
 model's own terms, the rates each model term reads, and a real quick calibration."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from znni.model.network import LayerShape
-from znni.planner import calibrate_graph as cg
-from znni.planner.graph_search import openvino_seconds, other_seconds
+from znni.planner.graph import calibrate as cg
+from znni.planner.graph.search import openvino_seconds, other_seconds
+from znni.planner.graph.winograd_costs import winograd_seconds, winograd_terms
 from znni.planner.machine import DEFAULT_CPU_RATES, MachineProfile
-from znni.planner.winograd_costs import winograd_seconds, winograd_terms
 
 
 def _profile(**rates: float) -> MachineProfile:
@@ -88,7 +88,7 @@ def test_an_openvino_that_does_not_import_keeps_its_default_rate(monkeypatch, ca
     OpenVINO's default rate and says why."""
     import sys
 
-    from znni.planner import graph_search
+    from znni.planner.graph import search as graph_search
 
     if not graph_search.openvino_ready():
         pytest.skip("needs the openvino package installed")
@@ -96,7 +96,7 @@ def test_an_openvino_that_does_not_import_keeps_its_default_rate(monkeypatch, ca
     for name in ("WINOGRAD_SHAPES", "NORM_SHAPES", "GRAPH_GEMM_SHAPES"):
         monkeypatch.setattr(cg, name, getattr(cg, "QUICK_" + name))
     base = _profile()
-    with caplog.at_level("WARNING", logger="znni.planner.calibrate_graph"):
+    with caplog.at_level("WARNING", logger="znni.planner.graph.calibrate"):
         rates = cg.graph_rates(base)
     assert rates["openvino_flops_per_s"] == base.cpu_rates["openvino_flops_per_s"]
     assert "OpenVINO's conv could not be calibrated" in caplog.text
