@@ -106,7 +106,8 @@ def measure(plan: Plan, patches: int, layers: bool = False) -> dict:
 
 
 def plan_at(net, machine: MachineProfile, size: int, limit: int) -> Plan:  # type: ignore[no-untyped-def]
-    plans = evaluate(net, machine, "cpu", net.layer_shapes((size,) * 3), limit, 0)
+    plans = evaluate(net, machine, "cpu", net.layer_shapes((size,) * 3), host_bytes=limit,
+                     gpu_bytes=0)
     if not plans:
         raise ValueError(f"{net.name} at {size}^3 does not fit in {limit} bytes")
     return plans[0]
@@ -165,8 +166,10 @@ def forced(net, machine: MachineProfile, chosen: Plan, prims: tuple, limit: int)
                layer_seconds(sh, q, machine, spectra_budget=kept if q == "fft-keep" else None)
                for i, (sh, q) in enumerate(zip(shapes, prims, strict=True))]
     stage = Stage("cpu", tuple(shapes), tuple(prims), tuple(seconds), tuple(per_layer))
-    return build(net, machine, "cpu", shapes, None, [stage], stage.seconds, peak, 0,
-                 shapes[-1].batch_out * prod(shapes[-1].size_out), limit, 0)
+    return build(net, machine, "cpu", shapes, split_op=None, stages=[stage],
+                 patch_s=stage.seconds, peak=peak, gpu_peak=0,
+                 out_voxels=shapes[-1].batch_out * prod(shapes[-1].size_out),
+                 host_bytes=limit, gpu_bytes=0)
 
 
 def alternatives(net, machine: MachineProfile, chosen: Plan, limit: int) -> list[Plan]:  # type: ignore[no-untyped-def]

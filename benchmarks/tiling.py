@@ -70,7 +70,7 @@ def per_patch_plan(network, limit: int, region: tuple[int, int, int]):  # type: 
     machine, host = detect_machine(), int(limit * PLAN_FRACTION)
     plans = [p for size in candidate_sizes(network, region) for batch in BATCHES
              for p in evaluate(network, machine, "cpu", network.layer_shapes(size, batch),
-                               host, 0)]
+                               host_bytes=host, gpu_bytes=0)]
     return max(plans, key=lambda p: (p.predicted_voxels_per_second, -p.batch))
 
 

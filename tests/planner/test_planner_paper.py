@@ -47,6 +47,6 @@ def test_larger_patches_are_better_on_the_cpu(paper_plan) -> None:
     rates = []
     for j in (2, 6, 12, 24):
         size = net.input_size_for((8 * j,) * 3)
-        plans = evaluate(net, PAPER, "cpu", net.layer_shapes(size), 10**13, 0)
+        plans = evaluate(net, PAPER, "cpu", net.layer_shapes(size), host_bytes=10**13, gpu_bytes=0)
         rates.append(plans[0].predicted_voxels_per_second)
     assert rates == sorted(rates)

@@ -85,6 +85,22 @@ def test_impossible_limit_and_bad_device_raise() -> None:
         make_plan(net, machine=CI, device="gpu")
 
 
+def test_make_plan_calibrates_only_when_asked(monkeypatch) -> None:
+    """Without a machine, the detected one gets the rates `calibrate` names (passing nothing
+    never measures); with a machine, calibrate=True is refused rather than ignored."""
+    from znni.planner import search
+
+    asked = []
+    monkeypatch.setattr(search, "detect_machine",
+                        lambda *, calibrate: asked.append(calibrate) or CI)
+    net = znni_network("n337")
+    assert make_plan(net, device="cpu") == make_plan(net, machine=CI, device="cpu")
+    make_plan(net, calibrate=None, device="cpu")
+    assert asked == [False, None]
+    with pytest.raises(ValueError, match="calibrate=True"):
+        make_plan(net, machine=CI, calibrate=True)
+
+
 def test_region_rate_counts_whole_patches_in_whole_batches() -> None:
     plan = make_plan(znni_network("n337"), machine=CI, device="cpu",
                      memory_limit_bytes=3 * 2**30)
@@ -112,5 +128,6 @@ def test_plan_for_a_region_is_the_fastest_over_that_region(name: str,
     plan = make_plan(net, machine=CI, device="cpu", memory_limit_bytes=limit, max_output=region)
     rates = [region_voxels_per_second(p, region)
              for size in candidate_sizes(net, region) for batch in BATCHES
-             for p in evaluate(net, CI, "cpu", net.layer_shapes(size, batch), limit, 0)]
+             for p in evaluate(net, CI, "cpu", net.layer_shapes(size, batch), host_bytes=limit,
+                               gpu_bytes=0)]
     assert region_voxels_per_second(plan, region) >= 0.99 * max(rates)

@@ -104,7 +104,9 @@ def calibrated_profile(
     return out
 
 
-def _conv_shape(s: int, f: int, g: int, k: int, n: int) -> LayerShape:
+def _conv_shape(shape: tuple[int, int, int, int, int]) -> LayerShape:
+    """The layer of a calibration shape (batch S, Cin f, Cout g, kernel k, input side n)."""
+    s, f, g, k, n = shape
     return LayerShape(0, "conv", s, f, (n, n, n), s, g, (n - k + 1,) * 3, (k, k, k))
 
 
@@ -137,7 +139,7 @@ def measurements(shapes: tuple, pools: tuple, quick: bool, fft_shapes: tuple = (
         x = rng.standard_normal((s, f, n, n, n), dtype=np.float32)
         w = rng.standard_normal((g, f, k, k, k), dtype=np.float32)
         b = np.zeros(g, np.float32)
-        sh = _conv_shape(s, f, g, k, n)
+        sh = _conv_shape((s, f, g, k, n))
         for prim in prims:
             t = _timed(lambda p=prim, x=x, w=w, b=b: backend.conv3d(x, w, b, None, p), reps)
             rows.append((prim, cpu_conv_work(sh, prim, SPECTRA_BYTES), t, working_set_bytes(sh)))

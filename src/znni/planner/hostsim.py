@@ -117,7 +117,7 @@ def _kernel_spectra(sim: HostSim, sh: LayerShape, cout: int, padded: tuple[int, 
 
 
 def _freq_product(
-    sim: HostSim, s: int, cin: int, cout: int, nf: int, threads: int, chunk_cout: int = 0
+    sim: HostSim, s: int, *, cin: int, cout: int, nf: int, threads: int, chunk_cout: int = 0
 ) -> None:
     """freq_product: each running task holds (fc, Cin, S) and (fc, Cout, S) complex copies;
     fc from fft_conv._chunk_f (about 1 MiB of inputs and outputs, at least 64)."""
@@ -136,7 +136,7 @@ def fft_conv(sim: HostSim, sh: LayerShape, keep: bool, threads: int) -> None:
     m = fft_tiles(sh, "fft-keep" if keep else "fft-recompute", sim.sp_bound)
     tiled = tiled_layer(sh, m)
     if tiled is sh:
-        _fft_conv3d(sim, sh, keep, threads)
+        _fft_conv3d(sim, sh, keep=keep, threads=threads)
         return
     nf = spectrum_points(padded_shape(tiled.size_in))
     cin, cout = sh.channels_in, sh.channels_out
@@ -150,14 +150,15 @@ def fft_conv(sim: HostSim, sh: LayerShape, keep: bool, threads: int) -> None:
         kbytes = 0 if keep else _kernel_spectra(sim, tiled, part, padded_shape(tiled.size_in))
         for b in _chunk_sizes(tiled.batch_in, group):
             chunk = replace(tiled, batch_in=b, batch_out=b, channels_out=part)
-            _fft_conv3d(sim, chunk, keep, threads, given=not keep)  # its (b, part, t_out) result
+            # its (b, part, t_out) result
+            _fft_conv3d(sim, chunk, keep=keep, threads=threads, given=not keep)
             sim.release(chunk.out_bytes)
         sim.release(kbytes)
     sim.release(buf)
 
 
 def _fft_conv3d(
-    sim: HostSim, sh: LayerShape, keep: bool, threads: int, given: bool = False
+    sim: HostSim, sh: LayerShape, *, keep: bool, threads: int, given: bool = False
 ) -> None:
     """fft_conv3d (with CpuBackend.kept_spectra first when `keep`; `given`: spectra the caller
     made and holds, used like kept ones). Input is already live."""
@@ -179,12 +180,13 @@ def _fft_conv3d(
         ibytes = b * cout * (nf * COMPLEX_BYTES + oz * oy * padded[2] * FLOAT_BYTES)
         sim.checkout(ikey, ibytes)
         if keep or given:
-            _freq_product(sim, b, cin, cout, nf, threads)
+            _freq_product(sim, b, cin=cin, cout=cout, nf=nf, threads=threads)
         else:
             oc = max(1, min(cout, RECOMPUTE_BYTES // max(1, cin * nf * COMPLEX_BYTES)))
             for width in _chunk_sizes(cout, oc):
                 kbytes = _kernel_spectra(sim, sh, width, padded)
-                _freq_product(sim, b, cin, width, nf, threads, chunk_cout=cout)
+                _freq_product(sim, b, cin=cin, cout=width, nf=nf, threads=threads,
+                              chunk_cout=cout)
                 sim.release(kbytes)
         sim.checkin(fkey, fbytes)
         sim.checkin(ikey, ibytes)

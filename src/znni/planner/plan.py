@@ -14,10 +14,15 @@ batch of fragments. The engine's CPU-GPU pipeline takes the same index.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
-ALGORITHMS = ("cpu", "gpu", "gpu-ram", "cpu-gpu")
-DEVICE_ALGORITHMS = {
+# how a plan runs (module docstring); one closed set, so a misspelt name fails the type
+# check and `ALGORITHMS` cannot drift from it
+Algorithm = Literal["cpu", "gpu", "gpu-ram", "cpu-gpu"]
+ALGORITHMS: tuple[Algorithm, ...] = get_args(Algorithm)
+# what a caller may ask `make_plan` for: one device, or "auto" (every algorithm)
+DeviceChoice = Literal["auto", "cpu", "gpu", "cpu-gpu"]
+DEVICE_ALGORITHMS: dict[DeviceChoice, tuple[Algorithm, ...]] = {
     "auto": ALGORITHMS,
     "cpu": ("cpu",),
     "gpu": ("gpu", "gpu-ram"),
@@ -42,7 +47,7 @@ class LayerPlan:
 class AlgorithmSummary:
     """The best configuration one algorithm reached (for the `znni plan` table)."""
 
-    algorithm: str
+    algorithm: Algorithm
     feasible: bool
     input_size: Triple | None = None
     output_size: Triple | None = None
@@ -58,7 +63,7 @@ class AlgorithmSummary:
 class Plan:
     network: str
     machine: str
-    algorithm: str
+    algorithm: Algorithm
     input_size: Triple
     output_size: Triple
     batch: int

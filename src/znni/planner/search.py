@@ -24,7 +24,14 @@ from znni.planner.memory import (
     weights_bytes,
     workspace_cache_bytes,
 )
-from znni.planner.plan import DEVICE_ALGORITHMS, AlgorithmSummary, LayerPlan, Plan
+from znni.planner.plan import (
+    DEVICE_ALGORITHMS,
+    Algorithm,
+    AlgorithmSummary,
+    DeviceChoice,
+    LayerPlan,
+    Plan,
+)
 from znni.planner.stages import Stage, cpu_stage, gpu_stage, streamed_stage
 
 HOST_FRACTION = 0.85  # of available RAM, when no explicit limit is given
@@ -39,14 +46,18 @@ def make_plan(
     network: Network,
     *,
     machine: MachineProfile | None = None,
-    device: str = "auto",
+    calibrate: bool | None = False,
+    device: DeviceChoice = "auto",
     memory_limit_bytes: int | None = None,
     max_output: Triple | None = None,
 ) -> Plan:
     """The configuration with the highest predicted output voxels/s that fits in memory
     (over `max_output` tiled by its patches, where given: region_voxels_per_second).
 
-    machine: None detects this machine (calibrated rates cached per machine).
+    machine: None detects this machine, with the rates `calibrate` asks for (as
+    `detect.detect_machine`: True measures them when none are cached, None takes cached
+    ones if any, False the defaults); the caller says which, since measuring takes
+    minutes. A given machine keeps its own rates: calibrate=True with one is an error.
     device: 'auto' | 'cpu' | 'gpu' | 'cpu-gpu'. memory_limit_bytes: host budget
     (default: the profile's available memory). max_output: the region to compute;
     no patch is planned larger than it (rounded up to the pool product).
@@ -57,17 +68,24 @@ def make_plan(
     if memory_limit_bytes is not None and memory_limit_bytes <= 0:
         raise ValueError(f"memory limit must be positive, got {memory_limit_bytes}")
     if machine is None:
-        machine = detect_machine()
-    return search(network, machine, DEVICE_ALGORITHMS[device], memory_limit_bytes, max_output)
+        machine = detect_machine(calibrate=calibrate)
+    elif calibrate:
+        raise ValueError(f"calibrate={calibrate!r} measures this machine's rates; the given "
+                         f"machine profile {machine.name!r} keeps its own")
+    return search(network, machine, DEVICE_ALGORITHMS[device],
+                  memory_limit_bytes=memory_limit_bytes, max_output=max_output)
 
 
 def search(
     network: Network,
     machine: MachineProfile,
-    algorithms: tuple[str, ...],
+    algorithms: tuple[Algorithm, ...],
+    *,
     memory_limit_bytes: int | None,
-    max_output: tuple[int, int, int] | None = None,
+    max_output: Triple | None = None,
 ) -> Plan:
+    """The best plan over `algorithms` with every algorithm's summary as its alternatives;
+    ValueError naming each algorithm's reason when none fits."""
     host = memory_limit_bytes or int(machine.memory_bytes * HOST_FRACTION)
     gpu = int(machine.gpu.memory_bytes * GPU_FRACTION) if machine.gpu else 0
     summaries: list[AlgorithmSummary] = []
@@ -76,7 +94,8 @@ def search(
         if alg != "cpu" and machine.gpu is None:
             summaries.append(AlgorithmSummary(alg, False, reason="no GPU in the machine profile"))
             continue
-        plan = best_of_algorithm(network, machine, alg, host, gpu, max_output)
+        plan = best_of_algorithm(network, machine, alg, host_bytes=host, gpu_bytes=gpu,
+                                 max_output=max_output)
         if plan is None:
             summaries.append(AlgorithmSummary(alg, False, reason="nothing fits in memory"))
             continue
@@ -94,16 +113,17 @@ def search(
 
 
 def summarise(plan: Plan) -> AlgorithmSummary:
+    """The row `znni plan` prints for the best plan of one algorithm."""
     return AlgorithmSummary(
-        plan.algorithm,
-        True,
-        plan.input_size,
-        plan.output_size,
-        plan.batch,
-        plan.split_op,
-        plan.predicted_voxels_per_second,
-        plan.peak_bytes,
-        plan.gpu_peak_bytes,
+        algorithm=plan.algorithm,
+        feasible=True,
+        input_size=plan.input_size,
+        output_size=plan.output_size,
+        batch=plan.batch,
+        split_op=plan.split_op,
+        predicted_voxels_per_second=plan.predicted_voxels_per_second,
+        peak_bytes=plan.peak_bytes,
+        gpu_peak_bytes=plan.gpu_peak_bytes,
     )
 
 
@@ -130,10 +150,11 @@ def candidate_sizes(
 def best_of_algorithm(
     network: Network,
     machine: MachineProfile,
-    alg: str,
+    alg: Algorithm,
+    *,
     host_bytes: int,
     gpu_bytes: int,
-    max_output: tuple[int, int, int] | None = None,
+    max_output: Triple | None = None,
 ) -> Plan | None:
     """The best plan of one algorithm over sizes x batches (x split points)."""
     best: Plan | None = None
@@ -144,7 +165,8 @@ def best_of_algorithm(
             if batch > _patches_needed(network, size, max_output):
                 break  # a batch larger than the region's patch count only wastes work
             shapes = network.layer_shapes(size, batch)
-            for plan in evaluate(network, machine, alg, shapes, host_bytes, gpu_bytes):
+            for plan in evaluate(network, machine, alg, shapes, host_bytes=host_bytes,
+                                 gpu_bytes=gpu_bytes):
                 found = True
                 if best is None or better(plan, best, max_output):
                     best = plan
@@ -201,8 +223,9 @@ def split_points(shapes: list[LayerShape]) -> list[int]:
 def evaluate(
     network: Network,
     machine: MachineProfile,
-    alg: str,
+    alg: Algorithm,
     shapes: list[LayerShape],
+    *,
     host_bytes: int,
     gpu_bytes: int,
 ) -> list[Plan]:
@@ -219,8 +242,10 @@ def evaluate(
                                       fixed_bytes=fixed,
                                       workspace_bytes=workspace_cache_bytes(budget))
             if peak <= host_bytes:
-                plans.append(build(network, machine, alg, shapes, None, [stage], stage.seconds,
-                                   peak, 0, out_voxels, host_bytes, gpu_bytes))
+                plans.append(build(network, machine, alg, shapes, split_op=None,
+                                   stages=[stage], patch_s=stage.seconds, peak=peak,
+                                   gpu_peak=0, out_voxels=out_voxels, host_bytes=host_bytes,
+                                   gpu_bytes=gpu_bytes))
         return plans
     gpu = machine.gpu
     assert gpu is not None  # checked by search()
@@ -230,11 +255,14 @@ def evaluate(
             t = stage.seconds + xfer_s(shapes[0].in_bytes + final, gpu)
             peak = fixed + shapes[0].in_bytes + 2 * final
             if peak <= host_bytes:
-                plans.append(build(network, machine, alg, shapes, None, [stage], t, peak,
-                                   stage.device_peak_bytes, out_voxels, host_bytes, gpu_bytes))
+                plans.append(build(network, machine, alg, shapes, split_op=None,
+                                   stages=[stage], patch_s=t, peak=peak,
+                                   gpu_peak=stage.device_peak_bytes, out_voxels=out_voxels,
+                                   host_bytes=host_bytes, gpu_bytes=gpu_bytes))
         return plans
     for p in split_points(shapes):
-        plan = evaluate_split(network, machine, alg, shapes, p, host_bytes, gpu_bytes, fixed)
+        plan = evaluate_split(network, machine, alg, shapes, p=p, host_bytes=host_bytes,
+                              gpu_bytes=gpu_bytes, fixed=fixed)
         if plan is not None:
             plans.append(plan)
     return plans
@@ -243,8 +271,9 @@ def evaluate(
 def evaluate_split(
     network: Network,
     machine: MachineProfile,
-    alg: str,
+    alg: Algorithm,
     shapes: list[LayerShape],
+    *,
     p: int,
     host_bytes: int,
     gpu_bytes: int,
@@ -281,8 +310,9 @@ def evaluate_split(
         return None
     out_voxels = shapes[-1].batch_out * _voxels(shapes[-1])
     gpu_peak = max(st.device_peak_bytes for st in (front, back) if st.device == "gpu")
-    return build(network, machine, alg, shapes, p, [front, back], patch_s, peak, gpu_peak,
-                 out_voxels, host_bytes, gpu_bytes)
+    return build(network, machine, alg, shapes, split_op=p, stages=[front, back],
+                 patch_s=patch_s, peak=peak, gpu_peak=gpu_peak, out_voxels=out_voxels,
+                 host_bytes=host_bytes, gpu_bytes=gpu_bytes)
 
 
 def _voxels(shape: LayerShape) -> int:
@@ -293,8 +323,9 @@ def _voxels(shape: LayerShape) -> int:
 def build(
     network: Network,
     machine: MachineProfile,
-    alg: str,
+    alg: Algorithm,
     shapes: list[LayerShape],
+    *,
     split_op: int | None,
     stages: list[Stage],
     patch_s: float,
@@ -304,6 +335,9 @@ def build(
     host_bytes: int,
     gpu_bytes: int,
 ) -> Plan:
+    """The `Plan` of one evaluated configuration: `stages` run `shapes` (split at
+    `split_op`) in `patch_s` seconds per patch within `peak` host and `gpu_peak` device
+    bytes, under the `host_bytes` and `gpu_bytes` limits it was searched with."""
     prims = tuple(p for st in stages for p in st.primitives)
     layers = tuple(
         LayerPlan(sh.index, sh.kind, st.device, prim, t, b)

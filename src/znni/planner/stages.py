@@ -64,11 +64,12 @@ def cpu_stage(shapes: list[LayerShape], machine: MachineProfile, budget: int) ->
         t, p = min(options)
         prims.append(p)
         times.append(t)
-    upgrade_to_keep(shapes, machine, budget, prims, times)
+    upgrade_to_keep(shapes, machine, budget, prims=prims, times=times)
     ws = workspace_cache_bytes(budget)
     _, per_layer = pass_peak_bytes(shapes, prims, threads=threads, workspace_bytes=ws)
     while max(per_layer) > budget:  # the tiled FFT path can outgrow the quick estimate
-        if not _fall_back(shapes, machine, prims, times, per_layer, budget):
+        if not _fall_back(shapes, machine, prims=prims, times=times, per_layer=per_layer,
+                          budget=budget):
             return None
         _, per_layer = pass_peak_bytes(shapes, prims, threads=threads, workspace_bytes=ws)
     kept = sum(layer_memory(sh, p).kept_bytes for sh, p in zip(shapes, prims, strict=True))
@@ -84,6 +85,7 @@ FALLBACK = {"fft-keep": "fft-recompute", "fft-recompute": "direct"}
 def _fall_back(
     shapes: list[LayerShape],
     machine: MachineProfile,
+    *,
     prims: list[str | None],
     times: list[float],
     per_layer: list[int],
@@ -104,6 +106,7 @@ def upgrade_to_keep(
     shapes: list[LayerShape],
     machine: MachineProfile,
     budget: int,
+    *,
     prims: list[str | None],
     times: list[float],
 ) -> None:

@@ -51,7 +51,7 @@ def test_each_model_term_reads_its_own_rate() -> None:
     assert openvino_seconds(layer, ov) < openvino_seconds(layer, base)
 
     rng = np.random.default_rng(0)
-    graph, _ = cg._strided_node("conv", 8, 16, 32, rng)
+    graph, _ = cg._strided_node("conv", 8, 16, 32, rng=rng)
     node = graph.nodes[0]
     fast = _profile(graph_gemm_flops_per_s=4 * DEFAULT_CPU_RATES["graph_gemm_flops_per_s"])
     fast_direct = _profile(direct_flops_per_s=4 * DEFAULT_CPU_RATES["direct_flops_per_s"])

@@ -481,14 +481,16 @@ def test_convs_that_would_chain_move_to_openvino_together_where_the_link_pays(mo
     from znni.planner.graph import search as graph_search
 
     machine, graph = MachineProfile.load("ci-2core"), model.graph((32, 32, 32))
-    options = graph_search._conv_options(graph, machine, graph.peak_tensor_bytes(), 2**33, 27, 1)
-    picked = {i: n.primitive for i, n in enumerate(plan_graph(graph, machine, 2**33, 27).nodes)}
+    options = graph_search._conv_options(graph, machine, graph.peak_tensor_bytes(), 2**33,
+                                         passes=27, batch=1)
+    picked = {i: n.primitive for i, n in enumerate(plan_graph(graph, machine, 2**33, passes=27).nodes)}
     ov = {i: next(o for o in opts if o[3] == "openvino") for i, opts in options.items()
           if any(o[3] == "openvino" for o in opts)}
     chains = openvino_chains(graph, reader_counts(graph), lambda j: "openvino" if j in ov else None)
     moved = 0
     for a, b in (c for c in chains.values() if len(c) == 2):
-        both_s = ov[a][0] + ov[b][0] - openvino_costs.link_seconds(graph, a, machine, 1, 27)
+        both_s = ov[a][0] + ov[b][0] - openvino_costs.link_seconds(graph, a, machine, batch=1,
+                                                                passes=27)
         alone_s = options[a][0][0] + options[b][0][0]
         assert (picked[a] == picked[b] == "openvino") == (both_s < alone_s)
         moved += picked[a] == "openvino" and "openvino" not in (options[a][0][3],

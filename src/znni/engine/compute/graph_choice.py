@@ -81,7 +81,7 @@ def _batched(graph: Graph, plan: GraphPlan, budget_bytes: int, passes: int,
         if batch > passes:
             break
         try:
-            bigger = plan_graph(graph, machine, budget_bytes, passes, batch)
+            bigger = plan_graph(graph, machine, budget_bytes, passes=passes, batch=batch)
         except ValueError:
             break
         if bigger.peak_bytes > budget_bytes or \

@@ -113,7 +113,7 @@ def _conv_case(cin: int, cout: int, side: int, rng: np.random.Generator) -> tupl
     return layer, x, w, np.zeros(cout, np.float32)
 
 
-def conv_rows(backend: object, profile: MachineProfile, shapes: tuple, primitive: str,
+def conv_rows(backend: object, profile: MachineProfile, shapes: tuple, *, primitive: str,
               terms: Callable[[LayerShape], tuple[tuple[float, ...], float]]) -> list[Row]:
     """A 3^3 conv per (Cin, Cout, side) by `primitive`, against `terms`(layer): its model's
     (fitted terms, fixed seconds)."""
@@ -134,7 +134,7 @@ def winograd_rows(backend: object, profile: MachineProfile, shapes: tuple) -> li
         gemm_s, moved_s, fixed_s = winograd_terms(layer, profile)
         return (gemm_s, moved_s), fixed_s
 
-    return conv_rows(backend, profile, shapes, "winograd", terms)
+    return conv_rows(backend, profile, shapes, primitive="winograd", terms=terms)
 
 
 def openvino_rows(backend: object, profile: MachineProfile, shapes: tuple) -> list[Row]:
@@ -144,7 +144,7 @@ def openvino_rows(backend: object, profile: MachineProfile, shapes: tuple) -> li
         flops_s, rest_s = openvino_terms(layer, profile)
         return (flops_s,), rest_s
 
-    return conv_rows(backend, profile, shapes, "openvino", terms)
+    return conv_rows(backend, profile, shapes, primitive="openvino", terms=terms)
 
 
 def norm_rows(profile: MachineProfile, shapes: tuple) -> list[Row]:
@@ -165,7 +165,8 @@ def norm_rows(profile: MachineProfile, shapes: tuple) -> list[Row]:
     return rows
 
 
-def _strided_node(op: str, cin: int, cout: int, side: int, rng: np.random.Generator) -> tuple:
+def _strided_node(op: str, cin: int, cout: int, side: int, *,
+                  rng: np.random.Generator) -> tuple:
     """(one-node graph, input) of a 3^3 stride-2 conv or transposed conv with pads 1."""
     from znni.model.graph import Graph, Node
 
@@ -194,7 +195,7 @@ def graph_gemm_rows(profile: MachineProfile, shapes: tuple) -> list[Row]:
     gemm_rate = profile.rate("graph_gemm_flops_per_s")
     rows: list[Row] = []
     for op, cin, cout, side in shapes:
-        graph, x = _strided_node(op, cin, cout, side, rng)
+        graph, x = _strided_node(op, cin, cout, side, rng=rng)
         node, p = graph.nodes[0], graph.nodes[0].params
         if op == "conv":
             seconds = _median_s(partial(graph_ops.conv3d, x, p["weight"], p["bias"],

@@ -142,7 +142,7 @@ def openvino_seconds(
 
 def hand_on_channels_last(
     graph: Graph, picks: dict[int, tuple[float, int, int, str]], readers: dict[str, int],
-    machine: MachineProfile, batch: int,
+    machine: MachineProfile, *, batch: int,
 ) -> tuple[dict[int, tuple[float, int, int, str]], dict[int, float]]:
     """(picks, seconds saved per conv) where OpenVINO convs hand their output on
     channels-last (model.openvino_layers.channels_last_convs): the copies openvino_seconds
@@ -171,7 +171,7 @@ def hand_on_channels_last(
 
 def chained(
     graph: Graph, picks: dict[int, tuple[float, int, int, str]], readers: dict[str, int],
-    machine: MachineProfile, batch: int, passes: int | None,
+    machine: MachineProfile, *, batch: int, passes: int | None,
 ) -> tuple[dict[int, tuple[float, int, int, str]], dict[int, float]]:
     """(picks, seconds saved per conv) where a conv's output goes on to the next conv inside
     one OpenVINO layer (model.openvino_layers.openvino_chains): a call per window, the first call's
@@ -182,7 +182,7 @@ def chained(
     for chain in chains.values():
         for i in chain[:-1]:
             between_bytes = conv_layer(graph, i, graph.nodes[i], batch).out_bytes
-            saved[i] = link_seconds(graph, i, machine, batch, passes)
+            saved[i] = link_seconds(graph, i, machine, batch=batch, passes=passes)
             seconds, work, kept, prim = picks[i]
             per_byte = (OPENVINO_KEPT_PER_CHAINED_NORMED_BYTE if absorbs_next_norm(
                 graph, i, readers, prim) else OPENVINO_KEPT_PER_CHAINED_BYTE)
@@ -190,8 +190,8 @@ def chained(
     return picks, saved
 
 
-def link_seconds(graph: Graph, i: int, machine: MachineProfile, batch: int,
-                  passes: int | None) -> float:
+def link_seconds(graph: Graph, i: int, machine: MachineProfile, *, batch: int,
+                 passes: int | None) -> float:
     """What conv i saves where its output goes on to the next conv in one OpenVINO layer."""
     between_bytes = conv_layer(graph, i, graph.nodes[i], batch).out_bytes
     return (OPENVINO_CHAIN_PASSES * between_bytes / machine.rate("memory_bytes_per_s")
@@ -202,7 +202,7 @@ def link_seconds(graph: Graph, i: int, machine: MachineProfile, batch: int,
 def paired(
     picks: dict[int, tuple[float, int, int, str]],
     options: dict[int, list[tuple[float, int, int, str]]],
-    graph: Graph, machine: MachineProfile, batch: int, passes: int | None,
+    graph: Graph, machine: MachineProfile, *, batch: int, passes: int | None,
 ) -> dict[int, tuple[float, int, int, str]]:
     """Each conv takes its fastest option alone; two convs that would chain on OpenVINO
     (model.openvino_layers.openvino_chains) both move to it where the link saves more than that
@@ -217,7 +217,8 @@ def paired(
             ov_a, ov_b = openvino[a], openvino[b]
             assert ov_a is not None and ov_b is not None  # chained only where both can
             apart_s = picks[a][0] + picks[b][0]
-            if ov_a[0] + ov_b[0] - link_seconds(graph, a, machine, batch, passes) < apart_s:
+            link_s = link_seconds(graph, a, machine, batch=batch, passes=passes)
+            if ov_a[0] + ov_b[0] - link_s < apart_s:
                 picks[a], picks[b] = ov_a, ov_b
     return picks
 

@@ -157,8 +157,8 @@ def _batched(work: Work, batch: int) -> Work:
 
 
 def _conv_options(
-    graph: Graph, machine: MachineProfile, tensors: int, limit: int, passes: int | None = None,
-    batch: int = 1,
+    graph: Graph, machine: MachineProfile, tensors: int, limit: int, *,
+    passes: int | None = None, batch: int = 1,
 ) -> dict[int, list[tuple[float, int, int, str]]]:
     """Per fast conv node index: (seconds, workspace, kept bytes, primitive) of each
     primitive whose workspace fits beside the window's tensors, fastest first."""
@@ -255,6 +255,7 @@ def plan_graph(
     graph: Graph,
     machine: MachineProfile,
     memory_limit_bytes: int | None = None,
+    *,
     passes: int | None = None,
     batch: int = 1,
 ) -> GraphPlan:
@@ -265,19 +266,19 @@ def plan_graph(
     `batch`: windows run together, which share each node's per-call cost."""
     tensors = graph.peak_tensor_bytes(batch)
     limit = memory_limit_bytes if memory_limit_bytes is not None else machine.memory_bytes
-    options = _conv_options(graph, machine, tensors, limit, passes, batch)
+    options = _conv_options(graph, machine, tensors, limit, passes=passes, batch=batch)
     picks = paired({i: opts[0] for i, opts in options.items()}, options, graph, machine,
-                    batch, passes)
+                   batch=batch, passes=passes)
     spaces = [batch * general_workspace_bytes(graph, n, machine.cores) for n in graph.nodes]
-    _give_up_kept_bytes(graph, picks, options, tensors, max(spaces), limit)
+    _give_up_kept_bytes(graph, picks, options, tensors=tensors, space=max(spaces), limit=limit)
     readers, fused, free = reader_counts(graph), set(), {}
     for i in range(len(graph.nodes)):
         if absorbs_next_activation(graph, i, readers):
             fused.add(i + 1)  # applied in the conv's or the norm's output pass
         if i in picks and absorbs_next_norm(graph, i, readers, picks[i][3]):
             free[i + 1] = other_seconds(graph, graph.nodes[i + 1], machine, batch)
-    picks, saved = hand_on_channels_last(graph, picks, readers, machine, batch)
-    picks, chain_saved = chained(graph, picks, readers, machine, batch, passes)
+    picks, saved = hand_on_channels_last(graph, picks, readers, machine, batch=batch)
+    picks, chain_saved = chained(graph, picks, readers, machine, batch=batch, passes=passes)
     saved = {i: saved.get(i, 0.0) + chain_saved.get(i, 0.0) for i in {*saved, *chain_saved}}
     seconds = [  # a conv that applies the norm after it also takes the norm's time
         picks[i][0] + free.get(i + 1, 0.0) - saved.get(i, 0.0) if i in picks
@@ -304,7 +305,7 @@ def plan_graph(
     )
 
 
-def _give_up_kept_bytes(graph: Graph, picks: dict, options: dict, tensors: int,
+def _give_up_kept_bytes(graph: Graph, picks: dict, options: dict, *, tensors: int,
                         space: int, limit: int) -> None:
     """While the peak is over `limit`, the conv whose kept bytes cost least time per byte
     to give up moves to its best option that keeps none (in `picks`); ValueError where
