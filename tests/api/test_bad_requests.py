@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 import zarr
-from server_util import wait_job
+from support.server_util import wait_job
 
 OK = {"network": "tiny", "input": "small.zarr", "output": "new.zarr"}
 

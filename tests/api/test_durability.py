@@ -7,8 +7,8 @@ import time
 import numpy as np
 import pytest
 import zarr
-from naive import close, naive_dense, naive_fov
-from server_util import TINY_INPUT, TINY_LAYERS, Server, children_of, pid_alive, wait_job
+from support.naive import close, naive_dense, naive_fov
+from support.server_util import TINY_INPUT, TINY_LAYERS, Server, children_of, pid_alive, wait_job
 
 BIG = "big.zarr"
 BIG_SHAPE = (2, 20, 20, 32)  # 400 blocks of (2, 4, 4): long enough to interrupt
@@ -17,7 +17,7 @@ JOB = {"network": "tiny", "input": BIG, "chunks": [2, 4, 4], "block": [2, 4, 4]}
 
 @pytest.fixture(scope="module")
 def big(site: dict) -> np.ndarray:
-    from server_util import write_volume
+    from support.server_util import write_volume
 
     return write_volume(site["root"] / BIG, BIG_SHAPE, seed=7, chunks=(2, 8, 8, 8))
 

@@ -5,25 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import zarr
-from naive import close, naive_border_pad, naive_dense, naive_fov
-from server_util import TINY_INPUT, TINY_LAYERS, wait_job
-
-
-def reference(x: np.ndarray, params: dict, border: str, roi: tuple | None = None) -> np.ndarray:
-    """Brute-force dense output of the raw (C, Z, Y, X) volume, over `roi` (default: all)."""
-    fov = naive_fov(TINY_LAYERS)
-    lo = tuple((f - 1) // 2 for f in fov)
-    hi = tuple(f - 1 - a for f, a in zip(fov, lo, strict=True))
-    padded = naive_border_pad(x, lo, hi, border).astype(np.float32)
-    padded = padded * np.float32(TINY_INPUT["scale"]) + np.float32(TINY_INPUT["shift"])
-    if roi is not None:  # padded index of output voxel i's window start is i
-        padded = padded[
-            :,
-            roi[0][0] : roi[0][1] + fov[0] - 1,
-            roi[1][0] : roi[1][1] + fov[1] - 1,
-            roi[2][0] : roi[2][1] + fov[2] - 1,
-        ]
-    return naive_dense(TINY_LAYERS, params, padded)
+from support.naive import close, naive_fov
+from support.server_util import TINY_LAYERS, reference, wait_job
 
 
 def test_submit_poll_success_equals_reference(server, site) -> None:

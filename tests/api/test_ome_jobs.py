@@ -9,13 +9,12 @@ import warnings
 import numpy as np
 import pytest
 import zarr
-from naive import close
 from ome_zarr.format import FormatV05
 from ome_zarr.io import parse_url
 from ome_zarr.reader import Reader
 from ome_zarr.writer import write_image
-from server_util import wait_job
-from test_jobs_e2e import reference
+from support.naive import close
+from support.server_util import reference, wait_job
 
 CHUNKED = {"chunks": [4, 4, 4], "block": [4, 8, 4]}
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from naive import close
-from server_util import wait_job
+from support.naive import close
+from support.server_util import wait_job
 
 torch = pytest.importorskip("torch")
 monai = pytest.importorskip("monai")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from server_util import new_job, wait_job, write_volume
+from support.server_util import new_job, wait_job, write_volume
 
 from znni.api.views import JobJsonCache
 from znni.jobs.store import JobStore

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
-from server_util import Server, children_of, wait_job
+from support.server_util import Server, children_of, wait_job
 
 from znni.cli import main
 from znni.jobs.settings import Settings

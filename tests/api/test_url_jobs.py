@@ -8,9 +8,8 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import zarr
-from naive import close
-from server_util import Server, wait_job, write_models
-from test_jobs_e2e import reference
+from support.naive import close
+from support.server_util import Server, reference, wait_job, write_models
 
 from znni.engine.io.stores import zarr_store
 

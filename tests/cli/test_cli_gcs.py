@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gcs_token_gate import TokenGate, service_account_file
-from store_runs import (
+from support.gcs_token_gate import TokenGate, service_account_file
+from support.store_runs import (
     TOTAL,
     WAIT_S,
     child_env,

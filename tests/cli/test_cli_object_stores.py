@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from store_runs import (
+from support.store_runs import (
     WAIT_S,
     child_env,
     down_for_good,

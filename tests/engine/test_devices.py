@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from engine_ref import dense_volume, small_network, write_network, write_volume
-from naive import close
+from support.engine_ref import dense_volume, small_network, write_network, write_volume
+from support.naive import close
 
 from znni.cli import main
 from znni.engine.job import SegmentJob

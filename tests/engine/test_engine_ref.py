@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from engine_ref import dense_padded, small_network
-from naive import close, naive_dense, random_network
+from support.engine_ref import dense_padded, small_network
+from support.naive import close, naive_dense, random_network
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_dense_padded_matches_brute_force(seed: int) -> None:
     rng = np.random.default_rng(seed)
     layers, params = random_network(rng, in_channels=2, max_pools=2)
-    from naive import naive_fov
+    from support.naive import naive_fov
 
     fov = naive_fov(layers)
     x = rng.standard_normal((2, *(f + int(rng.integers(1, 4)) for f in fov)))

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from engine_ref import slow_network, write_network, write_volume
+from support.engine_ref import slow_network, write_network, write_volume
 
 from znni.engine.io.ledger import read_ledger
 

@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from server_util import claim_all, commit_then_die, new_job
+from support.server_util import claim_all, commit_then_die, new_job
 
 from znni.jobs.paths import confine, relative_to_root
 from znni.jobs.settings import Settings

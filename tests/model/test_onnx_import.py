@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from naive import close
 from onnx import TensorProto, helper, numpy_helper
+from support.naive import close
 
 from znni.engine.compute.graph_forward import run_graph
 from znni.model.onnx_import import load_onnx

@@ -4,7 +4,7 @@ buffers), on small networks: every primitive, several channels, anisotropic kern
 from __future__ import annotations
 
 import pytest
-from planner_nets import traced_peak_bytes
+from support.planner_nets import traced_peak_bytes
 
 from znni.model.network import network_shapes_only
 from znni.planner.hostsim import simulate_pass

@@ -4,7 +4,7 @@ MPF throughout, S = 1, FFT conv on the CPU, larger patches better, CPU-GPU beats
 from __future__ import annotations
 
 import pytest
-from planner_nets import ZNNI_TABLE, znni_network
+from support.planner_nets import ZNNI_TABLE, znni_network
 
 from znni.planner.machine import MachineProfile
 from znni.planner.search import evaluate, make_plan

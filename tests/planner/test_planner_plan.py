@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from planner_nets import ZNNI_FOV, ZNNI_TABLE, znni_network
+from support.planner_nets import ZNNI_FOV, ZNNI_TABLE, znni_network
 
 from znni.model.network import Network
 from znni.planner.costs import FIRST_PASS_S_PER_PEAK_BYTE

@@ -7,7 +7,7 @@ from dataclasses import replace
 from math import prod
 
 import pytest
-from planner_nets import traced_peak_bytes
+from support.planner_nets import traced_peak_bytes
 
 from znni.model.network import LayerShape, network_shapes_only
 from znni.planner.costs import conv_work, cpu_conv_work

@@ -1,4 +1,4 @@
-"""Fast CPU conv primitives against scipy (tests/naive.py) and the reference path."""
+"""Fast CPU conv primitives against scipy (tests/support/naive.py) and the reference path."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from math import prod
 
 import numpy as np
 import pytest
-from naive import close, naive_activation, naive_conv
+from support.naive import close, naive_activation, naive_conv
 
 from znni.primitives.base import Activation
 from znni.primitives.cpu import CONV_PRIMITIVES, CpuBackend

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from naive import close, naive_dense_at, random_network
+from support.naive import close, naive_dense_at, random_network
 
 from znni.model import load_network
 from znni.primitives import dense_forward

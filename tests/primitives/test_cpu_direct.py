@@ -1,10 +1,10 @@
-"""Direct conv over shifted flat views: every block layout against scipy (tests/naive.py)."""
+"""Direct conv over shifted flat views: every block layout against scipy (tests/support/naive.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from naive import close, naive_activation, naive_conv_batch
+from support.naive import close, naive_activation, naive_conv_batch
 
 from znni.primitives.base import Activation
 from znni.primitives.cpu.direct_conv import _blocks, direct_bytes, direct_conv3d

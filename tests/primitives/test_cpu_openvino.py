@@ -7,8 +7,8 @@ import sys
 
 import numpy as np
 import pytest
-from naive import close, naive_activation, naive_conv
-from naive_graph import naive_instance_norm
+from support.naive import close, naive_activation, naive_conv
+from support.naive_graph import naive_instance_norm
 
 from znni.primitives.backends import make_backend
 from znni.primitives.base import Activation, InstanceNorm

@@ -1,11 +1,11 @@
-"""Vectorised MPF and max-pool against fragments_reference, scipy and tests/naive.py."""
+"""Vectorised MPF and max-pool against fragments_reference, scipy and tests/support/naive.py."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from naive import naive_pool
 from scipy import ndimage
+from support.naive import naive_pool
 
 from znni.primitives.cpu import CpuBackend
 from znni.primitives.cpu.pooling import mpf, mpf_blocks

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from naive import naive_activation, naive_conv_batch
 from numpy.lib.stride_tricks import sliding_window_view
+from support.naive import naive_activation, naive_conv_batch
 
 from znni.primitives.base import Activation
 from znni.primitives.cpu.winograd import chunks, transforms, winograd_conv3d

@@ -7,8 +7,8 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from gpu_helpers import net_layers, ops_from_layers, valid_size
-from naive import close, naive_dense, naive_dense_at, random_network
+from support.gpu_helpers import net_layers, ops_from_layers, valid_size
+from support.naive import close, naive_dense, naive_dense_at, random_network
 
 from znni.primitives import ReferenceBackend, dense_forward
 from znni.primitives.backends import make_backend

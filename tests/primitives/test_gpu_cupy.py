@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gpu_helpers import net_layers, ops_from_layers, valid_size
-from naive import close, naive_conv, naive_dense
+from support.gpu_helpers import net_layers, ops_from_layers, valid_size
+from support.naive import close, naive_conv, naive_dense
 
 from znni.primitives import ReferenceBackend, dense_forward
 from znni.primitives.gpu.cupy_device import cuda_available

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from naive import close
+from support.naive import close
 
 from znni.engine.compute.graph_forward import KERNELS
 from znni.primitives.cpu import graph_ops as g

@@ -6,7 +6,7 @@ import threading
 
 import numpy as np
 import pytest
-from naive import close, naive_conv
+from support.naive import close, naive_conv
 
 from znni.primitives.gpu.conv import direct_conv, direct_workspace_bytes
 from znni.primitives.gpu.device import DeviceOutOfMemory, DeviceStreamError, HostDevice

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import math
 
-import naive_graph as ng
 import numpy as np
 import pytest
+from support import naive_graph as ng
 
 from znni.primitives.cpu.graph_ops import (
     avg_pool3d,

@@ -8,9 +8,9 @@ multi-tile paths on small arrays. No timings are asserted.
 
 from __future__ import annotations
 
-import naive_graph as ng
 import numpy as np
 import pytest
+from support import naive_graph as ng
 
 from znni.primitives.base import Activation
 from znni.primitives.cpu.graph_ops import (

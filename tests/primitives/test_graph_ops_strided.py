@@ -4,9 +4,9 @@ asymmetric pads, several channels and groups, blocks shrunk to a few voxels. No 
 
 from __future__ import annotations
 
-import naive_graph as ng
 import numpy as np
 import pytest
+from support import naive_graph as ng
 
 from znni.primitives.cpu.graph_ops import conv3d, conv_strided, prelu
 

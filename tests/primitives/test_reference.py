@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from naive import naive_activation, naive_conv, naive_pool
 from scipy import ndimage
+from support.naive import naive_activation, naive_conv, naive_pool
 
 from znni.primitives import Activation, ReferenceBackend
 from znni.primitives.base import ACTIVATION_KINDS

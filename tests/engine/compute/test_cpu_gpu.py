@@ -6,8 +6,8 @@ import threading
 
 import numpy as np
 import pytest
-from gpu_helpers import net_layers, ops_from_layers, valid_size
-from naive import close, naive_dense, naive_fov
+from support.gpu_helpers import net_layers, ops_from_layers, valid_size
+from support.naive import close, naive_dense, naive_fov
 
 from znni.engine.compute.cpu_gpu import PipelineError, run_patches_cpu_gpu
 from znni.primitives import ReferenceBackend, dense_forward

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from naive import close, naive_fov, naive_strided_network, random_network
+from support.naive import close, naive_fov, naive_strided_network, random_network
 
 from znni.engine.compute.graph_forward import run_graph
 from znni.model import load_network

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from naive import close
+from support.naive import close
 
 from znni.engine.compute.graph_forward import run_graph
 from znni.model.onnx_import import load_onnx

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import zarr
-from engine_ref import small_network, write_network, write_volume
+from support.engine_ref import small_network, write_network, write_volume
 
 from znni.engine.geometry import Box
 from znni.engine.io.borders import read_with_border

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from store_runs import (
+from support.store_runs import (
     dask_reads_and_writes,
     ledger_start_forgets_earlier_runs,
     local_job,

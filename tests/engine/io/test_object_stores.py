@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from engine_ref import write_volume
-from store_runs import (
+from support.engine_ref import write_volume
+from support.store_runs import (
     dask_reads_and_writes,
     ledger_start_forgets_earlier_runs,
     local_job,

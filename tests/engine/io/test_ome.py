@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from engine_ref import dense_volume, small_network, write_network, write_volume
-from naive import close
 from ome_zarr.format import FormatV04, FormatV05
 from ome_zarr.io import parse_url
 from ome_zarr.reader import Reader
 from ome_zarr.writer import write_image
+from support.engine_ref import dense_volume, small_network, write_network, write_volume
+from support.naive import close
 
 from znni.engine.geometry import Box
 from znni.engine.io.ledger import ledger_path, read_ledger

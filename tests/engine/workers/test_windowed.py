@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from engine_ref import write_volume
+from support.engine_ref import write_volume
 
 from znni.engine.job import SegmentCancelled, SegmentJob
 from znni.engine.segment import segment

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from server_util import free_port
+
+from support.server_util import free_port
 
 BUCKET = "znni-test"
 START_TIMEOUT_S = 30.0

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 import zarr
-from engine_ref import slow_network, small_network, write_network, write_volume
 
+from support.engine_ref import slow_network, small_network, write_network, write_volume
 from znni.engine.io.ledger import ObjectLedger, read_ledger
 from znni.engine.io.stores import zarr_store
 from znni.engine.job import SegmentJob

@@ -3,7 +3,7 @@
 Dense semantics (docs/design.md) written directly: every maxpool becomes a
 stride-1 max filter and every later kernel is dilated by the product of the
 earlier pool windows. Fast enough for 40x50x60 volumes; checked against
-tests/naive.py's brute-force windows in test_engine_ref.py.
+tests/support/naive.py's brute-force windows in test_engine_ref.py.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ import json
 from pathlib import Path
 
 import numpy as np
-from naive import naive_activation, naive_border_pad, naive_fov
 from numpy.lib.stride_tricks import sliding_window_view
 from scipy import signal
+
+from support.naive import naive_activation, naive_border_pad, naive_fov
 
 
 def _dilate(w: np.ndarray, d: tuple[int, int, int]) -> np.ndarray:

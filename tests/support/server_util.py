@@ -17,6 +17,8 @@ import httpx
 import numpy as np
 import zarr
 
+from support.naive import naive_border_pad, naive_dense, naive_fov
+
 # 2 input channels, anisotropic kernels and pool: fov (6, 6, 4), pool product (2, 2, 1)
 TINY_LAYERS = [
     {"kind": "conv", "out_channels": 3, "kernel": [3, 3, 2]},
@@ -42,6 +44,23 @@ def tiny_params(seed: int = 0) -> dict[str, np.ndarray]:
             )
             c = layer["out_channels"]
     return params
+
+
+def reference(x: np.ndarray, params: dict, border: str, roi: tuple | None = None) -> np.ndarray:
+    """The tiny model's brute-force dense output of raw (C, Z, Y, X) `x` over `roi` (default: all)."""
+    fov = naive_fov(TINY_LAYERS)
+    lo = tuple((f - 1) // 2 for f in fov)
+    hi = tuple(f - 1 - a for f, a in zip(fov, lo, strict=True))
+    padded = naive_border_pad(x, lo, hi, border).astype(np.float32)
+    padded = padded * np.float32(TINY_INPUT["scale"]) + np.float32(TINY_INPUT["shift"])
+    if roi is not None:  # padded index of output voxel i's window start is i
+        padded = padded[
+            :,
+            roi[0][0] : roi[0][1] + fov[0] - 1,
+            roi[1][0] : roi[1][1] + fov[1] - 1,
+            roi[2][0] : roi[2][1] + fov[2] - 1,
+        ]
+    return naive_dense(TINY_LAYERS, params, padded)
 
 
 def write_models(models: Path) -> dict[str, np.ndarray]:

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from server_util import free_port
+
+from support.server_util import free_port
 
 BUCKET = "znni-test"
 REGION = "us-east-1"
