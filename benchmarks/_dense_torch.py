@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from math import prod
 from typing import Any
 
-Triple = tuple[int, int, int]
+from znni.triple import Triple
 
 
 @dataclass(frozen=True)

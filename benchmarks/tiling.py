@@ -35,15 +35,17 @@ import time
 from math import prod
 from pathlib import Path
 
+from znni.triple import Triple, as_triple
+
 DEFAULT_CASES = ("64,192,192:32,96,96:11GiB", "128,512,512:64,64,64:2GiB",
                  "200,700,700:50,100,100:4GiB", "96,1000,1000:32,128,128:2GiB")
 DEFAULT_ROI_CASES = ("96,1024,1024:32,128,128:2GiB:0-96,200-700,200-700",
                      "128,1024,1024:64,64,64:2GiB:0-128,100-700,100-700")
 
 
-def triple(text: str) -> tuple[int, int, int]:
-    z, y, x = (int(v) for v in text.split(","))
-    return (z, y, x)
+def triple(text: str) -> Triple:
+    """'z,y,x' (an argparse type) as a Triple."""
+    return as_triple((int(v) for v in text.split(",")), text)
 
 
 def computed_per_output(region: tuple[int, ...], block: tuple[int, ...],

@@ -6,6 +6,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
+from znni.triple import Triple
+
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 JOB_STATUSES: tuple[str, ...] = ("queued", "running", "succeeded", "failed", "cancelled")
 FINISHED_STATUSES: tuple[str, ...] = ("succeeded", "failed", "cancelled")
@@ -18,7 +20,6 @@ Coordinate = Annotated[int, Field(ge=0, le=2**40)]
 RoiRange = tuple[Coordinate | None, Coordinate | None]
 PositiveSize = Annotated[int, Field(ge=1, le=2**20)]
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False, ge=-1e30, le=1e30)]
-Triple = tuple[int, int, int]
 
 
 class JobCreate(BaseModel):

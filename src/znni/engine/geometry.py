@@ -13,7 +13,7 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-Triple = tuple[int, int, int]
+from znni.triple import Triple, as_triple  # Triple: engine code imports it from here
 
 
 @dataclass(frozen=True, order=True)
@@ -29,7 +29,7 @@ class Box:
 
     @property
     def shape(self) -> Triple:
-        return _triple(h - lo for lo, h in zip(self.lo, self.hi, strict=True))
+        return as_triple(h - lo for lo, h in zip(self.lo, self.hi, strict=True))
 
     @property
     def size(self) -> int:
@@ -44,13 +44,13 @@ class Box:
 
     def grow(self, lo: Triple, hi: Triple) -> Box:
         return Box(
-            _triple(a - d for a, d in zip(self.lo, lo, strict=True)),
-            _triple(a + d for a, d in zip(self.hi, hi, strict=True)),
+            as_triple(a - d for a, d in zip(self.lo, lo, strict=True)),
+            as_triple(a + d for a, d in zip(self.hi, hi, strict=True)),
         )
 
     def intersect(self, other: Box) -> Box | None:
-        lo = _triple(max(a, b) for a, b in zip(self.lo, other.lo, strict=True))
-        hi = _triple(min(a, b) for a, b in zip(self.hi, other.hi, strict=True))
+        lo = as_triple(max(a, b) for a, b in zip(self.lo, other.lo, strict=True))
+        hi = as_triple(min(a, b) for a, b in zip(self.hi, other.hi, strict=True))
         if any(h <= lo_ for lo_, h in zip(lo, hi, strict=True)):
             return None
         return Box(lo, hi)
@@ -79,8 +79,8 @@ class Halo:
     @staticmethod
     def for_fov(fov: Triple) -> Halo:
         """Output voxel i reads the window starting at i - (fov-1)//2 (docs/design.md)."""
-        lo = _triple((f - 1) // 2 for f in fov)
-        return Halo(lo, _triple(f - 1 - a for f, a in zip(fov, lo, strict=True)))
+        lo = as_triple((f - 1) // 2 for f in fov)
+        return Halo(lo, as_triple(f - 1 - a for f, a in zip(fov, lo, strict=True)))
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ class Block:
 
 def make_block(index: int, write: Box, halo: Halo, pool: Triple) -> Block:
     """A block for `write`; compute size rounded up to a multiple of `pool` per axis."""
-    extra = _triple(-s % p for s, p in zip(write.shape, pool, strict=True))
+    extra = as_triple(-s % p for s, p in zip(write.shape, pool, strict=True))
     compute = write.grow((0, 0, 0), extra)
     return Block(index, write, compute, compute.grow(halo.lo, halo.hi))
 
@@ -112,7 +112,7 @@ def split_blocks(
     `block_shape` is rounded up to whole chunks; blocks at the region's faces
     are clipped to it.
     """
-    step = _triple(-(-b // c) * c for b, c in zip(block_shape, chunks, strict=True))
+    step = as_triple(-(-b // c) * c for b, c in zip(block_shape, chunks, strict=True))
     axes = []
     for lo, hi, s in zip(region.lo, region.hi, step, strict=True):
         axes.append(grid_spans(lo, hi, s))
@@ -148,8 +148,3 @@ def patch_tiling(extent: Triple, patch: Triple) -> Iterator[Box]:
     per_axis = [patch_starts(e, p) for e, p in zip(extent, patch, strict=True)]
     for z, y, x in itertools.product(*per_axis):
         yield Box((z, y, x), (z + patch[0], y + patch[1], x + patch[2]))
-
-
-def _triple(values: Iterator[int] | list[int]) -> Triple:
-    a, b, c = values
-    return (int(a), int(b), int(c))

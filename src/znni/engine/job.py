@@ -9,11 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from znni.triple import Triple
+
 if TYPE_CHECKING:  # a pure description: the CLI reads its vocabularies without numpy
     from znni.model.network import Network
     from znni.model.onnx_model import OnnxModel
 
-Triple = tuple[int, int, int]
 # ((z0, z1), (y0, y1), (x0, x1)); an open end (None) runs to the volume edge
 Roi = tuple[tuple[int | None, int | None], ...]
 BorderMode = Literal["reflect", "zero"]

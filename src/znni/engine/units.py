@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from znni.triple import Triple, as_triple
+
 _UNITS = {
     "": 1,
     "b": 1,
@@ -76,7 +78,7 @@ def roi_shape(
     return (z1 - z0, y1 - y0, x1 - x0)
 
 
-def parse_triple(text: str, what: str) -> tuple[int, int, int]:
+def parse_triple(text: str, what: str) -> Triple:
     """'64,64,64' -> (64, 64, 64), all positive."""
     try:
         values = tuple(int(v) for v in text.split(","))
@@ -84,4 +86,4 @@ def parse_triple(text: str, what: str) -> tuple[int, int, int]:
         values = ()
     if len(values) != 3 or min(values) < 1:
         raise ValueError(f"{what} {text!r} must be 3 positive integers z,y,x")
-    return (values[0], values[1], values[2])
+    return as_triple(values, what)

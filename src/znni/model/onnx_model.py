@@ -16,8 +16,8 @@ from pathlib import Path
 
 from znni.model.graph import Graph, aligned_axes, downsampling, window_dependence
 from znni.model.onnx_import import load_onnx
+from znni.triple import Triple
 
-Triple = tuple[int, int, int]
 GRAPH_CACHE_ENTRIES = 8  # resolved graphs kept per model (window choice probes several)
 PROBE_WINDOW: Triple = (96, 96, 96)  # dynamic models are probed at this size (2^5 * 3)
 

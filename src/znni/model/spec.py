@@ -7,7 +7,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from znni.primitives.base import ACTIVATION_KINDS, Triple
+from znni.primitives.base import ACTIVATION_KINDS
+from znni.triple import Triple, as_triple
 
 LAYER_KINDS = ("conv", "maxpool", *ACTIVATION_KINDS)
 LAYER_KEYS = {
@@ -136,4 +137,4 @@ def _triple(value: Any, at: str, key: str) -> Triple:
         or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in value)
     ):
         raise ValueError(f"{at} key {key!r} must be 3 positive integers [z, y, x], found {value!r}")
-    return (value[0], value[1], value[2])
+    return as_triple(value, key)

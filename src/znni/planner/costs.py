@@ -15,6 +15,7 @@ from znni.model.network import LayerShape
 from znni.planner.machine import GpuProfile, MachineProfile
 from znni.planner.tiles import fft_tiles, recompute_width, tiled_layer
 from znni.primitives.fft_sizes import padded_shape, spectrum_points
+from znni.triple import Triple
 
 # A fresh process's first pass over a window or patch pays once for what later passes
 # reuse: the page faults (and transparent huge-page compaction) of the pass's peak, and
@@ -33,7 +34,6 @@ from znni.primitives.fft_sizes import padded_shape, spectrum_points
 # within the runs' noise of each other (4.5-5.3 s), all faster than the per-patch choice
 FIRST_PASS_S_PER_PEAK_BYTE = 2.0e-9
 
-Triple = tuple[int, int, int]
 FFT_C = 2.5  # ZNNi: an FFT of N points costs about C*N*log2(N) flops, C ~ 2.5
 COMPLEX_BYTES = 8  # complex64
 FLOAT_BYTES = 4

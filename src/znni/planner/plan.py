@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
 
+from znni.triple import Triple, as_triple
+
 # how a plan runs (module docstring); one closed set, so a misspelt name fails the type
 # check and `ALGORITHMS` cannot drift from it
 Algorithm = Literal["cpu", "gpu", "gpu-ram", "cpu-gpu"]
@@ -28,7 +30,6 @@ DEVICE_ALGORITHMS: dict[DeviceChoice, tuple[Algorithm, ...]] = {
     "gpu": ("gpu", "gpu-ram"),
     "cpu-gpu": ("cpu-gpu",),
 }
-Triple = tuple[int, int, int]
 
 
 @dataclass(frozen=True)
@@ -88,16 +89,16 @@ class Plan:
     def from_dict(cls, d: dict[str, Any]) -> Plan:
         try:
             body = _split_from_theta(dict(d))
-            body["input_size"] = _triple(body["input_size"])
-            body["output_size"] = _triple(body["output_size"])
+            body["input_size"] = as_triple(body["input_size"])
+            body["output_size"] = as_triple(body["output_size"])
             body["primitives"] = tuple(body["primitives"])
             body["layers"] = tuple(LayerPlan(**x) for x in body["layers"])
             body["alternatives"] = tuple(
                 AlgorithmSummary(
                     **{
                         **_split_from_theta(a),
-                        "input_size": _triple(a["input_size"]) if a.get("input_size") else None,
-                        "output_size": _triple(a["output_size"]) if a.get("output_size") else None,
+                        "input_size": _optional(a.get("input_size")),
+                        "output_size": _optional(a.get("output_size")),
                     }
                 )
                 for a in body.get("alternatives", ())
@@ -107,9 +108,9 @@ class Plan:
             raise ValueError(f"not a valid plan dictionary ({e!r})") from e
 
 
-def _triple(v: Any) -> Triple:
-    a, b, c = (int(x) for x in v)
-    return (a, b, c)
+def _optional(value: Any) -> Triple | None:
+    """A stored summary's size: None where the algorithm found nothing (stored as null)."""
+    return as_triple(value) if value else None
 
 
 def _split_from_theta(summary: dict[str, Any]) -> dict[str, Any]:

@@ -33,13 +33,13 @@ from znni.planner.plan import (
     Plan,
 )
 from znni.planner.stages import Stage, cpu_stage, gpu_stage, streamed_stage
+from znni.triple import Triple
 
 HOST_FRACTION = 0.85  # of available RAM, when no explicit limit is given
 GPU_FRACTION = 0.9  # of device memory (allocator slack, CUDA context)
 BATCHES = (1, 2, 4)
 MAX_OUTPUT = 1024  # largest dense output per axis considered
 GIVE_UP_AFTER = 3  # consecutive sizes where nothing fits
-Triple = tuple[int, int, int]
 
 
 def make_plan(

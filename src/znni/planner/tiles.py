@@ -14,8 +14,7 @@ from math import prod
 
 from znni.model.network import LayerShape
 from znni.primitives.fft_sizes import padded_shape, spectrum_points
-
-Triple = tuple[int, int, int]
+from znni.triple import Triple
 
 
 def fft_tiles(layer: LayerShape, primitive: str | None, spectra_budget: int | None) -> int:

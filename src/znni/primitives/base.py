@@ -12,9 +12,9 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
-ACTIVATION_KINDS = ("relu", "sigmoid", "tanh", "elu", "leaky_relu", "linear")
+from znni.triple import Triple
 
-Triple = tuple[int, int, int]
+ACTIVATION_KINDS = ("relu", "sigmoid", "tanh", "elu", "leaky_relu", "linear")
 
 
 @dataclass(frozen=True, eq=False)

@@ -22,8 +22,8 @@ from znni.model.graph import Graph
 from znni.model.onnx_model import OnnxModel
 from znni.planner.graph.search import GraphPlan, first_pass_seconds, plan_graph
 from znni.planner.machine import MachineProfile
+from znni.triple import Triple
 
-Triple = tuple[int, int, int]
 # windowed: per axis. One 256^3 window covers a 256^3 volume at once where 160^3 windows
 # need 8 (MONAI's 0.25 overlap): BasicUNet's whole segment took 17.4-19.5 s with it
 # against 22.7 s with the 80^3 windows chosen before (2026-11-23); planning up to 256

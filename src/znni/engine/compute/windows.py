@@ -25,7 +25,8 @@ from typing import Literal
 
 import numpy as np
 
-Triple = tuple[int, int, int]
+from znni.triple import Triple, as_triple
+
 BlendMode = Literal["gaussian", "constant"]
 _MIN_WEIGHT = 1e-3  # MONAI's floor for the importance map (compute_importance_map)
 
@@ -35,7 +36,7 @@ def _triple(values: Sequence[int], name: str) -> Triple:
     vals = tuple(values)
     if len(vals) != 3 or any(int(v) != v or v <= 0 for v in vals):
         raise ValueError(f"{name} must be three positive integers, got {values!r}")
-    return (int(vals[0]), int(vals[1]), int(vals[2]))
+    return as_triple(vals, name)
 
 
 def scan_interval(size: int, window: int, overlap: float) -> int:

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-Triple = tuple[int, int, int]
+from znni.triple import Triple, as_triple
+
 Six = tuple[int, int, int, int, int, int]
 
 
@@ -28,10 +29,10 @@ def triple(value: int | Sequence[int], name: str, minimum: int) -> Triple:
     vals = [value] * 3 if np.isscalar(value) else list(value)  # type: ignore[list-item]
     if len(vals) != 3:
         raise ValueError(f"{name} must have 3 entries (z, y, x), got {value!r}")
-    out = tuple(int(v) for v in vals)
+    out = as_triple(vals, name)
     if any(v != f for v, f in zip(out, vals, strict=True)) or min(out) < minimum:
         raise ValueError(f"{name} must be integers >= {minimum}, got {value!r}")
-    return out  # type: ignore[return-value]
+    return out
 
 
 def six(pads: int | Sequence[int], name: str = "pads", allow_negative: bool = False) -> Six:
