@@ -9,6 +9,10 @@ import numpy as np
 
 from znni.primitives.base import Activation
 
+# ONNX Selu's default constants, which the CPU and GPU graph kernels both apply
+SELU_ALPHA = 1.6732632423543772848170429916717
+SELU_GAMMA = 1.0507009873554804934193349852946
+
 
 def apply_activation(x: Any, act: Activation, xp: ModuleType = np) -> Any:
     """Apply `act` to float32 `x` in place and return it.

@@ -19,11 +19,15 @@ from typing import Any
 
 import numpy as np
 
-from znni.primitives.cpu.graph_ops.conv_general import conv_out_size
-from znni.primitives.cpu.graph_ops.conv_transpose import transpose_out_size
-from znni.primitives.cpu.graph_ops.elementwise import SELU_ALPHA, SELU_GAMMA
-from znni.primitives.cpu.graph_ops.pooling_general import pool_out_size
-from znni.primitives.cpu.graph_ops.resize import linear_taps, nearest_index, source_coords
+from znni.primitives.activations import SELU_ALPHA, SELU_GAMMA
+from znni.primitives.shapes import (
+    conv_out_size,
+    linear_taps,
+    nearest_index,
+    pool_out_size,
+    source_coords,
+    transpose_out_size,
+)
 
 Kernel = Callable[..., Any]  # (xp, params, *arrays) -> device array
 F32 = np.float32

@@ -17,12 +17,16 @@ from typing import Any
 
 import numpy as np
 
-from znni.primitives.cpu.graph_ops._args import choice, six, triple
-from znni.primitives.cpu.graph_ops.conv_general import conv_out_size
-from znni.primitives.cpu.graph_ops.conv_transpose import transpose_out_size
-from znni.primitives.cpu.graph_ops.padding import PAD_MODES
-from znni.primitives.cpu.graph_ops.pooling_general import pool_out_size
-from znni.primitives.cpu.graph_ops.resize import MODES, NEAREST_MODES, TRANSFORMS
+from znni.primitives.graph_args import (
+    MODES,
+    NEAREST_MODES,
+    PAD_MODES,
+    TRANSFORMS,
+    choice,
+    six,
+    triple,
+)
+from znni.primitives.shapes import conv_out_size, pool_out_size, transpose_out_size
 
 Shape = tuple[int, ...]
 POINTWISE = {"relu", "leaky_relu", "prelu", "elu", "selu", "sigmoid", "tanh", "clip", "identity"}

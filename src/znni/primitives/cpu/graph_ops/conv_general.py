@@ -21,7 +21,9 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from znni.primitives.cpu.graph_ops._args import (
+from znni.primitives.cpu.graph_ops.conv_strided import conv_strided
+from znni.primitives.cpu.graph_ops.padding import pad_constant
+from znni.primitives.graph_args import (
     Six,
     Triple,
     as_volume,
@@ -29,8 +31,7 @@ from znni.primitives.cpu.graph_ops._args import (
     six,
     triple,
 )
-from znni.primitives.cpu.graph_ops.conv_strided import conv_strided
-from znni.primitives.cpu.graph_ops.padding import pad_constant
+from znni.primitives.shapes import conv_out_size
 
 COLUMN_BYTES = 4 * 2**20  # column buffer per block: a few MB keeps gather and GEMM in cache
 DEPTHWISE_BYTES = 2 * 2**20  # depthwise accumulator block (2 MB measured best on 2 cores)
@@ -65,11 +66,6 @@ def run_parts(work: Callable[[list[Any]], None], tasks: list[Any]) -> None:
         return
     with ThreadPoolExecutor(workers) as pool:
         list(pool.map(work, [tasks[j::workers] for j in range(workers)]))  # re-raises errors
-
-
-def conv_out_size(n: int, k: int, s: int, d: int, pb: int, pe: int) -> int:
-    """Output length of one axis: floor((n + pads - d*(k-1) - 1) / s) + 1."""
-    return (n + pb + pe - d * (k - 1) - 1) // s + 1
 
 
 def pad_zero(x: np.ndarray, pads: Six) -> np.ndarray:

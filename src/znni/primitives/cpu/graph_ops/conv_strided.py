@@ -18,8 +18,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from znni.primitives.cpu.graph_ops._args import Six, Triple
 from znni.primitives.cpu.graph_ops._parallel import run_tiles
+from znni.primitives.graph_args import Six, Triple
 
 COLUMN_BYTES = 4 * 2**20  # columns per block: a few MB keeps gather and GEMM in cache
 

@@ -16,7 +16,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from znni.primitives.cpu.graph_ops._args import (
+from znni.primitives.cpu.graph_ops._parallel import run_tiles
+from znni.primitives.cpu.layout import is_channels_last
+from znni.primitives.graph_args import (
     Six,
     Triple,
     as_volume,
@@ -24,18 +26,12 @@ from znni.primitives.cpu.graph_ops._args import (
     six,
     triple,
 )
-from znni.primitives.cpu.graph_ops._parallel import run_tiles
-from znni.primitives.cpu.layout import is_channels_last
+from znni.primitives.shapes import transpose_out_size
 
 # bytes of one slab's GEMM result: stays in L2 for the strided copies out of it
 SLAB_BYTES = 1 << 20
 # the scatter path's slab product (all K offsets' rows), added out of it K times
 SCATTER_SLAB_BYTES = 4 << 20
-
-
-def transpose_out_size(n: int, k: int, s: int, d: int, pb: int, pe: int, op: int) -> int:
-    """Output length of one axis: (n-1)*s - pb - pe + d*(k-1) + output_padding + 1."""
-    return (n - 1) * s - pb - pe + d * (k - 1) + op + 1
 
 
 def _check(x: np.ndarray, weight: np.ndarray, groups: int) -> np.ndarray:

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-SELU_ALPHA = 1.6732632423543772848170429916717
-SELU_GAMMA = 1.0507009873554804934193349852946
+from znni.primitives.activations import SELU_ALPHA, SELU_GAMMA
 
 
 def _f32(x: np.ndarray) -> np.ndarray:

@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from znni.primitives.base import Activation
-from znni.primitives.cpu.graph_ops._args import as_volume, channel_vector
 from znni.primitives.cpu.graph_ops._rowwise import affine_rows, row_moments
+from znni.primitives.graph_args import as_volume, channel_vector
 
 
 def _normalize(

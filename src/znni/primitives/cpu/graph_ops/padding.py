@@ -13,9 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from znni.primitives.cpu.graph_ops._args import as_volume, choice, six
-
-PAD_MODES = ("constant", "reflect", "edge")
+from znni.primitives.graph_args import PAD_MODES, as_volume, choice, six
 
 
 def pad3d(

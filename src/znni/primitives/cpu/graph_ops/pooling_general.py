@@ -14,26 +14,18 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from znni.primitives.cpu.graph_ops._args import (
+from znni.primitives.cpu.graph_ops._parallel import run_tiles
+from znni.primitives.cpu.layout import is_channels_last
+from znni.primitives.graph_args import (
     Six,
     Triple,
     as_volume,
     six,
     triple,
 )
-from znni.primitives.cpu.graph_ops._parallel import run_tiles
-from znni.primitives.cpu.layout import is_channels_last
+from znni.primitives.shapes import pool_out_size
 
 CHANNEL_TILE_BYTES = 1 << 20  # input per channel range: whole channels, a few per core
-
-
-def pool_out_size(n: int, k: int, s: int, d: int, pb: int, pe: int, ceil_mode: bool) -> int:
-    """Windows along one axis; in ceil mode a last window starting in the end padding is dropped."""
-    span = n + pb + pe - d * (k - 1) - 1
-    out = (-(-span // s) if ceil_mode else span // s) + 1
-    if ceil_mode and (out - 1) * s >= n + pb:
-        out -= 1
-    return out
 
 
 def _geometry(

@@ -12,51 +12,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from znni.primitives.cpu.graph_ops._args import as_volume, choice, triple
-
-MODES = ("nearest", "linear")
-TRANSFORMS = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")
-NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
-
-
-def source_coords(n_in: int, n_out: int, transform: str, scale: float | None) -> np.ndarray:
-    """Input coordinate (float64) sampled by each output index along one axis.
-
-    Without an explicit scale the ratio n_in / n_out is applied as a
-    multiplication then a division, so exact integer positions stay exact.
-    """
-    i = np.arange(n_out, dtype=np.float64)
-    if transform == "align_corners":
-        return i * (n_in - 1) / (n_out - 1) if n_out > 1 else np.zeros(n_out)
-    if transform == "asymmetric":
-        return i / scale if scale is not None else i * n_in / n_out
-    c = (i + 0.5) / scale if scale is not None else (i + 0.5) * n_in / n_out
-    if transform == "pytorch_half_pixel" and n_out == 1:
-        return np.zeros(1)
-    return c - 0.5
-
-
-def nearest_index(coords: np.ndarray, n_in: int, nearest_mode: str) -> np.ndarray:
-    """Rounded, clamped source indices for nearest resize."""
-    fl = np.floor(coords)
-    if nearest_mode == "floor":
-        idx = fl
-    elif nearest_mode == "ceil":
-        idx = np.ceil(coords)
-    else:
-        tie = coords - fl == 0.5
-        near = np.floor(coords + 0.5)
-        idx = np.where(tie, fl if nearest_mode == "round_prefer_floor" else fl + 1, near)
-    return np.clip(idx, 0, n_in - 1).astype(np.intp)
-
-
-def linear_taps(coords: np.ndarray, n_in: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(i0, i1, w1): neighbours clamped to the edge (ONNX pads with edge values)."""
-    fl = np.floor(coords)
-    w1 = (coords - fl).astype(np.float32)
-    i0 = np.clip(fl, 0, n_in - 1).astype(np.intp)
-    i1 = np.clip(fl + 1, 0, n_in - 1).astype(np.intp)
-    return i0, i1, w1
+from znni.primitives.graph_args import (
+    MODES,
+    NEAREST_MODES,
+    TRANSFORMS,
+    as_volume,
+    choice,
+    triple,
+)
+from znni.primitives.shapes import linear_taps, nearest_index, source_coords
 
 
 def _scales(scales: Sequence[float] | None) -> tuple[float, float, float] | tuple[None, ...]:

@@ -1,4 +1,4 @@
-"""Argument checks shared by the graph kernels.
+"""Argument checks and attribute vocabularies shared by the CPU and GPU graph kernels.
 
 Graph-imported networks (ONNX) carry attributes that a user never typed, so every
 kernel validates them up front and names the offending value in a `ValueError`
@@ -14,6 +14,11 @@ import numpy as np
 from znni.triple import Triple, as_triple
 
 Six = tuple[int, int, int, int, int, int]
+
+PAD_MODES = ("constant", "reflect", "edge")  # ONNX Pad
+MODES = ("nearest", "linear")  # ONNX Resize's mode, coordinate transform and rounding
+TRANSFORMS = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")
+NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 
 
 def as_volume(x: np.ndarray, name: str = "x") -> np.ndarray:
