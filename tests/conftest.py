@@ -1,5 +1,6 @@
 """Shared test set-up: cheap FFTW planning, a throw-away cache folder, and the session's
-local S3-API server (`s3`) and GCS-API server (`gcs`). The helpers live in tests/support/,
+local S3-API server (`s3`) and GCS-API server (`gcs`), and its ONNX models exported once
+(`onnx_models`). The helpers live in tests/support/,
 importable as `support.<module>` through pytest's `pythonpath = ["tests"]`."""
 
 from __future__ import annotations
@@ -13,6 +14,16 @@ import pytest
 # throw-away folder rather than the user's ~/.cache; subprocesses inherit both.
 os.environ.setdefault("ZNNI_FFT_EFFORT", "FFTW_ESTIMATE")
 os.environ.setdefault("XDG_CACHE_HOME", tempfile.mkdtemp(prefix="znni-test-cache-"))
+
+
+@pytest.fixture(scope="session")
+def onnx_models(tmp_path_factory: pytest.TempPathFactory):  # a support.onnx_models.OnnxModels
+    """The test ONNX models by name, each built and exported once for the whole session."""
+    pytest.importorskip("torch")
+    pytest.importorskip("onnx")
+    from support.onnx_models import OnnxModels
+
+    return OnnxModels(tmp_path_factory.mktemp("onnx-models"))
 
 
 @pytest.fixture(scope="session")

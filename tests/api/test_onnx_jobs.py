@@ -18,29 +18,20 @@ torch = pytest.importorskip("torch")
 monai = pytest.importorskip("monai")
 pytest.importorskip("onnxruntime")
 from monai.inferers import sliding_window_inference  # noqa: E402
-from monai.networks.nets import BasicUNet  # noqa: E402
 
 EXPORT_WINDOW = (16, 32, 32)
 VOLUME = (19, 41, 36)
 
 
-def _export(model: torch.nn.Module, path: Path, window: tuple[int, int, int]) -> None:
-    torch.onnx.export(
-        model.eval(), (torch.zeros(1, 1, *window),), path, input_names=["x"], dynamo=False,
-        dynamic_axes={"x": {2: "z", 3: "y", 4: "x"}},
-    )
-
-
 @pytest.fixture(scope="module")
-def onnx_site(site: dict) -> dict:
+def onnx_site(site: dict, onnx_models) -> dict:
     """The U-Net (windowed), a conv chain (exact) and a name defined twice, in the models dir;
     a single-channel uint8 volume under the data root."""
     models, root = site["models"], site["root"]
-    torch.manual_seed(0)
-    unet = BasicUNet(spatial_dims=3, in_channels=1, out_channels=2, features=(4, 4, 8, 8, 16, 4))
-    _export(unet, models / "unet.onnx", EXPORT_WINDOW)
-    chain = torch.nn.Sequential(torch.nn.Conv3d(1, 2, 3), torch.nn.ReLU())
-    _export(chain, models / "chain.onnx", (8, 8, 8))
+    assert onnx_models.window("basicunet") == EXPORT_WINDOW
+    unet = onnx_models.module("basicunet")
+    onnx_models.copy("basicunet", models / "unet.onnx")
+    onnx_models.copy("chain", models / "chain.onnx")
     shutil.copy(models / "tiny.json", models / "dup.json")
     shutil.copy(models / "chain.onnx", models / "dup.onnx")
     vol = np.random.default_rng(5).integers(0, 256, size=VOLUME).astype(np.uint8)

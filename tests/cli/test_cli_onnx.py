@@ -4,13 +4,12 @@ JSON spec path, ROI and resume, and every refusal (exit 2, nothing written)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import zarr
 from support.engine_ref import small_network, write_network, write_volume
 from support.naive import close
+from support.onnx_models import export
 
 from znni.cli import main
 
@@ -18,15 +17,6 @@ torch = pytest.importorskip("torch")
 monai = pytest.importorskip("monai")
 pytest.importorskip("onnxruntime")
 from monai.inferers import sliding_window_inference  # noqa: E402
-from monai.networks.nets import BasicUNet, UNet  # noqa: E402
-
-
-def _export(model: torch.nn.Module, path: Path, window: tuple[int, int, int]) -> Path:
-    torch.onnx.export(
-        model.eval(), (torch.zeros(1, 1, *window),), path, input_names=["x"], dynamo=False,
-        dynamic_axes={"x": {2: "z", 3: "y", 4: "x"}},
-    )
-    return path
 
 
 def _monai(model, vol: np.ndarray, window, overlap: float, blend: str) -> np.ndarray:
@@ -46,25 +36,14 @@ def volume(tmp_path_factory) -> tuple[np.ndarray, str]:
     return vol, write_volume(tmp / "in.zarr", vol, 3, (8, 16, 16))
 
 
-def _unets():
-    torch.manual_seed(0)
-    basic = BasicUNet(spatial_dims=3, in_channels=1, out_channels=2, features=(4, 4, 8, 8, 16, 4))
-    unet = UNet(spatial_dims=3, in_channels=1, out_channels=3, channels=(4, 8, 8),
-                strides=(2, 2), num_res_units=1, norm="batch")
-    for m in unet.modules():  # batch norm with non-trivial statistics
-        if isinstance(m, torch.nn.BatchNorm3d):
-            m.running_mean.uniform_(-0.5, 0.5)
-            m.running_var.uniform_(0.5, 1.5)
-    return {"basicunet": (basic, (16, 32, 32)), "unet": (unet, (8, 16, 12))}
-
-
 @pytest.mark.parametrize("name, overlap, blend", [
     ("basicunet", 0.25, "gaussian"), ("unet", 0.5, "constant"), ("unet", 0.25, "gaussian"),
 ])
-def test_windowed_equals_monai_sliding_window(tmp_path, volume, capsys, name, overlap, blend):
+def test_windowed_equals_monai_sliding_window(tmp_path, volume, capsys, onnx_models, name,
+                                              overlap, blend):
     vol, inp = volume
-    model, window = _unets()[name]
-    onnx_path = _export(model, tmp_path / f"{name}.onnx", window)
+    model, window = onnx_models.module(name), onnx_models.window(name)
+    onnx_path = onnx_models.copy(name, tmp_path / f"{name}.onnx")
     out = tmp_path / "out.zarr"
     args = ["segment", str(onnx_path), inp, str(out), "--window", ",".join(map(str, window)),
             "--overlap", str(overlap), "--blend", blend, "--scale", str(1 / 255),
@@ -76,10 +55,10 @@ def test_windowed_equals_monai_sliding_window(tmp_path, volume, capsys, name, ov
     assert close(got, ref)
 
 
-def test_roi_and_planned_window_and_resume(tmp_path, volume, capsys) -> None:
+def test_roi_and_planned_window_and_resume(tmp_path, volume, capsys, onnx_models) -> None:
     vol, inp = volume
-    model, _ = _unets()["unet"]
-    onnx_path = _export(model, tmp_path / "u.onnx", (8, 16, 12))
+    model = onnx_models.module("unet")
+    onnx_path = onnx_models.copy("unet", tmp_path / "u.onnx")
     out = tmp_path / "roi.zarr"
     args = ["segment", str(onnx_path), inp, str(out), "--roi", "3:17,5:30,:", "--scale",
             str(1 / 255), "--memory-limit", "256MiB", "--quiet"]
@@ -115,7 +94,7 @@ def test_exported_sequential_runs_exactly_like_the_json_spec(tmp_path, volume, c
         else:
             mods.append({"relu": torch.nn.ReLU(), "sigmoid": torch.nn.Sigmoid(),
                          "tanh": torch.nn.Tanh()}[layer["kind"]])
-    onnx_path = _export(torch.nn.Sequential(*mods), tmp_path / "seq.onnx", (24, 24, 24))
+    onnx_path = export(torch.nn.Sequential(*mods), tmp_path / "seq.onnx", (24, 24, 24))
     a, b = tmp_path / "a.zarr", tmp_path / "b.zarr"
     assert main(["segment", str(spec), inp, str(a), "--quiet"]) == 0
     assert main(["segment", str(onnx_path), inp, str(b), "--scale", str(1 / 255), "--quiet"]) == 0
@@ -129,10 +108,9 @@ def test_exported_sequential_runs_exactly_like_the_json_spec(tmp_path, volume, c
     (["--weights", "w.npz"], "--weights applies to JSON specs"),
     (["--device", "gpu"], "runs on the CPU in this version"),
 ])
-def test_bad_onnx_runs_are_refused(tmp_path, volume, capsys, extra, words) -> None:
+def test_bad_onnx_runs_are_refused(tmp_path, volume, capsys, onnx_models, extra, words) -> None:
     _, inp = volume
-    model, _ = _unets()["unet"]
-    onnx_path = _export(model, tmp_path / "u.onnx", (8, 16, 12))
+    onnx_path = onnx_models.copy("unet", tmp_path / "u.onnx")
     out = tmp_path / "never.zarr"
     assert main(["segment", str(onnx_path), inp, str(out), *extra]) == 2
     err = capsys.readouterr().err
@@ -150,11 +128,10 @@ def test_window_on_a_json_spec_is_refused(tmp_path, volume, capsys) -> None:
     assert "--scale applies to ONNX models" in capsys.readouterr().err
 
 
-def test_plan_says_the_mode_and_why(tmp_path, capsys) -> None:
+def test_plan_says_the_mode_and_why(tmp_path, capsys, onnx_models) -> None:
     import json
 
-    model, _ = _unets()["basicunet"]
-    onnx_path = _export(model, tmp_path / "b.onnx", (16, 32, 32))
+    onnx_path = onnx_models.copy("basicunet", tmp_path / "b.onnx")
     capsys.readouterr()  # MONAI's BasicUNet prints its features when it is first built
     assert main(["plan", str(onnx_path), "--memory-limit", "1GiB", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
@@ -174,14 +151,13 @@ def test_plan_says_the_mode_and_why(tmp_path, capsys) -> None:
                                                * PLAN_FRACTION)
 
 
-def test_plan_for_an_input_is_what_segment_runs(tmp_path, volume, capsys) -> None:
+def test_plan_for_an_input_is_what_segment_runs(tmp_path, volume, capsys, onnx_models) -> None:
     """`znni plan --input --roi` chooses for that region and budget what `znni segment`
     then runs (window and predicted rate), and prints it; bad volumes get one sentence."""
     import json
 
     _, inp = volume
-    model, _ = _unets()["unet"]
-    onnx_path = _export(model, tmp_path / "u.onnx", (8, 16, 12))
+    onnx_path = onnx_models.copy("unet", tmp_path / "u.onnx")
     common = ["--roi", "3:17,5:30,:", "--scale", str(1 / 255), "--memory-limit", "256MiB"]
     capsys.readouterr()
     assert main(["plan", str(onnx_path), "--input", inp, *common, "--json"]) == 0

@@ -16,18 +16,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("onnx")
 
 
-def _export(path: Path, out_channels: int = 2) -> None:
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Conv3d(1, out_channels, 3), torch.nn.ReLU())
-    torch.onnx.export(
-        model.eval(), (torch.zeros(1, 1, 8, 8, 8),), path, input_names=["x"], dynamo=False,
-        dynamic_axes={"x": {2: "z", 3: "y", 4: "x"}},
-    )
-
-
 @pytest.fixture()
-def models(tmp_path: Path) -> Path:
-    _export(tmp_path / "chain.onnx")
+def models(tmp_path: Path, onnx_models) -> Path:
+    onnx_models.copy("chain", tmp_path / "chain.onnx")
     spec = {"name": "j", "in_channels": 1, "weights": "j.npz",
             "layers": [{"kind": "conv", "out_channels": 1, "kernel": [1, 1, 1]}]}
     (tmp_path / "j.json").write_text(json.dumps(spec))
@@ -50,10 +41,10 @@ def test_one_model_per_option_combination(models: Path) -> None:
     assert describe("chain", plain)["mode"] == "exact"
 
 
-def test_a_changed_file_is_loaded_again(models: Path) -> None:
+def test_a_changed_file_is_loaded_again(models: Path, onnx_models) -> None:
     cat = NetworkCatalogue(models)
     before = cat.get("chain")
-    _export(models / "chain.onnx", out_channels=3)
+    onnx_models.copy("chain3", models / "chain.onnx")
     os.utime(models / "chain.onnx", ns=(1, 1))
     after = cat.get("chain")
     assert after.out_channels == 3 and after.digest != before.digest

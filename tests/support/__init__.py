@@ -9,4 +9,5 @@
 - server_util: a live `znni serve` process, jobs and volumes for the API tests;
 - s3_util, gcs_util, gcs_token_gate: local S3 and GCS servers and a token gate;
 - store_runs: `znni segment` runs against an object store;
+- onnx_models: each ONNX test model built and exported once per session.
 """

@@ -49,9 +49,15 @@ def _unet_onnx(path: Path) -> Path:
     return path
 
 
-def _compare(tmp_path: Path, backend_name: str, **options) -> list[tuple[str, int]]:
+@pytest.fixture(scope="module")
+def unet_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny U-Net, exported once for this module's tests."""
+    return _unet_onnx(tmp_path_factory.mktemp("graph-gpu") / "unet.onnx")
+
+
+def _compare(unet_onnx: Path, backend_name: str, **options) -> list[tuple[str, int]]:
     """run_graph on `backend_name` vs the CPU backend; the backend's (op tag, chunks) log."""
-    graph = load_onnx(_unet_onnx(tmp_path / "unet.onnx"))
+    graph = load_onnx(unet_onnx)
     ops = Counter(n.op for n in graph.nodes)
     assert {"pad", "instance_norm", "conv_transpose", "resize", "concat", "softmax"} <= set(ops)
     x = np.random.default_rng(3).standard_normal((2, 2, *WINDOW)).astype(np.float32)
@@ -68,16 +74,16 @@ def _compare(tmp_path: Path, backend_name: str, **options) -> list[tuple[str, in
         backend.device.close()
 
 
-def test_unet_on_the_standin_gpu_equals_cpu(tmp_path: Path) -> None:
-    _compare(tmp_path, "gpu-standin")
+def test_unet_on_the_standin_gpu_equals_cpu(unet_onnx: Path) -> None:
+    _compare(unet_onnx, "gpu-standin")
 
 
-def test_unet_on_a_small_standin_cap_still_equals_cpu(tmp_path: Path) -> None:
-    log = _compare(tmp_path, "gpu-standin", memory_cap_bytes=300_000)
+def test_unet_on_a_small_standin_cap_still_equals_cpu(unet_onnx: Path) -> None:
+    log = _compare(unet_onnx, "gpu-standin", memory_cap_bytes=300_000)
     assert max(n for tag, n in log if tag.startswith("graph:")) >= 2  # some node was split
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not cuda_available(), reason="needs CuPy and a CUDA device")
-def test_unet_on_the_gpu_equals_cpu(tmp_path: Path) -> None:
-    _compare(tmp_path, "gpu")
+def test_unet_on_the_gpu_equals_cpu(unet_onnx: Path) -> None:
+    _compare(unet_onnx, "gpu")

@@ -1,0 +1,87 @@
+"""ONNX test models, each built and exported once per session (the `onnx_models` fixture in
+tests/conftest.py): every test that names a model gets the same module and a copy of the
+same exported file, so the export (torch's TorchScript exporter) runs once, not per test."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+Window = tuple[int, int, int]
+
+
+def _unets() -> tuple[Any, Any]:
+    """MONAI's BasicUNet, then a UNet with batch norm of non-trivial statistics (seed 0)."""
+    import torch
+    from monai.networks.nets import BasicUNet, UNet
+
+    torch.manual_seed(0)
+    basic = BasicUNet(spatial_dims=3, in_channels=1, out_channels=2, features=(4, 4, 8, 8, 16, 4))
+    unet = UNet(spatial_dims=3, in_channels=1, out_channels=3, channels=(4, 8, 8),
+                strides=(2, 2), num_res_units=1, norm="batch")
+    for m in unet.modules():
+        if isinstance(m, torch.nn.BatchNorm3d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 1.5)
+    return basic, unet
+
+
+def _chain(out_channels: int) -> Any:
+    """Conv3d(1, out_channels, 3) then ReLU (seed 0): an exact-mode ONNX network."""
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv3d(1, out_channels, 3), torch.nn.ReLU())
+
+
+# name -> (the module's builder, the window it is exported at, with dynamic spatial axes)
+MODELS: dict[str, tuple[Callable[[], Any], Window]] = {
+    "basicunet": (lambda: _unets()[0], (16, 32, 32)),
+    "unet": (lambda: _unets()[1], (8, 16, 12)),
+    "chain": (lambda: _chain(2), (8, 8, 8)),
+    "chain3": (lambda: _chain(3), (8, 8, 8)),
+}
+
+
+def export(model: Any, path: Path, window: Window) -> Path:
+    """`model` in eval mode as ONNX at `path`: input "x" of (1, 1, *window), spatial axes
+    dynamic, TorchScript exporter."""
+    import torch
+
+    torch.onnx.export(
+        model.eval(), (torch.zeros(1, 1, *window),), path, input_names=["x"], dynamo=False,
+        dynamic_axes={"x": {2: "z", 3: "y", 4: "x"}},
+    )
+    return path
+
+
+class OnnxModels:
+    """The session's models by name (`MODELS`), built and exported on first use into
+    `folder`. Tests read the modules and copy the files; they change neither."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._modules: dict[str, Any] = {}
+        self._paths: dict[str, Path] = {}
+
+    def module(self, name: str) -> Any:
+        if name not in self._modules:
+            self._modules[name] = MODELS[name][0]().eval()
+        return self._modules[name]
+
+    def window(self, name: str) -> Window:
+        return MODELS[name][1]
+
+    def path(self, name: str) -> Path:
+        """The exported file (shared: copy it before handing it to code that may write)."""
+        if name not in self._paths:
+            self._paths[name] = export(self.module(name), self.folder / f"{name}.onnx",
+                                       self.window(name))
+        return self._paths[name]
+
+    def copy(self, name: str, dest: Path) -> Path:
+        """A copy of the exported model at `dest`."""
+        shutil.copyfile(self.path(name), dest)
+        return dest
