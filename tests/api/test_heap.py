@@ -11,8 +11,8 @@ def metric(text: str, name: str) -> float:
     return float(found.group(1))
 
 
-def test_startup_heap_is_frozen_and_gc_is_reported(server) -> None:
-    with server.client() as client:
+def test_startup_heap_is_frozen_and_gc_is_reported(read_server) -> None:
+    with read_server.client() as client:
         text = client.get("/metrics").text
     # FastAPI, pydantic, numpy, zarr and the engine: about 100k objects here; an unfrozen
     # server reports 0

@@ -62,8 +62,8 @@ def test_zero_border_with_roi_equals_reference(server, site) -> None:
     assert close(got, ref), float(np.max(np.abs(got - ref)))
 
 
-def test_networks_and_health(server) -> None:
-    with server.client() as client:
+def test_networks_and_health(read_server) -> None:
+    with read_server.client() as client:
         nets = client.get("/v1/networks").json()["networks"]
         tiny = next(n for n in nets if n["name"] == "tiny")
         assert tiny["fov"] == list(naive_fov(TINY_LAYERS))
@@ -75,8 +75,8 @@ def test_networks_and_health(server) -> None:
         assert health == {"status": "ok", "workers_alive": 1, "workers": 1}
 
 
-def test_plan_for_a_network(server) -> None:
-    with server.client() as client:
+def test_plan_for_a_network(read_server) -> None:
+    with read_server.client() as client:
         r = client.post("/v1/plan", json={"network": "tiny", "device": "cpu"})
         assert r.status_code == 200, r.text
         plan = r.json()["plan"]
@@ -104,12 +104,12 @@ def region_seconds_of(plan: dict, region: tuple[int, int, int]) -> float:
             + FIRST_PASS_S_PER_PEAK_BYTE * plan["peak_bytes"])
 
 
-def test_plan_for_an_input_region(server, site) -> None:
+def test_plan_for_an_input_region(read_server, read_site) -> None:
     """POST /v1/plan with `input` (and `roi`) plans for that region, the input located as a
     job's is: a patch no larger than the region, the region's predicted time; an input
     outside the data root, a bad ROI, or a ROI without an input is a 422 sentence."""
-    shape = zarr.open_array(str(site["root"] / "small.zarr"), mode="r").shape[-3:]
-    with server.client() as client:
+    shape = zarr.open_array(str(read_site["root"] / "small.zarr"), mode="r").shape[-3:]
+    with read_server.client() as client:
         whole = client.post("/v1/plan", json={"network": "tiny", "device": "cpu"}).json()["plan"]
         r = client.post("/v1/plan", json={"network": "tiny", "device": "cpu",
                                           "input": "small.zarr", "roi": [[0, 4], [1, 5], [None, None]]})
