@@ -17,3 +17,19 @@ def test_pyfftw_imports_without_scipy_fftpack_or_dask() -> None:
                          check=True, timeout=120).stdout.split("\n")
     assert out[0] == "False False FFTW"
     assert out[1] == "1.0 2.0"
+
+
+def test_importing_the_cpu_primitives_and_the_planner_leaves_pyfftw_unloaded() -> None:
+    """pyFFTW is imported when the first FFT is planned, not by `import znni.primitives.cpu`
+    nor by the planner, which imports the CPU primitives' cost constants at module level."""
+    import subprocess
+    import sys
+
+    code = ("import sys, znni.primitives.cpu, znni.planner.search, znni.planner.graph.search\n"
+            "print('pyfftw' in sys.modules)\n"
+            "from znni.primitives.cpu.fftw_plans import fftw\n"
+            "print(fftw().FFTW.__name__, 'pyfftw' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120).stdout.split("\n")
+    assert out[0] == "False"
+    assert out[1] == "FFTW True"

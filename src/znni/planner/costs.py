@@ -14,6 +14,7 @@ from math import log2, prod
 from znni.model.network import LayerShape
 from znni.planner.machine import GpuProfile, MachineProfile
 from znni.planner.tiles import fft_tiles, recompute_width, tiled_layer
+from znni.primitives.cpu.direct_conv import block_shape, column_layout, computed_columns
 from znni.primitives.fft_sizes import padded_shape, spectrum_points
 from znni.triple import Triple
 
@@ -122,12 +123,6 @@ def _cpu_direct_work(layer: LayerShape, elementwise_bytes: float) -> Work:
     dropped x >= ox, y >= oy between valid outputs (computed_columns). Deep layers gather
     f*kz*kx rows over each block's L + (ky-1)*X positions and run ky GEMMs, each after the
     first added into the result (read, read, write)."""
-    from znni.primitives.cpu.direct_conv import (  # pyFFTW's package lazily
-        block_shape,
-        column_layout,
-        computed_columns,
-    )
-
     s, f, g = layer.batch_in, layer.channels_in, layer.channels_out
     n_in = prod(layer.size_in)
     rows, gemms = column_layout(f, layer.kernel)

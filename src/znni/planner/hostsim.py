@@ -25,6 +25,7 @@ from znni.planner.costs import (
     WORK_BYTES,
 )
 from znni.planner.tiles import fft_tiles, recompute_width, tiled_layer
+from znni.primitives.cpu.direct_conv import block_columns, block_shape, worker_bytes
 from znni.primitives.fft_sizes import padded_shape, spectrum_points
 
 
@@ -209,12 +210,6 @@ def direct_bytes(sh: LayerShape, threads: int, slab_bytes: int = SLAB_BYTES) -> 
     Closed form of primitives/cpu/direct_conv.direct_bytes (which lists every block; too slow
     inside the search): the largest block is the first, shaped by its `block_shape`.
     tests/planner/test_planner_tiling.py checks the two agree."""
-    from znni.primitives.cpu.direct_conv import (  # pyFFTW lazily
-        block_columns,
-        block_shape,
-        worker_bytes,
-    )
-
     s, cin, cout = sh.batch_in, sh.channels_in, sh.channels_out
     _, ny, nx = sh.size_in
     oz, oy, ox = sh.size_out

@@ -13,6 +13,12 @@ from dataclasses import replace
 from math import prod
 
 from znni.model.network import LayerShape
+from znni.primitives.cpu.tiling import (
+    RECOMPUTE_SPECTRA_BYTES,
+    choose_tiles,
+    recompute_parts,
+)
+from znni.primitives.cpu.tiling import tile_geometry as cpu_tile_geometry
 from znni.primitives.fft_sizes import padded_shape, spectrum_points
 from znni.triple import Triple
 
@@ -22,8 +28,6 @@ def fft_tiles(layer: LayerShape, primitive: str | None, spectra_budget: int | No
     (`spectra_budget`) and no bound for fft-recompute. 1 for every other primitive."""
     if layer.kind != "conv" or primitive not in ("fft-keep", "fft-recompute"):
         return 1
-    from znni.primitives.cpu.tiling import choose_tiles  # imports pyFFTW's package lazily
-
     budget = spectra_budget if primitive == "fft-keep" else None
     return choose_tiles(layer.batch_in, layer.channels_in, layer.channels_out, layer.size_out,
                         layer.kernel, budget)
@@ -31,9 +35,7 @@ def fft_tiles(layer: LayerShape, primitive: str | None, spectra_budget: int | No
 
 def tile_geometry(layer: LayerShape, m: int) -> tuple[Triple, Triple, Triple]:
     """(tiles per axis, tile output size, tile input size), as CpuBackend computes them."""
-    from znni.primitives.cpu.tiling import tile_geometry as geometry
-
-    return geometry(layer.size_out, layer.kernel, m)
+    return cpu_tile_geometry(layer.size_out, layer.kernel, m)
 
 
 def tiled_layer(layer: LayerShape, m: int) -> LayerShape:
@@ -50,7 +52,5 @@ def tiled_layer(layer: LayerShape, m: int) -> LayerShape:
 def recompute_width(tiled: LayerShape) -> int:
     """Output channels per part of recomputed spectra CpuBackend makes for a tiled layer
     (its default recompute_spectra_bytes)."""
-    from znni.primitives.cpu.tiling import RECOMPUTE_SPECTRA_BYTES, recompute_parts
-
     nc = spectrum_points(padded_shape(tiled.size_in))
     return recompute_parts(tiled.channels_in, tiled.channels_out, nc, RECOMPUTE_SPECTRA_BYTES)

@@ -14,7 +14,7 @@ def _reference(**_: Any) -> Backend:
 
 
 def _cpu(**options: Any) -> Backend:
-    from znni.primitives.cpu import CpuBackend  # lazy: imports pyFFTW
+    from znni.primitives.cpu import CpuBackend  # lazy: the CPU backend's modules
 
     return CpuBackend(**options)
 

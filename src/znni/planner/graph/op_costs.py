@@ -9,6 +9,9 @@ from math import prod
 from znni.model.graph import Graph, Node
 from znni.model.network import FLOAT_BYTES
 from znni.planner.costs import Work
+from znni.primitives.cpu.graph_ops._parallel import PARALLEL_BYTES
+from znni.primitives.cpu.graph_ops.conv_strided import COLUMN_BYTES
+from znni.primitives.cpu.graph_ops.conv_transpose import scatter_slab_planes
 
 # graph_ops.conv_strided (phase split, column gather, one GEMM per block): least squares over
 # MONAI UNet's six stride-2 3^3 convs (1->16, 16->32, 32->64) in 64^3, 80^3 and 96^3 windows,
@@ -47,9 +50,6 @@ def scatter_transpose_bytes(graph: Graph, node: Node, cores: int) -> int:
     """Workspace of graph_ops.conv_transpose's scatter path: the uncropped output it adds
     into (cropped into the node's output at the end) and a slab product per worker (the K
     offsets' rows of at least one z plane, or of the planes a slab's writes reach)."""
-    from znni.primitives.cpu.graph_ops._parallel import PARALLEL_BYTES  # pyFFTW lazily
-    from znni.primitives.cpu.graph_ops.conv_transpose import scatter_slab_planes
-
     w, s, d = node.params["weight"], node.params["strides"], node.params["dilations"]
     n, cin, *size = graph.shapes[node.inputs[0]]
     cout = w.shape[1] * node.params["group"]
@@ -107,8 +107,6 @@ def strided_conv_work(graph: Graph, node: Node) -> Work:
 def strided_conv_bytes(graph: Graph, node: Node, cores: int) -> int:
     """Workspace of graph_ops.conv_strided: the phase-split input, the flat output grid
     before its crop, and a column block per worker (conv_strided.COLUMN_BYTES at most)."""
-    from znni.primitives.cpu.graph_ops.conv_strided import COLUMN_BYTES  # pyFFTW lazily
-
     split, grid, rows = strided_geometry(graph, node)
     cout = node.params["weight"].shape[0]
     return (split + cout * grid) * FLOAT_BYTES + cores * min(COLUMN_BYTES,

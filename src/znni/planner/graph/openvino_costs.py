@@ -17,6 +17,7 @@ from znni.model.openvino_layers import (
 )
 from znni.planner.graph.layers import conv_layer
 from znni.planner.machine import MachineProfile
+from znni.primitives.cpu.openvino_conv import openvino_available
 
 # openvino_seconds' terms. Each layer is compiled for one window and writes channels-last
 # (primitives/cpu/openvino_conv): 16 -> 16 at 64^3 with its norm spent 2.5 ms reordering
@@ -99,8 +100,6 @@ OPENVINO_KEPT_PER_CHAINED_NORMED_BYTE = -0.4
 
 def openvino_ready() -> bool:
     """The optional OpenVINO conv primitive can run in this environment."""
-    from znni.primitives.cpu.openvino_conv import openvino_available
-
     return openvino_available()
 
 

@@ -10,6 +10,8 @@ import numpy as np
 
 from znni.model.network import FLOAT_BYTES, LayerShape
 from znni.planner.machine import MachineProfile
+from znni.primitives.cpu.winograd import PRIMITIVE_TILES, chunks
+from znni.primitives.cpu.winograd_error import layer_tile_error
 
 # Winograd F(4, 3) (primitives/cpu/winograd.py): tiles of 4^3 outputs from 6^3 inputs
 WINOGRAD_M = 4
@@ -57,17 +59,12 @@ def winograd_primitives(layer: LayerShape, weight: np.ndarray) -> list[str]:
         return []
     if any(o % 6 for o in layer.size_out) or layer.size_out[2] // 6 < WINOGRAD6_MIN_X_TILES:
         return ["winograd"]
-    from znni.primitives.cpu.winograd_error import layer_tile_error
-
     return ["winograd", "winograd6"] if (
         layer_tile_error(weight, 6) <= WINOGRAD6_MAX_TILE_ERROR) else ["winograd"]
 
 
 def _tile(primitive: str) -> int:
-    """The primitive's tile size m; imported when asked, so that planning alone does not
-    load the CPU backend (and pyFFTW) with it."""
-    from znni.primitives.cpu.winograd import PRIMITIVE_TILES
-
+    """The primitive's tile size m, as the primitive defines it."""
     return PRIMITIVE_TILES[primitive]
 
 
@@ -85,8 +82,6 @@ def chunk_rounds_factor(layer: LayerShape, cores: int, m: int = WINOGRAD_M) -> f
     nodes, CI kind, 2026-11-24): one-chunk nodes ran 1.29-2.37x the model without it,
     nodes of 4 or more chunks 0.9-1.3x; with it the nodes' rms log error fell from 0.45
     to 0.35."""
-    from znni.primitives.cpu.winograd import chunks
-
     per_chunk = WINOGRAD_CHUNK_BYTES // (
         FLOAT_BYTES * (m + 2) ** 3 * (layer.channels_in + layer.channels_out))
     tiles = tuple(-(-o // m) for o in layer.size_out)

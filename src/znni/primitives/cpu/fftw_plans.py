@@ -44,7 +44,26 @@ def _import_pyfftw() -> Any:
     return module
 
 
-pyfftw = _import_pyfftw()
+_pyfftw: Any = None
+_import_lock = threading.Lock()
+
+
+def fftw() -> Any:
+    """The pyfftw module, imported when the first FFT is planned or wisdom is read: importing
+    this package (the planner does, for its cost constants) must not pay for pyFFTW."""
+    global _pyfftw
+    if _pyfftw is None:
+        with _import_lock:
+            if _pyfftw is None:
+                _pyfftw = _import_pyfftw()
+    return _pyfftw
+
+
+def __getattr__(name: str) -> Any:
+    """`fftw_plans.pyfftw`, imported on first use (`fftw()`)."""
+    if name == "pyfftw":
+        return fftw()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 FFT_EFFORTS = ("FFTW_ESTIMATE", "FFTW_MEASURE", "FFTW_PATIENT", "FFTW_EXHAUSTIVE")
 _WISDOM_NAMES = ("double", "single", "longdouble")
@@ -71,7 +90,7 @@ def load_wisdom(directory: Path | None = None) -> None:
             parts.append(path.read_bytes() if path.exists() else b"")
         if any(parts):
             try:
-                pyfftw.import_wisdom(tuple(parts))
+                fftw().import_wisdom(tuple(parts))
             except (ValueError, RuntimeError, TypeError) as e:  # stale or corrupt wisdom
                 log.warning("ignoring unreadable FFTW wisdom in %s: %s", directory, e)
 
@@ -81,7 +100,7 @@ def save_wisdom(directory: Path | None = None) -> None:
     directory = directory or cache_dir()
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        for name, data in zip(_WISDOM_NAMES, pyfftw.export_wisdom(), strict=True):
+        for name, data in zip(_WISDOM_NAMES, fftw().export_wisdom(), strict=True):
             tmp = directory / f".fftw-wisdom-{name}.{os.getpid()}.tmp"
             tmp.write_bytes(data)
             tmp.replace(directory / f"fftw-wisdom-{name}.dat")
@@ -94,14 +113,14 @@ class Workspace:
 
     def __init__(self) -> None:
         self.arrays: dict[str, np.ndarray] = {}
-        self.plans: dict[str, pyfftw.FFTW] = {}
+        self.plans: dict[str, Any] = {}  # pyfftw.FFTW objects
 
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.arrays.values())
 
     def array(self, name: str, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-        arr = pyfftw.empty_aligned(shape, dtype=dtype)
+        arr = fftw().empty_aligned(shape, dtype=dtype)
         self.arrays[name] = arr
         return arr
 
@@ -122,10 +141,10 @@ class PlanCache:
 
     def fftw(
         self, src: np.ndarray, dst: np.ndarray, axis: int, direction: str = "FFTW_FORWARD"
-    ) -> pyfftw.FFTW:
+    ) -> Any:
         """Plan one batched 1D transform along `axis` (arrays are overwritten when measuring)."""
         self._new_plans += 1
-        return pyfftw.FFTW(
+        return fftw().FFTW(
             src,
             dst,
             axes=(axis,),
