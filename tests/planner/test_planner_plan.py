@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from support.planner_nets import ZNNI_FOV, ZNNI_TABLE, znni_network
+from support.planner_nets import ZNNI_FOV, ZNNI_TABLE, paper_plan, znni_network
 
 from znni.model.network import Network
 from znni.planner.costs import FIRST_PASS_S_PER_PEAK_BYTE
@@ -47,7 +47,7 @@ def test_plan_is_valid_and_fits(znni_net) -> None:
 
 
 def test_plan_json_round_trip() -> None:
-    plan = make_plan(znni_network("n337"), machine=MachineProfile.load("znni-paper"))
+    plan = paper_plan("n337")  # make_plan on the znni-paper profile, shared with the paper tests
     text = json.dumps(plan.to_dict())
     back = Plan.from_dict(json.loads(text))
     assert back == plan
@@ -55,7 +55,7 @@ def test_plan_json_round_trip() -> None:
 
 def test_a_stored_plan_with_theta_reads_as_split_op() -> None:
     """Job rows written before `split_op` hold `theta`, the last op before the split."""
-    plan = make_plan(znni_network("n337"), machine=MachineProfile.load("znni-paper"))
+    plan = paper_plan("n337")
     assert plan.algorithm == "cpu-gpu" and plan.split_op is not None
     old = plan.to_dict()
     old["theta"] = old.pop("split_op") - 1

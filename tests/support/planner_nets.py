@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import tracemalloc
+from functools import cache
 from typing import Any
 
 import numpy as np
 
 from znni.model.network import Network, network_shapes_only
+from znni.planner.machine import MachineProfile
+from znni.planner.plan import Plan
+from znni.planner.search import make_plan
 
 # name -> (layer pattern, conv kernels); 1 input channel, 80 maps, 3 outputs, ReLU, pools 2^3
 ZNNI_TABLE = {
@@ -37,6 +41,13 @@ def znni_spec(name: str, maps: int = 80) -> dict[str, Any]:
 
 def znni_network(name: str) -> Network:
     return network_shapes_only(znni_spec(name), name)
+
+
+@cache
+def paper_plan(name: str) -> Plan:
+    """make_plan of the ZNNi network `name` on the paper's machine profile (all devices),
+    searched once per session and shared: a Plan is frozen. About 3 s each."""
+    return make_plan(znni_network(name), machine=MachineProfile.load("znni-paper"))
 
 
 def traced_peak_bytes(net: Network, backend: Any, prims: list[str | None],
