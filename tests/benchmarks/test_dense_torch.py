@@ -17,7 +17,7 @@ import pytest
 from support.naive import close, naive_dense, naive_fov, random_network
 
 spec_ = importlib.util.spec_from_file_location(
-    "_dense_torch", Path(__file__).resolve().parents[1] / "benchmarks" / "_dense_torch.py"
+    "_dense_torch", Path(__file__).resolve().parents[2] / "benchmarks" / "_dense_torch.py"
 )
 assert spec_ is not None and spec_.loader is not None
 dt = importlib.util.module_from_spec(spec_)
