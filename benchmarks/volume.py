@@ -42,6 +42,10 @@ from pathlib import Path
 
 import numpy as np
 
+from znni.engine.context import StoreContext
+
+CTX = StoreContext()  # store options (none) and caches for this module's calls
+
 
 def build_network(folder: Path, channels: int) -> Path:
     """A small n337-like net: C2 P2 C3 P2 C3 C3, ReLU, 3 sigmoid outputs (fov 25)."""
@@ -157,7 +161,7 @@ def s3_job(job: object, local_input: str, chunks: tuple[int, int, int] | None) -
     from znni.engine.io.stores import zarr_store
 
     src = zarr.open_array(local_input, mode="r")
-    dst = zarr.create_array(store=zarr_store("s3://bench/in.zarr", read_only=False),
+    dst = zarr.create_array(store=zarr_store("s3://bench/in.zarr", read_only=False, ctx=CTX),
                             shape=src.shape, chunks=chunks or src.chunks, dtype=src.dtype,
                             overwrite=True)
     dst[...] = src[...]
@@ -251,7 +255,7 @@ def measure(args: argparse.Namespace, backend: object, tmp: Path,
     prep = prepare_run(job)
     blocks, spec = _blocks_and_spec(job, prep)  # the blocks and plan segment() runs
     scratch = open_or_create_output(
-        str(tmp / "scratch.zarr"), prep.out_shape, "float32", prep.chunks
+        str(tmp / "scratch.zarr"), prep.out_shape, "float32", prep.chunks, ctx=CTX
     )
 
     def new_worker() -> object:  # a windowed worker keeps straddling windows: one per pass

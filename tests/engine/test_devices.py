@@ -12,9 +12,12 @@ from support.engine_ref import dense_volume, small_network, write_network, write
 from support.naive import close
 
 from znni.cli import main
+from znni.engine.context import StoreContext
 from znni.engine.job import SegmentJob
 from znni.engine.segment import check_and_plan, segment
 from znni.model.network import load_network
+
+CTX = StoreContext()  # store options (none) and caches for this module's calls
 
 
 @pytest.fixture()
@@ -128,7 +131,7 @@ def test_failure_in_either_stage_marks_no_partial_block_and_resume_completes(
     monkeypatch.setattr(target, method, failing)
     with pytest.raises(Exception, match=f"injected {stage} failure"):
         segment(job)
-    _, done = read_ledger(out)
+    _, done = read_ledger(out, ctx=CTX)
     assert 0 < len(done) < 36  # some blocks finished before the failure, not all
     written = zarr.open_array(out)[...]
     for key in done:  # every block the ledger calls done holds its final values

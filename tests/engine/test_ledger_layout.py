@@ -19,38 +19,41 @@ from znni.engine.compute.layout import (
     choose_block_shape,
     input_cache_bytes,
 )
+from znni.engine.context import StoreContext
 from znni.engine.geometry import Box, Halo, patch_tiling, split_blocks
 from znni.engine.io.ledger import Ledger, fingerprint, read_ledger
 from znni.engine.job import SegmentJob
 from znni.engine.segment import segment
 from znni.model.network import load_network
 
+CTX = StoreContext()  # store options (none) and caches for this module's calls
+
 PARTS = {"network": "abc", "roi": "0:1,0:1,0:1", "border": "reflect"}
 
 
 def test_ledger_survives_a_torn_last_line(tmp_path: Path) -> None:
-    ledger = Ledger(str(tmp_path))
+    ledger = Ledger(str(tmp_path), ctx=CTX)
     ledger.start(PARTS, (8, 8, 8))
     ledger.record(["0:8,0:8,0:8", "0:8,0:8,8:16"])
     with open(ledger.path, "a") as f:
         f.write('{"block": "8:16,0:8,0')  # killed mid-append
-    header, done = read_ledger(str(tmp_path))
+    header, done = read_ledger(str(tmp_path), ctx=CTX)
     assert header is not None and header["fingerprint"] == fingerprint(PARTS)
     assert header["block_shape"] == [8, 8, 8]
     assert done == {"0:8,0:8,0:8", "0:8,0:8,8:16"}
     ledger.resume()
     ledger.record(["8:16,0:8,0:8"])
-    assert read_ledger(str(tmp_path))[1] == done | {"8:16,0:8,0:8"}
+    assert read_ledger(str(tmp_path), ctx=CTX)[1] == done | {"8:16,0:8,0:8"}
     lines = ledger.path.read_text().splitlines()
     assert json.loads(lines[-1])["block"] == "8:16,0:8,0:8"
 
 
 def test_ledger_start_forgets_earlier_blocks(tmp_path: Path) -> None:
-    ledger = Ledger(str(tmp_path))
+    ledger = Ledger(str(tmp_path), ctx=CTX)
     ledger.start(PARTS, (8, 8, 8))
     ledger.record(["0:8,0:8,0:8"])
     ledger.start({**PARTS, "border": "zero"}, (4, 4, 4))
-    header, done = read_ledger(str(tmp_path))
+    header, done = read_ledger(str(tmp_path), ctx=CTX)
     assert done == set() and header is not None and header["parts"]["border"] == "zero"
     assert not list(tmp_path.glob("*.tmp"))
 

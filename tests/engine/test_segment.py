@@ -11,11 +11,14 @@ import zarr
 from support.engine_ref import dense_volume, small_network, write_network, write_volume
 from support.naive import close
 
+from znni.engine.context import StoreContext
 from znni.engine.io.ledger import read_ledger
 from znni.engine.job import SegmentCancelled, SegmentJob
 from znni.engine.segment import check_and_plan, segment
 from znni.model.network import load_network
 from znni.primitives.backends import make_backend
+
+CTX = StoreContext()  # store options (none) and caches for this module's calls
 
 SCALE, SHIFT = 1 / 255, -0.25
 
@@ -100,7 +103,7 @@ def test_cancel_then_resume_recomputes_only_unfinished(tmp_path: Path) -> None:
 
     with pytest.raises(SegmentCancelled):
         segment(job, progress=on_progress, cancel=cancel, backend=make_backend("reference"))
-    _, done = read_ledger(job.output_path)
+    _, done = read_ledger(job.output_path, ctx=CTX)
     assert 10 <= len(done) < events[0].blocks_total
     report = segment(job, backend=make_backend("reference"))
     assert report.blocks_computed == report.blocks_total - len(done)

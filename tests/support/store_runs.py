@@ -17,11 +17,14 @@ import numpy as np
 import zarr
 
 from support.engine_ref import slow_network, small_network, write_network, write_volume
+from znni.engine.context import StoreContext
 from znni.engine.io.ledger import ObjectLedger, read_ledger
 from znni.engine.io.stores import zarr_store
 from znni.engine.job import SegmentJob
 from znni.engine.segment import segment
 from znni.model.network import load_network
+
+CTX = StoreContext()  # store options (none) and caches for this module's calls
 
 SHAPE, BLOCK = (24, 30, 36), (8, 10, 12)
 CHUNKS = (7, 9, 10)  # the engine-level cases' blocks
@@ -39,7 +42,7 @@ def make_case(server: Any, tmp_path: Path, seed: int) -> dict:
     spec = write_network(tmp_path, layers, params, scale=1 / 255)
     vol = rng.integers(0, 256, size=SHAPE).astype(np.uint8)
     prefix = server.prefix()
-    arr = zarr.create_array(store=zarr_store(f"{prefix}/in.zarr", read_only=False), shape=SHAPE,
+    arr = zarr.create_array(store=zarr_store(f"{prefix}/in.zarr", read_only=False, ctx=CTX), shape=SHAPE,
                             chunks=(16, 16, 16), dtype="uint8")
     arr[...] = vol
     local = str(tmp_path / "local.zarr")
@@ -64,7 +67,7 @@ def local_job(tmp_path: Path, seed: int) -> tuple[SegmentJob, np.ndarray]:
 
 
 def upload(url: str, vol: np.ndarray, zarr_format: int = 2) -> str:
-    arr = zarr.create_array(store=zarr_store(url, read_only=False), shape=vol.shape,
+    arr = zarr.create_array(store=zarr_store(url, read_only=False, ctx=CTX), shape=vol.shape,
                             chunks=(7, 7, 7), dtype=vol.dtype, zarr_format=zarr_format)
     arr[...] = vol
     return url
@@ -92,7 +95,7 @@ def refused(cmd: list[str], env: dict[str, str], *words: str) -> str:
 
 
 def read_url(url: str) -> np.ndarray:
-    return zarr.open_array(store=zarr_store(url, read_only=True), mode="r")[...]
+    return zarr.open_array(store=zarr_store(url, read_only=True, ctx=CTX), mode="r")[...]
 
 
 def traced(path: Path) -> list[str]:
@@ -103,7 +106,7 @@ def traced(path: Path) -> list[str]:
 def wait_for_blocks(proc: subprocess.Popen, out: str, n: int) -> None:
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline and proc.poll() is None:
-        if len(read_ledger(out)[1]) >= n:
+        if len(read_ledger(out, ctx=CTX)[1]) >= n:
             return
         time.sleep(0.05)
 
@@ -120,7 +123,7 @@ def kill_then_rerun(case: dict, env: Env, tmp_path: Path) -> None:
     finally:
         proc.wait()
     assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
-    _, before = read_ledger(out)
+    _, before = read_ledger(out, ctx=CTX)
     assert TOTAL // 3 <= len(before) < TOTAL
     assert before <= set(traced(trace1))  # recorded only after being computed
 
@@ -129,7 +132,7 @@ def kill_then_rerun(case: dict, env: Env, tmp_path: Path) -> None:
     again = traced(trace2)
     assert not set(again) & before  # no finished block computed twice
     assert len(again) == len(set(again)) == TOTAL - len(before)
-    assert len(read_ledger(out)[1]) == TOTAL
+    assert len(read_ledger(out, ctx=CTX)[1]) == TOTAL
     assert np.array_equal(read_url(out), case["expected"])
 
 
@@ -191,9 +194,9 @@ def ome_pyramid_run(server: Any, local: SegmentJob, vol: np.ndarray,
     for level in ("0", "1"):
         expected = zarr.open_array(f"{here.output_path}/{level}")[...]
         assert np.array_equal(read_url(f"{there.output_path}/{level}"), expected)
-    attrs = zarr.open_group(store=zarr_store(there.output_path, read_only=True), mode="r").attrs
+    attrs = zarr.open_group(store=zarr_store(there.output_path, read_only=True, ctx=CTX), mode="r").attrs
     assert [d["path"] for d in attrs["ome"]["multiscales"][0]["datasets"]] == ["0", "1"]
-    assert read_ledger(there.output_path)[1] == read_ledger(here.output_path)[1]
+    assert read_ledger(there.output_path, ctx=CTX)[1] == read_ledger(here.output_path, ctx=CTX)[1]
     return there, report
 
 
@@ -201,16 +204,16 @@ def ledger_start_forgets_earlier_runs(server: Any) -> None:
     """An object ledger records each block once, and a new run's start forgets the old
     run's header and deletes its block objects."""
     out = f"{server.prefix()}/out.zarr"
-    ledger = ObjectLedger(out)
+    ledger = ObjectLedger(out, ctx=CTX)
     ledger.start({"network": "a"}, (8, 8, 8))
     ledger.record(["0:8,0:8,0:8", "0:8,0:8,8:16"])
     ledger.record(["0:8,0:8,8:16"])  # recorded twice: still one block
-    header, done = read_ledger(out)
+    header, done = read_ledger(out, ctx=CTX)
     assert header is not None and header["block_shape"] == [8, 8, 8]
     assert done == {"0:8,0:8,0:8", "0:8,0:8,8:16"}
-    again = ObjectLedger(out)
+    again = ObjectLedger(out, ctx=CTX)
     again.start({"network": "b"}, (4, 4, 4))
-    header, done = read_ledger(out)
+    header, done = read_ledger(out, ctx=CTX)
     assert header is not None and header["parts"] == {"network": "b"} and done == set()
     assert len(server.keys_under(f"{out}/znni-ledger")) == 1  # stale block objects deleted
 
@@ -219,15 +222,18 @@ def dask_reads_and_writes(server: Any, local: SegmentJob, vol: np.ndarray,
                           monkeypatch: Any, endpoint_env: str) -> None:
     """A Dask LocalCluster run whose workers open the store themselves, with the job's
     --storage-option endpoint (`endpoint_env` is taken out of the environment for the run),
-    equals the local run."""
+    equals the local run: the job's StoreContext reaches them inside the block spec."""
+    from znni.engine.io.stores import context_for
+
     prefix = server.prefix()
     inp = upload(f"{prefix}/in.zarr", vol)
     monkeypatch.delenv(endpoint_env)
-    job = SegmentJob(**{**local.__dict__, "input_path": inp, "output_path": f"{prefix}/dask.zarr",
-                        "scheduler": "local:2",
-                        "storage_options": {"endpoint_url": server.endpoint}})
+    out = f"{prefix}/dask.zarr"
+    store = context_for((inp, out), {"endpoint_url": server.endpoint})
+    job = SegmentJob(**{**local.__dict__, "input_path": inp, "output_path": out,
+                        "scheduler": "local:2", "store": store})
     report = segment(job)
     assert report.blocks_computed == report.blocks_total
     monkeypatch.setenv(endpoint_env, server.endpoint)
     assert np.array_equal(read_url(job.output_path), zarr.open_array(local.output_path)[...])
-    assert len(read_ledger(job.output_path)[1]) == report.blocks_total
+    assert len(read_ledger(job.output_path, ctx=CTX)[1]) == report.blocks_total

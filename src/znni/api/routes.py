@@ -17,7 +17,7 @@ answers the rest (errors, query strings) and is the one OpenAPI documents.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response, status
@@ -39,6 +39,7 @@ from znni.api.schemas import (
 )
 from znni.api.security import token_matches
 from znni.api.views import JobJsonCache, job_read
+from znni.engine.context import StoreContext
 from znni.jobs.catalogue import NetworkCatalogue, UnknownNetworkError, describe
 from znni.jobs.events import log_event
 from znni.jobs.paths import relative_to_root
@@ -58,6 +59,8 @@ class ServerState:
     pool: WorkerPool
     requests: RequestCounter
     job_json: JobJsonCache
+    # the server's store context: its caches keep opened arrays between requests
+    stores: StoreContext = field(default_factory=StoreContext)
 
 
 async def get_state(request: Request) -> ServerState:
@@ -141,6 +144,7 @@ def _create_job(body: JobCreate, state: ServerState) -> JobRead:
             params=body.model_dump(exclude={"network", "input", "output"}),
             scheduler=settings.scheduler,
             allow_url=settings.allow_url,
+            store=state.stores,
         )
     except ValueError as e:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(e)) from e
@@ -238,7 +242,7 @@ def _job_preview(job_id: int, state: ServerState, axis: str, index: int | None) 
         raise HTTPException(status.HTTP_409_CONFLICT,
                             detail=f"job {job_id} is {record.status} and has no output yet")
     try:
-        png = preview_png(record.output_path, axis, index)
+        png = preview_png(record.output_path, axis, index, ctx=state.stores)
     except FileNotFoundError as e:  # started, but no output array yet
         detail = relative_to_root(state.settings.data_root, str(e))
         raise HTTPException(status.HTTP_409_CONFLICT, detail=detail) from e
@@ -282,7 +286,7 @@ def plan(body: PlanRequest, state: StateDep) -> PlanRead:
         region = None
         if body.input is not None:
             region = plan_region(settings.data_root, settings.allow_url, network, body.input,
-                                 body.roi, body.level)
+                                 body.roi, body.level, store=state.stores)
         elif body.roi is not None or body.level is not None:
             raise ValueError("roi and level need an input, the volume to plan for")
         result = plan_summary(network, settings, body.device, body.memory_limit_bytes,

@@ -58,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from znni.engine.output.preview import default_png, render_preview
 
     middle = boundary.shape[0] // 2
-    png = render_preview(str(out_path), default_png(str(out_path), "z", middle), "z", middle)
+    png = render_preview(str(out_path), default_png(str(out_path), "z", middle), "z", middle,
+                         ctx=job.store)
     print(f"preview: {png} (the middle z slice, boundary probability over the EM)")
     return 0

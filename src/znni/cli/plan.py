@@ -119,15 +119,15 @@ def region_from_args(args: argparse.Namespace, in_channels: int) -> tuple[int, i
             raise ValueError(f"{given[0]} needs --input, the volume to plan for")
         return None
     from znni.engine.io.ome import level_path
-    from znni.engine.io.stores import check_location, parse_storage_options, register
+    from znni.engine.io.stores import check_location, context_for, parse_storage_options
     from znni.engine.io.volume import open_input
     from znni.engine.units import parse_roi, roi_shape
 
     check_location(args.input, "input")
-    register((args.input,), parse_storage_options(args.storage_option))
-    path = args.input if args.level is None else level_path(args.input, args.level)
+    ctx = context_for((args.input,), parse_storage_options(args.storage_option))
+    path = args.input if args.level is None else level_path(args.input, args.level, ctx=ctx)
     return roi_shape(parse_roi(args.roi) if args.roi else None,
-                     open_input(path, in_channels).shape)
+                     open_input(path, in_channels, ctx=ctx).shape)
 
 
 def sequential_plan(

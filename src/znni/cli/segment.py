@@ -54,16 +54,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def job_from_args(args: argparse.Namespace) -> SegmentJob:
     """Validate the command-line values and build the job; raises ValueError."""
     from znni.engine.io.ome import level_path
-    from znni.engine.io.stores import parse_storage_options, register
+    from znni.engine.io.stores import context_for, parse_storage_options
     from znni.engine.job import SegmentJob
     from znni.engine.units import parse_bytes, parse_roi, parse_triple
 
     network = model_from_args(args)
-    options = parse_storage_options(args.storage_option)
-    register((args.input, args.output), options)  # --level reads the input's metadata
+    ctx = context_for((args.input, args.output), parse_storage_options(args.storage_option))
     return SegmentJob(
         network=network,
-        input_path=args.input if args.level is None else level_path(args.input, args.level),
+        input_path=(args.input if args.level is None
+                    else level_path(args.input, args.level, ctx=ctx)),
         output_path=args.output,
         roi=parse_roi(args.roi) if args.roi else None,
         border=args.border,
@@ -79,7 +79,7 @@ def job_from_args(args: argparse.Namespace) -> SegmentJob:
         blend=args.blend,
         output_format=args.output_format,
         pyramid=args.pyramid,
-        storage_options=options,
+        store=ctx,
     )
 
 

@@ -7,8 +7,9 @@ and call `znni.engine.segment.segment(job, ...)`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
+from znni.engine.context import StoreContext
 from znni.triple import Triple
 
 if TYPE_CHECKING:  # a pure description: the CLI reads its vocabularies without numpy
@@ -50,8 +51,8 @@ class SegmentJob:
     output_format: str | None = None  # "zarr" | "ome-zarr"; None: the existing output's, else
     # OME-Zarr exactly when the input is an OME-Zarr image
     pyramid: int | None = None  # OME-Zarr outputs: downsampled levels; None: coarsest <= 256
-    # s3:// and gs:// locations: fsspec options (--storage-option) on top of the environment's
-    storage_options: dict[str, Any] = field(default_factory=dict)
+    # store options by bucket (--storage-option) and this process's store caches
+    store: StoreContext = field(default_factory=StoreContext)
 
 
 class SegmentCancelled(Exception):

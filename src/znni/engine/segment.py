@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from znni.engine.compute.execution import check_device, execution_for, plan_job
@@ -33,12 +33,9 @@ from znni.engine.io.ledger import (
     open_ledger,
     read_ledger,
 )
-from znni.engine.io.memo import memo
 from znni.engine.io.stores import (
     check_location,
     check_output_location,
-    register,
-    registered,
     resolved,
 )
 from znni.engine.io.volume import (
@@ -63,6 +60,7 @@ from znni.engine.workers.windowed import (
 )
 from znni.model.onnx_model import OnnxModel
 from znni.primitives.base import Backend
+from znni.triple import as_triple
 
 if TYPE_CHECKING:
     from znni.planner.plan import Plan
@@ -70,7 +68,7 @@ if TYPE_CHECKING:
 SCHEDULER_RE = re.compile(r"local:(\d+)|tcp://[^\s:/]+:\d+")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PreparedRun:
     """A checked job with its plan and geometry decided; nothing written yet."""
 
@@ -99,24 +97,24 @@ def check_and_plan(job: SegmentJob, plan: Plan | None = None) -> Plan | None:
 
 def prepare_run(job: SegmentJob, plan: Plan | None = None) -> PreparedRun:
     """Open and check the input, the output and its ledger, plan, choose blocks (each store
-    answer asked once: `store_memo.py`)."""
-    with memo():
-        return _prepare_run(job, plan)
+    answer asked once: the job's context remembers them, `io/memo.py`)."""
+    with job.store.remembering() as ctx:
+        return _prepare_run(replace(job, store=ctx), plan)
 
 
 def _prepare_run(job: SegmentJob, plan: Plan | None) -> PreparedRun:
     _check_options(job)
     net = job.network
     check_location(job.input_path, "input")
-    register((job.input_path, job.output_path), job.storage_options)
-    volume = open_input(job.input_path, net.in_channels)
+    ctx = job.store
+    volume = open_input(job.input_path, net.in_channels, ctx=ctx)
     lo_hi = resolve_roi(job.roi, volume.shape)
     region = Box(tuple(a for a, _ in lo_hi), tuple(b for _, b in lo_hi))  # type: ignore[arg-type]
     if resolved(job.output_path) == resolved(job.input_path):
         raise ValueError(f"output {job.output_path} is the input array; choose another path")
-    check_output_location(job.output_path)
+    check_output_location(job.output_path, ctx=ctx)
     out_shape = (net.out_channels, *volume.shape)
-    existing = check_existing_output(job.output_path, out_shape, job.dtype)
+    existing = check_existing_output(job.output_path, out_shape, job.dtype, ctx=ctx)
     output_plan(job, volume, out_shape)  # format and pyramid levels, checked
     chunks = output_chunks(job.chunks, existing, volume.shape, net.out_channels, job.dtype,
                            job.output_path)
@@ -124,7 +122,7 @@ def _prepare_run(job: SegmentJob, plan: Plan | None) -> PreparedRun:
         net.digest, job.input_path, tuple(int(s) for s in volume.array.shape),
         str(volume.dtype), region.key(), job.border, job.dtype,
     )
-    header, done = read_ledger(job.output_path) if existing else (None, set())
+    header, done = read_ledger(job.output_path, ctx=ctx) if existing else (None, set())
     budget = memory_budget_bytes(job.memory_limit_bytes)
     window, choice = None, None
     if isinstance(net, OnnxModel):
@@ -135,24 +133,23 @@ def _prepare_run(job: SegmentJob, plan: Plan | None) -> PreparedRun:
     resume = header is not None and header.get("fingerprint") == fingerprint(parts)
     if header is not None and not resume and not job.overwrite:
         raise ValueError(mismatch_sentence(job.output_path, header, parts))
-    if job.overwrite:
-        resume = False
+    resume = resume and not job.overwrite
+    checked: dict[str, Any] = {
+        "job": job, "volume": volume, "region": region, "out_shape": out_shape, "chunks": chunks,
+        "parts": parts, "resume": resume, "done": frozenset(done) if resume else frozenset()}
     if window is not None:
         if resume and header is not None and "block_shape" in header:
-            block: Triple = tuple(int(v) for v in header["block_shape"])  # type: ignore[assignment]
+            block = as_triple(header["block_shape"], "the ledger's block_shape")
         else:
             span = window if net.mode == "windowed" else tile_output(net, window)  # type: ignore[union-attr]
             block = job.block or windowed_block_shape(chunks, span, region.shape)
-        return PreparedRun(
-            job, volume, region, out_shape, chunks, parts, resume,
-            frozenset(done) if resume else frozenset(), window, block, None, None, window,
-            choice,
-        )
+        return PreparedRun(**checked, patch=window, block_shape=block, primitives=None,
+                           plan=None, window=window, choice=choice)
     if plan is None:  # the patch pass gets PLAN_FRACTION; block buffers live in the rest
         plan = plan_job(net, job.device, int(budget * PLAN_FRACTION), region.shape)
     patch, primitives = _patch_from_plan(job, plan)
     if resume and header is not None and "block_shape" in header:
-        block_shape: Triple = tuple(int(v) for v in header["block_shape"])  # type: ignore[assignment]
+        block_shape = as_triple(header["block_shape"], "the ledger's block_shape")
     elif job.block is not None:
         block_shape = job.block
     else:
@@ -160,10 +157,8 @@ def _prepare_run(job: SegmentJob, plan: Plan | None) -> PreparedRun:
             net, chunks, patch, region.shape, budget, volume.dtype.itemsize, plan.peak_bytes,
             plan.batch, region.lo,
         )
-    return PreparedRun(
-        job, volume, region, out_shape, chunks, parts, resume,
-        frozenset(done) if resume else frozenset(), patch, block_shape, primitives, plan,
-    )
+    return PreparedRun(**checked, patch=patch, block_shape=block_shape, primitives=primitives,
+                       plan=plan)
 
 
 def _window_for(
@@ -255,11 +250,12 @@ def segment(
 ) -> SegmentReport:
     """Compute every unfinished block of the job and write it; see the module docstring."""
     timer = StageTimer()
-    with memo():  # the setup asks the stores each question once (store_memo.py)
-        prep = prepare_run(job, plan)
+    with job.store.remembering() as ctx:  # the setup asks each store question once
+        setup = replace(job, store=ctx)
+        prep = prepare_run(setup, plan)
         plan = prep.plan
         plan_dict = plan.to_dict() if plan is not None else _windowed_summary(job, prep)
-        target, ledger, blocks, spec, worker, reads = _set_up(job, prep, plan_dict, backend,
+        target, ledger, blocks, spec, worker, reads = _set_up(setup, prep, plan_dict, backend,
                                                               timer)
     todo = [b for b in blocks if b.key not in prep.done]
     done_voxels = sum(b.write.size for b in blocks if b.key in prep.done)
@@ -280,7 +276,7 @@ def segment(
         else:
             from znni.engine.workers.distributed import run_dask
 
-            run_dask(spec, todo, on_done, timer, job.scheduler, cancel, registered())
+            run_dask(spec, todo, on_done, timer, job.scheduler, cancel)
     finally:
         if reads is not None:
             reads.close()
@@ -318,7 +314,7 @@ def _set_up(
     try:
         target = open_target(job, prep.volume, prep.out_shape, prep.chunks, prep.region,
                              plan_dict)
-        ledger = open_ledger(job.output_path)
+        ledger = open_ledger(job.output_path, ctx=job.store)
         if prep.resume:
             ledger.resume()
         else:
@@ -347,7 +343,8 @@ def _blocks_and_spec(job: SegmentJob, prep: PreparedRun) -> tuple[list[Block], A
         plan = prep.choice.plan
         planned = {"backend_name": execution_for(None, "cpu").cpu_backend,
                    "primitives": tuple(sorted(plan.primitives.items())),
-                   "spectra_bytes": plan.spectra_bytes, "input_cache_bytes": cached}
+                   "spectra_bytes": plan.spectra_bytes, "input_cache_bytes": cached,
+                   "store": job.store}
         if net.mode == "exact":
             return blocks, ExactGraphSpec(net, job.input_path, job.output_path, job.border,
                                           job.dtype, prep.window, **planned)
@@ -364,7 +361,7 @@ def _blocks_and_spec(job: SegmentJob, prep: PreparedRun) -> tuple[list[Block], A
     spec = BlockSpec(
         net, job.input_path, job.output_path, job.border, job.dtype, prep.patch,
         prep.primitives, execution_for(prep.plan, job.device), max(1, int(prep.plan.batch)),
-        cached,
+        cached, store=job.store,
     )
     return blocks, spec
 

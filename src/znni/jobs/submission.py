@@ -10,10 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from znni.engine.context import StoreContext
 from znni.engine.job import OUTPUT_FORMATS, SegmentJob
 from znni.jobs.catalogue import Model, ModelOptions, NetworkCatalogue, model_mode
 from znni.jobs.paths import confine, confine_url, looks_like_url, relative_to_root
 from znni.model.onnx_model import OnnxModel
+from znni.triple import Triple, as_triple
 
 WINDOW_FIELDS = ("window", "overlap", "blend")
 OME_FIELDS = ("output_format", "pyramid", "level")
@@ -30,9 +32,11 @@ def segment_job(
     *,
     scheduler: str | None = None,
     overwrite: bool | None = None,
+    store: StoreContext | None = None,
 ) -> SegmentJob:
     """The engine job for stored parameters (paths already confined and resolved; with a
-    `level`, `input_path` is already that level's array, as `check_submission` stored it)."""
+    `level`, `input_path` is already that level's array, as `check_submission` stored it).
+    `store`: the context whose caches the job may share (default: a fresh one)."""
     roi = params.get("roi")
     windowed = {k: params[k] for k in ("overlap", "blend") if params.get(k) is not None}
     return SegmentJob(
@@ -51,6 +55,7 @@ def segment_job(
         window=_triple(params.get("window")),
         output_format=params.get("output_format"),
         pyramid=params.get("pyramid"),
+        store=store if store is not None else StoreContext(),
         **windowed,
     )
 
@@ -65,6 +70,7 @@ def check_submission(
     params: dict[str, Any],
     scheduler: str | None = None,
     allow_url: tuple[str, ...] = (),
+    store: StoreContext | None = None,
 ) -> tuple[Model, SegmentJob]:
     """Check everything a job needs; ValueError with one sentence naming the problem.
 
@@ -73,6 +79,7 @@ def check_submission(
     overwrite, window, ..., scale, output_format, pyramid, level). With a `level`, the job's
     `input_path` is that level's array of the OME-Zarr image (what the worker reads).
     Nothing is written: the engine's `check_and_plan` only reads (it also plans the run).
+    `store`: the server's context, whose caches keep opened arrays between submissions.
     """
     from znni.engine.segment import check_and_plan
 
@@ -89,9 +96,10 @@ def check_submission(
             f"output {output!r} and input {input!r} overlap; the output must be a separate array"
         )
     if params.get("level") is not None:
-        input_path = input_level(data_root, allow_url, input_path, input, int(params["level"]))
-    job = segment_job(net, input_path, output_path, params, scheduler=scheduler)
-    check_overwrite(output_path, bool(params.get("overwrite", False)), output)
+        input_path = input_level(data_root, allow_url, input_path, input, int(params["level"]),
+                                 store=store)
+    job = segment_job(net, input_path, output_path, params, scheduler=scheduler, store=store)
+    check_overwrite(output_path, bool(params.get("overwrite", False)), output, store=job.store)
     try:
         check_and_plan(job)  # plans graph windows too: one too large for the budget fails
     except (ValueError, TypeError, FileNotFoundError, NotADirectoryError) as e:
@@ -102,17 +110,19 @@ def check_submission(
 def plan_region(
     data_root: Path, allow_url: tuple[str, ...], model: Model, input: str,
     roi: tuple[tuple[int | None, int | None], ...] | None, level: int | None,
+    store: StoreContext | None = None,
 ) -> tuple[int, int, int]:
     """The (z, y, x) shape of a plan request's input region, its input located as a job's
     is (`check_submission`) and read from its metadata alone; ValueError in API words."""
     from znni.engine.io.volume import open_input
     from znni.engine.units import roi_shape
 
+    ctx = store if store is not None else StoreContext()
     path = _locate(data_root, allow_url, input, "input")
     if level is not None:
-        path = input_level(data_root, allow_url, path, input, level)
+        path = input_level(data_root, allow_url, path, input, level, store=ctx)
     try:
-        return roi_shape(roi, open_input(path, model.in_channels).shape)
+        return roi_shape(roi, open_input(path, model.in_channels, ctx=ctx).shape)
     except (ValueError, TypeError, FileNotFoundError, NotADirectoryError) as e:
         raise ValueError(api_words(relative_to_root(data_root, str(e)))) from e
 
@@ -143,13 +153,14 @@ def check_ome_fields(params: dict[str, Any]) -> None:
 
 
 def input_level(root: Path, allow_url: tuple[str, ...], input_path: str, shown: str,
-                level: int) -> str:
+                level: int, *, store: StoreContext | None = None) -> str:
     """The array of level `level` of the OME-Zarr image at `input_path` (confined: the
     image's metadata may not lead out of the data root or the allowed URL prefixes)."""
     from znni.engine.io.ome import level_path
 
     try:
-        array = level_path(input_path, level)
+        array = level_path(input_path, level,
+                           ctx=store if store is not None else StoreContext())
     except (ValueError, TypeError, FileNotFoundError, NotADirectoryError) as e:
         raise ValueError(api_words(relative_to_root(root, str(e)))) from e
     if looks_like_url(array):
@@ -189,11 +200,13 @@ def api_words(text: str) -> str:
     return text
 
 
-def _triple(value: Any) -> tuple[int, int, int] | None:
-    return (int(value[0]), int(value[1]), int(value[2])) if value is not None else None
+def _triple(value: Any) -> Triple | None:
+    """A stored (z, y, x) list as a Triple; None stays None (the engine's default)."""
+    return as_triple(value) if value is not None else None
 
 
-def check_overwrite(output_path: str | Path, overwrite: bool, shown: str) -> None:
+def check_overwrite(output_path: str | Path, overwrite: bool, shown: str, *,
+                    store: StoreContext | None = None) -> None:
     """An existing output is only written again with overwrite, or to resume its own run.
 
     (The engine refuses a ledger of another job; this also refuses an output without one.)
@@ -201,8 +214,9 @@ def check_overwrite(output_path: str | Path, overwrite: bool, shown: str) -> Non
     from znni.engine.io.ledger import read_ledger
     from znni.engine.io.stores import exists
 
-    if overwrite or not exists(str(output_path)):
+    ctx = store if store is not None else StoreContext()
+    if overwrite or not exists(str(output_path), ctx=ctx):
         return
-    header, _ = read_ledger(str(output_path))
+    header, _ = read_ledger(str(output_path), ctx=ctx)
     if header is None:
         raise ValueError(f'output {shown!r} already exists; send "overwrite": true to replace it')

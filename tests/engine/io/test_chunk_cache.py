@@ -16,6 +16,7 @@ import pytest
 import zarr
 from support.engine_ref import small_network, write_network, write_volume
 
+from znni.engine.context import StoreContext
 from znni.engine.geometry import Box
 from znni.engine.io.borders import read_with_border
 from znni.engine.io.chunk_cache import ChunkCache, ChunkedReader, cover
@@ -23,6 +24,8 @@ from znni.engine.io.volume import open_input
 from znni.engine.job import SegmentJob
 from znni.engine.segment import _blocks_and_spec, prepare_run
 from znni.model.network import load_network
+
+CTX = StoreContext()  # store options (none) and caches for this module's calls
 
 
 class CountingStore(zarr.storage.WrapperStore):
@@ -85,8 +88,8 @@ def test_each_chunk_fetched_once_over_a_segment_runs_blocks(tmp_path: Path) -> N
                      block=(6, 8, 5), border="reflect", memory_limit_bytes=2**28)
     blocks, bspec = _blocks_and_spec(job, prepare_run(job))
     assert len(blocks) > 20 and bspec.input_cache_bytes == 2**28 // 16
-    worker_volume = open_input(path, 1, bspec.input_cache_bytes)
-    direct = open_input(path, 1)
+    worker_volume = open_input(path, 1, bspec.input_cache_bytes, ctx=CTX)
+    direct = open_input(path, 1, ctx=CTX)
     arr, store = counted(path)
     reader = ChunkedReader(arr, False, ChunkCache(bspec.input_cache_bytes), path)
     for b in blocks:
@@ -129,7 +132,7 @@ def test_ome_level_reads_through_the_cache(tmp_path: Path) -> None:
 
         write_image(vol, zarr.open_group(path, mode="w"), axes="czyx", scale_factors=[],
                     storage_options={"chunks": (1, 4, 7, 5)})
-    cached, direct = open_input(path, 2, 2**20), open_input(path, 2)
+    cached, direct = open_input(path, 2, 2**20, ctx=CTX), open_input(path, 2, ctx=CTX)
     assert cached.reader is not None and direct.reader is None
     for box in random_boxes(cached.shape, 20, seed=7):
         np.testing.assert_array_equal(cached.read(box), direct.read(box))

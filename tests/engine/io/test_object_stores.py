@@ -22,6 +22,7 @@ from support.store_runs import (
     upload,
 )
 
+from znni.engine.context import StoreContext
 from znni.engine.io.ledger import read_ledger
 from znni.engine.io.stores import (
     StoreError,
@@ -33,6 +34,8 @@ from znni.engine.io.stores import (
 )
 from znni.engine.job import SegmentJob
 from znni.engine.segment import segment
+
+CTX = StoreContext()  # store options (none) and caches for this module's calls
 
 pytestmark = pytest.mark.usefixtures("s3_env")
 
@@ -51,13 +54,13 @@ def test_s3_in_and_out_equals_the_local_run_bit_for_bit(s3, case) -> None:  # no
     report = segment(job)
     assert report.blocks_computed == report.blocks_total >= 8
     assert np.array_equal(read_url(job.output_path), zarr.open_array(local.output_path)[...])
-    header, done = read_ledger(job.output_path)
+    header, done = read_ledger(job.output_path, ctx=CTX)
     assert header is not None and len(done) == report.blocks_total
     run = header["run"]
     blocks = [k for k in s3.keys_under(f"{prefix}/out.zarr/znni-ledger") if f"/{run}/" in k]
     assert len(blocks) == report.blocks_total  # one object per finished block
     assert segment(job).blocks_computed == 0  # the ledger says everything is done
-    prov = zarr.open_array(store=zarr_store(job.output_path, read_only=True), mode="r").attrs["znni"]
+    prov = zarr.open_array(store=zarr_store(job.output_path, read_only=True, ctx=CTX), mode="r").attrs["znni"]
     assert prov["input"] == f"{prefix}/in.zarr"
 
 
@@ -166,12 +169,15 @@ def test_dask_local_cluster_reads_and_writes_s3(s3, case, monkeypatch) -> None: 
 def test_s3_stores_skip_the_head_before_each_get() -> None:
     """s3fs HEADs every object before a whole-object GET unless max_concurrency is 1; znni
     sets 1 for s3:// by default, and a --storage-option still wins."""
-    from znni.engine.io.stores import _OPTIONS, options_for, register
+    from znni.engine.context import StoreContext
+    from znni.engine.io.stores import context_for, options_for
 
-    assert options_for("s3://nobucket-defaults/x.zarr") == {"max_concurrency": 1}
-    assert options_for("gs://b/x.zarr") == {} and options_for("https://h/x.zarr") == {}
-    try:
-        register(["s3://bucket-with-options/x"], {"max_concurrency": 4, "anon": True})
-        assert options_for("s3://bucket-with-options/y") == {"max_concurrency": 4, "anon": True}
-    finally:
-        _OPTIONS.pop("s3://bucket-with-options", None)
+    plain = StoreContext()
+    assert options_for("s3://nobucket-defaults/x.zarr", plain) == {"max_concurrency": 1}
+    assert options_for("gs://b/x.zarr", plain) == {}
+    assert options_for("https://h/x.zarr", plain) == {}
+    given = context_for(["s3://bucket-with-options/x"], {"max_concurrency": 4, "anon": True})
+    assert options_for("s3://bucket-with-options/y", given) == {"max_concurrency": 4,
+                                                                "anon": True}
+    assert options_for("s3://other-bucket/y", given) == {"max_concurrency": 1}  # per bucket
+    assert options_for("s3://bucket-with-options/y", plain) == {"max_concurrency": 1}

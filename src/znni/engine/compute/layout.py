@@ -18,7 +18,7 @@ from znni.planner.machine import available_memory_bytes
 MAX_BLOCK_EXTENTS = 16  # candidate block extents per axis (choose_block_shape)
 DEFAULT_BUDGET_FRACTION = 0.5  # of available RAM when no --memory-limit is given
 PLAN_FRACTION = 0.75  # of the budget for the patch / window pass; the rest holds blocks
-# decoded input chunks a worker keeps between blocks (`chunk_cache.py`): enough for the
+# decoded input chunks a worker keeps between blocks (`io/chunk_cache.py`): enough for the
 # halos of a few rows of blocks, at most a sixteenth of the budget
 INPUT_CACHE_BYTES = 256 * 2**20
 INPUT_CACHE_FRACTION = 16

@@ -26,6 +26,7 @@ import numpy as np
 
 from znni.engine.geometry import Box, Triple
 from znni.lru import BytesLRU
+from znni.triple import as_triple
 
 Index = tuple[int, int, int]  # a chunk's position in the (z, y, x) chunk grid
 
@@ -42,8 +43,8 @@ class ChunkedReader:
                  name: str) -> None:
         self.array, self.has_channel_axis = array, has_channel_axis
         self.cache, self.name = cache, name
-        self.shape: Triple = tuple(int(n) for n in array.shape[-3:])  # type: ignore[assignment]
-        self.chunks: Triple = tuple(int(c) for c in array.chunks[-3:])  # type: ignore[assignment]
+        self.shape: Triple = as_triple(array.shape[-3:])
+        self.chunks: Triple = as_triple(array.chunks[-3:])
         self.channels = int(array.shape[0]) if has_channel_axis else 1
         self.dtype = np.dtype(array.dtype)
 

@@ -25,6 +25,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Protocol
 
+from znni.engine.context import StoreContext
 from znni.engine.io.ome import is_group, ome_level
 from znni.engine.io.stores import (
     is_url,
@@ -62,20 +63,20 @@ def fingerprint(parts: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
-def ledger_home(output_path: str) -> str:
+def ledger_home(output_path: str, *, ctx: StoreContext) -> str:
     """The array that holds the ledger: the output, or an OME-Zarr output's level 0, where
     listings of the image group (which warn about unknown files) do not see it."""
-    if is_group(output_path):
+    if is_group(output_path, ctx=ctx):
         try:
-            return ome_level(output_path, 0).array_path
+            return ome_level(output_path, 0, ctx=ctx).array_path
         except ValueError:
             pass
     return output_path
 
 
-def ledger_path(output_path: str) -> Path:
+def ledger_path(output_path: str, *, ctx: StoreContext) -> Path:
     """The JSON-lines file of a local output's ledger."""
-    return Path(ledger_home(output_path)) / LEDGER_NAME
+    return Path(ledger_home(output_path, ctx=ctx)) / LEDGER_NAME
 
 
 class BlockLedger(Protocol):
@@ -87,16 +88,16 @@ class BlockLedger(Protocol):
     def record(self, keys: list[str]) -> None: ...
 
 
-def open_ledger(output_path: str) -> BlockLedger:
+def open_ledger(output_path: str, *, ctx: StoreContext) -> BlockLedger:
     """The ledger of an output: a JSON-lines file locally, objects in an object store."""
     if is_url(output_path):
-        return ObjectLedger(output_path)
-    return Ledger(output_path)
+        return ObjectLedger(output_path, ctx=ctx)
+    return Ledger(output_path, ctx=ctx)
 
 
-def read_ledger(output_path: str) -> tuple[dict[str, Any] | None, set[str]]:
+def read_ledger(output_path: str, *, ctx: StoreContext) -> tuple[dict[str, Any] | None, set[str]]:
     """(header or None, keys of finished blocks) of an output; tolerates a torn last line."""
-    return open_ledger(output_path).read()
+    return open_ledger(output_path, ctx=ctx).read()
 
 
 def _header(parts: dict[str, Any], block_shape: tuple[int, int, int]) -> dict[str, Any]:
@@ -124,8 +125,8 @@ def mismatch_sentence(output_path: str, header: dict[str, Any], parts: dict[str,
 class Ledger:
     """Appends finished block keys durably; one writer (the process that runs segment)."""
 
-    def __init__(self, output_path: str) -> None:
-        self.path = ledger_path(output_path)
+    def __init__(self, output_path: str, *, ctx: StoreContext) -> None:
+        self.path = ledger_path(output_path, ctx=ctx)
 
     def read(self) -> tuple[dict[str, Any] | None, set[str]]:
         if not self.path.is_file():
@@ -193,12 +194,13 @@ def _block_key(name: str) -> str:
 class ObjectLedger:
     """One object per finished block under `znni-ledger/<run>/`, named by `header.json`."""
 
-    def __init__(self, output_path: str) -> None:
-        self.prefix = join(ledger_home(output_path), OBJECT_LEDGER)
+    def __init__(self, output_path: str, *, ctx: StoreContext) -> None:
+        self.prefix = join(ledger_home(output_path, ctx=ctx), OBJECT_LEDGER)
+        self.ctx = ctx
         self.run: str | None = None
 
     def _read_header(self) -> dict[str, Any] | None:
-        raw = read_bytes(join(self.prefix, HEADER_OBJECT), "output")
+        raw = read_bytes(join(self.prefix, HEADER_OBJECT), "output", ctx=self.ctx)
         try:
             header = json.loads(raw) if raw is not None else None
         except ValueError:
@@ -210,16 +212,18 @@ class ObjectLedger:
         if header is None or not isinstance(header.get("run"), str):
             return None, set()
         self.run = header["run"]
-        return header, {_block_key(n) for n in list_names(join(self.prefix, self.run))}
+        names = list_names(join(self.prefix, self.run), ctx=self.ctx)
+        return header, {_block_key(n) for n in names}
 
     def start(self, parts: dict[str, Any], block_shape: tuple[int, int, int]) -> None:
         """Put a fresh header with a new run id (one atomic put), then drop stale runs."""
         self.run = uuid.uuid4().hex
         header = {**_header(parts, block_shape), "run": self.run}
-        write_bytes(join(self.prefix, HEADER_OBJECT), (json.dumps(header) + "\n").encode())
-        for name in list_names(self.prefix):
+        body = (json.dumps(header) + "\n").encode()
+        write_bytes(join(self.prefix, HEADER_OBJECT), body, ctx=self.ctx)
+        for name in list_names(self.prefix, ctx=self.ctx):
             if name not in (HEADER_OBJECT, self.run):
-                remove_tree(join(self.prefix, name))
+                remove_tree(join(self.prefix, name), ctx=self.ctx)
 
     def resume(self) -> None:
         """Continue the recorded run (puts are whole: there is nothing torn to repair)."""
@@ -233,7 +237,7 @@ class ObjectLedger:
         assert self.run is not None, "start or resume the ledger first"
         for key in keys:
             body = json.dumps({"block": key, "t": time.time()}).encode()
-            write_bytes(join(self.prefix, self.run, _object_name(key)), body)
+            write_bytes(join(self.prefix, self.run, _object_name(key)), body, ctx=self.ctx)
 
 
 def _fsync_dir(path: Path) -> None:

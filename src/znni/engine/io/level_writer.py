@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from znni.engine.geometry import Triple
+from znni.triple import as_triple
 
 KEPT_BYTES = 64 * 2**20  # decoded coarse chunks held; a 64^3 x 3 float32 chunk is 3 MiB
 ChunkKey = tuple[int, Triple]  # (level index in the writer's arrays, chunk index)
@@ -37,10 +38,6 @@ def _index(lo: Sequence[int], hi: Sequence[int], origin: Sequence[int]) -> tuple
     """(channels, z, y, x) index of the box [lo, hi) in an array whose voxel 0 is `origin`."""
     return (slice(None), *(slice(a - o, b - o) for a, b, o in zip(lo, hi, origin, strict=True)))
 
-
-def _triple(values: Any) -> Triple:
-    a, b, c = values
-    return (int(a), int(b), int(c))
 
 
 class LevelWriter:
@@ -52,8 +49,8 @@ class LevelWriter:
         # write costs (it compares bit patterns through broadcast views); coarse chunks
         # written here are rarely all fill, and storing one that is reads back the same
         self.arrays = [a.with_config({"write_empty_chunks": True}) for a in arrays]
-        self.chunks = [_triple(a.chunks[1:]) for a in self.arrays]
-        self.shapes = [_triple(a.shape[1:]) for a in self.arrays]
+        self.chunks = [as_triple(a.chunks[1:]) for a in self.arrays]
+        self.shapes = [as_triple(a.shape[1:]) for a in self.arrays]
         self.kept: OrderedDict[ChunkKey, np.ndarray] = OrderedDict()  # least recent first
         self.dirty: dict[ChunkKey, float] = {}  # chunk -> when it first differed from the store
         self.kept_bytes, self.bytes = kept_bytes, 0
@@ -62,21 +59,21 @@ class LevelWriter:
         """[lo, hi) of a chunk in its level's voxels (clipped at the level's far faces)."""
         k, index = key
         chunk, shape = self.chunks[k], self.shapes[k]
-        lo = _triple(i * c for i, c in zip(index, chunk, strict=True))
-        return lo, _triple(min(n, a + c) for a, c, n in zip(lo, chunk, shape, strict=True))
+        lo = as_triple(i * c for i, c in zip(index, chunk, strict=True))
+        return lo, as_triple(min(n, a + c) for a, c, n in zip(lo, chunk, shape, strict=True))
 
     def update(self, k: int, lo: Triple, hi: Triple, values: np.ndarray) -> list[ChunkKey]:
         """Set level k's voxels [lo, hi) to (C, *shape) `values` in memory; returns the chunks
         changed (now dirty)."""
         chunk = self.chunks[k]
-        keys = [(k, _triple(i)) for i in itertools.product(*(
+        keys = [(k, as_triple(i)) for i in itertools.product(*(
             range(a // c, -(-b // c)) for a, b, c in zip(lo, hi, chunk, strict=True)))]
         self._load(k, [key for key in keys if key not in self.kept], lo, hi)
         now = time.monotonic()
         for key in keys:
             c_lo, c_hi = self.chunk_box(key)
-            s_lo = _triple(max(a, b) for a, b in zip(lo, c_lo, strict=True))
-            s_hi = _triple(min(a, b) for a, b in zip(hi, c_hi, strict=True))
+            s_lo = as_triple(max(a, b) for a, b in zip(lo, c_lo, strict=True))
+            s_hi = as_triple(min(a, b) for a, b in zip(hi, c_hi, strict=True))
             self.kept[key][_index(s_lo, s_hi, c_lo)] = values[_index(s_lo, s_hi, lo)]
             self.kept.move_to_end(key)
             self.dirty.setdefault(key, now)
@@ -111,8 +108,8 @@ class LevelWriter:
         if not missing:
             return
         array, boxes = self.arrays[k], [self.chunk_box(key) for key in missing]
-        r_lo = _triple(min(b[0][i] for b in boxes) for i in range(3))
-        r_hi = _triple(max(b[1][i] for b in boxes) for i in range(3))
+        r_lo = as_triple(min(b[0][i] for b in boxes) for i in range(3))
+        r_hi = as_triple(max(b[1][i] for b in boxes) for i in range(3))
         covered = all(a <= b for a, b in zip(lo, r_lo, strict=True)) and all(
             a >= b for a, b in zip(hi, r_hi, strict=True))
         read = None if covered else np.asarray(array[_index(r_lo, r_hi, (0, 0, 0))])

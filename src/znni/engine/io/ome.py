@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from znni.engine.context import StoreContext
 from znni.engine.io.stores import StoreError, basename, is_url, join, parent, read_bytes, zarr_store
 
 Float3 = tuple[float, float, float]
@@ -39,14 +40,14 @@ class OmeLevel:
     translation: Float3  # physical position (z, y, x) of this level's voxel 0
 
 
-def is_group(path: str | Path) -> bool:
+def is_group(path: str | Path, *, ctx: StoreContext) -> bool:
     """Whether `path` is a Zarr group (format 2 or 3): a directory or a URL."""
     p = str(path)
     if not is_url(p) and (Path(p) / ".zgroup").is_file():
         return True
-    raw = read_bytes(join(p, "zarr.json"))
+    raw = read_bytes(join(p, "zarr.json"), ctx=ctx)
     if raw is None:
-        return is_url(p) and read_bytes(join(p, ".zgroup")) is not None
+        return is_url(p) and read_bytes(join(p, ".zgroup"), ctx=ctx) is not None
     try:
         meta = json.loads(raw)
     except ValueError:
@@ -54,18 +55,18 @@ def is_group(path: str | Path) -> bool:
     return isinstance(meta, dict) and meta.get("node_type") == "group"
 
 
-def _may_be_image(group: str) -> bool:
+def _may_be_image(group: str, ctx: StoreContext) -> bool:
     """Cheap pre-check (no zarr): whether a group's attribute file mentions multiscales."""
-    return any(b"multiscales" in (read_bytes(join(group, name)) or b"")
+    return any(b"multiscales" in (read_bytes(join(group, name), ctx=ctx) or b"")
                for name in ("zarr.json", ".zattrs"))
 
 
-def group_attrs(path: str | Path) -> dict[str, Any]:
+def group_attrs(path: str | Path, *, ctx: StoreContext) -> dict[str, Any]:
     """The attributes of the Zarr group at `path` (through zarr)."""
     import zarr
 
     try:
-        store = zarr_store(str(path), read_only=True)
+        store = zarr_store(str(path), read_only=True, ctx=ctx)
         return dict(zarr.open_group(store=store, mode="r").attrs.asdict())
     except StoreError:
         raise
@@ -153,10 +154,12 @@ def _scale_translation(transforms: Any, ndim: int, where: str) -> tuple[list[flo
     return scale, shift
 
 
-def ome_level(group_path: str, level: int, attrs: dict[str, Any] | None = None) -> OmeLevel:
+def ome_level(group_path: str, level: int, attrs: dict[str, Any] | None = None, *,
+              ctx: StoreContext) -> OmeLevel:
     """Level `level` of the OME-Zarr image group at `group_path`, with its metadata checked
     (`attrs`: the group's attributes when already read, so each level costs no new read)."""
-    version, ms = multiscale(group_attrs(group_path) if attrs is None else attrs, group_path)
+    version, ms = multiscale(group_attrs(group_path, ctx=ctx) if attrs is None else attrs,
+                             group_path)
     datasets = ms["datasets"]
     if not 0 <= level < len(datasets):
         raise ValueError(
@@ -178,28 +181,28 @@ def ome_level(group_path: str, level: int, attrs: dict[str, Any] | None = None) 
     )
 
 
-def find_ome(path: str) -> OmeLevel | None:
+def find_ome(path: str, *, ctx: StoreContext) -> OmeLevel | None:
     """The OME level that `path` names: an image group (its level 0), or an array that is a
     dataset of the image group around it; None for an array outside any OME image."""
-    if is_group(path):
-        return ome_level(path, 0)
+    if is_group(path, ctx=ctx):
+        return ome_level(path, 0, ctx=ctx)
     up, name = parent(path), basename(path)
-    if name and up != path and _may_be_image(up) and is_group(up):
+    if name and up != path and _may_be_image(up, ctx) and is_group(up, ctx=ctx):
         try:
-            _, ms = multiscale(group_attrs(up), up)
+            _, ms = multiscale(group_attrs(up, ctx=ctx), up)
         except ValueError:
             return None
         paths = [d.get("path") for d in ms["datasets"] if isinstance(d, dict)]
         if name in paths:
-            return ome_level(up, paths.index(name))
+            return ome_level(up, paths.index(name), ctx=ctx)
     return None
 
 
-def level_path(path: str, level: int) -> str:
+def level_path(path: str, level: int, *, ctx: StoreContext) -> str:
     """The array directory of level `level` of the OME-Zarr image at `path` (for --level)."""
-    if not is_group(path):
+    if not is_group(path, ctx=ctx):
         raise ValueError(f"--level applies to OME-Zarr image groups, and input {path} is not one")
-    return ome_level(path, level).array_path
+    return ome_level(path, level, ctx=ctx).array_path
 
 
 def output_metadata(

@@ -33,13 +33,14 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from znni.engine.geometry import Block, Box, Triple
 from znni.engine.io.level_writer import KEPT_BYTES, ChunkKey, LevelWriter
+from znni.triple import as_triple
 
 COARSEST = 256  # default depth: the coarsest level's largest axis is at most this
 # landed blocks whose levels, made from their values in memory, may wait for the pyramid
@@ -152,15 +153,11 @@ def level_box(box: Box, write: Box, factor: Triple) -> tuple[Triple, Triple, tup
     """(lo, hi) of the level voxels (at cumulative `factor`) that `write` touches, and their
     index in that level's values over the footprint `box`."""
     base = tuple(b // f for b, f in zip(box.lo, factor, strict=True))
-    lo = _triple(w // f for w, f in zip(write.lo, factor, strict=True))
-    hi = _triple(-(-w // f) for w, f in zip(write.hi, factor, strict=True))
+    lo = as_triple(w // f for w, f in zip(write.lo, factor, strict=True))
+    hi = as_triple(-(-w // f) for w, f in zip(write.hi, factor, strict=True))
     local = tuple(slice(a - b, c - b) for a, c, b in zip(lo, hi, base, strict=True))
     return lo, hi, (slice(None), *local)
 
-
-def _triple(values: Iterable[int]) -> Triple:
-    a, b, c = values
-    return (a, b, c)
 
 
 class PyramidBuilder:
@@ -310,8 +307,8 @@ class PyramidBuilder:
         if key not in self.left:
             lo, hi = self.writer.chunk_box(key)
             f = self.factors[key[0] + 1]
-            box = Box(_triple(a * fi for a, fi in zip(lo, f, strict=True)),
-                      _triple(min(n, b * fi) for b, fi, n in zip(hi, f, self.shape, strict=True)))
+            box = Box(as_triple(a * fi for a, fi in zip(lo, f, strict=True)),
+                      as_triple(min(n, b * fi) for b, fi, n in zip(hi, f, self.shape, strict=True)))
             self.left[key] = len(self._meeting(box) - self.done)
         self.left[key] -= 1
         return self.left[key] if self.left[key] > 0 else self.left.pop(key)

@@ -6,7 +6,7 @@ names the URL. Refusals (401, 403) are never retried.
 The clients say these things differently: s3fs raises PermissionError and OSErrors with an
 errno, gcsfs an `HttpError` with the HTTP `code`, a plain OSError "Forbidden: ..." for 403
 and a requests/aiohttp error for a lost connection. `retrying` wraps a synchronous call,
-and engine.retrying_store's `RetryingStore` a zarr store (every get, set and delete)."""
+and `retrying_store.py`'s `RetryingStore` a zarr store (every get, set and delete)."""
 
 from __future__ import annotations
 

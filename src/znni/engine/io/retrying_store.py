@@ -1,4 +1,4 @@
-"""A zarr store that retries its wrapped store's transient failures (engine.store_retry
+"""A zarr store that retries its wrapped store's transient failures (`retry.py`
 decides what is transient, how often and how long to wait). Its own module, imported on a
 store's first use, because importing zarr is heavy."""
 
@@ -10,20 +10,22 @@ from typing import Any
 
 from zarr.storage import WrapperStore
 
+from znni.engine.context import Memo
 from znni.engine.io.memo import forget, wrote
 from znni.engine.io.retry import METADATA_NAMES, delay, gave_up, is_transient, key_url, tries
 
 
 class RetryingStore(WrapperStore):  # type: ignore[type-arg]
     """Every get, set and delete of the wrapped store, retried; a write forgets what
-    engine.store_memo remembered about its key."""
+    the setup's memo (`io/memo.py`) remembered about its key."""
 
-    def __init__(self, store: Any, url: str) -> None:
+    def __init__(self, store: Any, url: str, memo: Memo | None = None) -> None:
         super().__init__(store)
         self.url = url
+        self.memo = memo
 
     def _with_store(self, store: Any) -> Any:
-        return type(self)(store, self.url)
+        return type(self)(store, self.url, self.memo)
 
     async def _retry(self, key: str, make: Callable[[], Any]) -> Any:
         n = tries(self.url)
@@ -55,12 +57,12 @@ class RetryingStore(WrapperStore):  # type: ignore[type-arg]
         try:
             await self._retry(key, make)
         finally:
-            forget(key_url(self.url, key))
+            forget(self.memo, key_url(self.url, key))
 
     async def set(self, key: str, value: Any) -> None:
         await self._write(key, lambda: self._store.set(key, value))
         if key.endswith(METADATA_NAMES):  # metadata is read again (chunks are not)
-            wrote(key_url(self.url, key), value.to_bytes())
+            wrote(self.memo, key_url(self.url, key), value.to_bytes())
 
     async def set_if_not_exists(self, key: str, value: Any) -> None:
         await self._write(key, lambda: self._store.set_if_not_exists(key, value))

@@ -1,12 +1,12 @@
 """Where volumes live: local paths, or URLs of object stores (`s3://`, `gs://`) and read-only
 `http(s)://` locations, opened through zarr's own `FsspecStore` (docs/design.md, "Volumes").
 
-- Storage options (`--storage-option KEY=VALUE`) are registered per bucket for this process
-  (`register`); every store this process opens under that bucket gets them, on top of the
-  standard environment and config files (AWS_*, AWS_ENDPOINT_URL, ~/.aws, GCS defaults,
-  STORAGE_EMULATOR_HOST; gs:// at an emulator: `store_gcs.py`). http(s) locations are read
-  anonymously, without options. Dask tasks register the job's options on their worker
-  before opening anything.
+- Every function that asks a store takes the run's `StoreContext` (`engine/context.py`):
+  its storage options (`--storage-option KEY=VALUE`) by bucket (`context_for`) go to every
+  store opened under that bucket, on top of the standard environment and config files
+  (AWS_*, AWS_ENDPOINT_URL, ~/.aws, GCS defaults, STORAGE_EMULATOR_HOST; gs:// at an
+  emulator: `gcs.py`). http(s) locations are read anonymously, without options. Dask
+  workers receive the context inside the block spec.
 - Transient errors (connections refused or reset, timeouts, 5xx) are retried with backoff,
   ZNNI_STORE_RETRIES tries in all (default 5; 1 for gs://, whose client retries each
   request itself); then `StoreError` names the URL.
@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from znni.engine.context import StoreContext
 from znni.engine.io.gcs import (
     check_token,
     filesystem_class,
@@ -40,8 +41,6 @@ WRITABLE_SCHEMES = ("s3", "gs", "gcs")
 URL_RE = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*)://(.*)")
 SECRET_KEY_RE = re.compile(r"token|secret|key|password|credential", re.IGNORECASE)
 
-_OPTIONS: dict[str, dict[str, Any]] = {}  # "scheme://bucket" -> storage options
-_BUCKETS_FOUND: set[str] = set()  # gs buckets seen to exist (`bucket_missing`)
 CREDENTIALS_HINT = {
     "s3": "AWS_* variables, ~/.aws, --storage-option",
     "gs": "GOOGLE_APPLICATION_CREDENTIALS, gcloud's application default credentials, "
@@ -98,28 +97,21 @@ def parse_storage_options(items: Iterable[str]) -> dict[str, Any]:
     return out
 
 
-def register(paths: Iterable[str], options: Mapping[str, Any]) -> None:
-    """Use `options` for every s3/gs location under the buckets of `paths` in this process."""
-    for p in paths:
-        if scheme(p) in WRITABLE_SCHEMES:
-            _OPTIONS[root(p)] = dict(options)
+def context_for(paths: Iterable[str], options: Mapping[str, Any],
+                base: StoreContext | None = None) -> StoreContext:
+    """A context (`base`, or a new one) that gives `options` to every s3/gs location under
+    the buckets of `paths`."""
+    roots = [root(p) for p in paths if scheme(p) in WRITABLE_SCHEMES]
+    ctx = base if base is not None else StoreContext()
+    return ctx.with_bucket_options(roots, options) if roots and options else ctx
 
 
-def registered() -> dict[str, dict[str, Any]]:
-    """This process's options by bucket (sent to Dask workers, who `restore` them)."""
-    return {k: dict(v) for k, v in _OPTIONS.items()}
-
-
-def restore(options: Mapping[str, Mapping[str, Any]]) -> None:
-    _OPTIONS.update({k: dict(v) for k, v in options.items()})
-
-
-def options_for(url: str) -> dict[str, Any]:
-    """The fsspec options for a URL: DEFAULT_OPTIONS under the registered ones."""
+def options_for(url: str, ctx: StoreContext) -> dict[str, Any]:
+    """The fsspec options for a URL: DEFAULT_OPTIONS under the context's."""
     s = scheme(url)
     if s not in WRITABLE_SCHEMES:
         return {}
-    options = {**DEFAULT_OPTIONS.get(s or "", {}), **_OPTIONS.get(root(url), {})}
+    options = {**DEFAULT_OPTIONS.get(s or "", {}), **ctx.options.get(root(url), {})}
     return gcs_options(options) if s == "gs" else options
 
 
@@ -156,7 +148,7 @@ def is_refusal(e: BaseException) -> bool:
     return isinstance(e, FileNotFoundError | IsADirectoryError) or is_refused(e)
 
 
-def refusal(e: BaseException, url: str, what: str) -> ValueError:
+def refusal(e: BaseException, url: str, what: str, *, ctx: StoreContext) -> ValueError:
     """A store's refusal as one sentence naming the URL."""
     text = " ".join(str(e).split()) or type(e).__name__
     if is_refused(e):
@@ -164,23 +156,23 @@ def refusal(e: BaseException, url: str, what: str) -> ValueError:
         return ValueError(
             f"{what} {url}: the store refused access ({text}); check the credentials ({hint})"
         )
-    if isinstance(e, FileNotFoundError) and bucket_missing(url, e):
+    if isinstance(e, FileNotFoundError) and bucket_missing(url, e, ctx=ctx):
         return ValueError(f"{what} {url}: the bucket {root(url)} does not exist ({text})")
     if isinstance(e, FileNotFoundError):
         return ValueError(f"{what} {url} does not exist")
     return ValueError(f"{what} {url}: {type(e).__name__}: {text}")
 
 
-def bucket_missing(url: str, e: FileNotFoundError) -> bool:
+def bucket_missing(url: str, e: FileNotFoundError, *, ctx: StoreContext) -> bool:
     """Whether `e` (about `url`) means the bucket is missing. s3fs says so; gcsfs answers
     a bare 404 for a missing bucket and a missing object alike, so the bucket is listed
     (one object at most; a bucket seen once is taken to stay)."""
     if "bucket" in str(e).lower():
         return True
     bucket = root(url)
-    if scheme(url) != "gs" or bucket in _BUCKETS_FOUND:
+    if scheme(url) != "gs" or bucket in ctx.caches.buckets_found:
         return False
-    fs, p = filesystem(bucket)
+    fs, p = filesystem(bucket, ctx=ctx)
     try:
         retrying(lambda: fs.ls(p, detail=False, refresh=True, max_results=1), bucket)
     except FileNotFoundError:
@@ -189,19 +181,19 @@ def bucket_missing(url: str, e: FileNotFoundError) -> bool:
         if not is_refused(err):
             raise
         return False
-    _BUCKETS_FOUND.add(bucket)
+    ctx.caches.buckets_found.add(bucket)
     return False
 
 
 # -- synchronous object access (metadata, ledger, checks) -----------------------------------
 
 
-def filesystem(url: str, **extra: Any) -> tuple[Any, str]:
-    """(fsspec filesystem, path in it) for a URL, with its registered options (and `extra`:
+def filesystem(url: str, *, ctx: StoreContext, **extra: Any) -> tuple[Any, str]:
+    """(fsspec filesystem, path in it) for a URL, with the context's options (and `extra`:
     `asynchronous=True` for zarr). gs:// at an emulator: gcsfs's JSON-API class."""
     from fsspec.core import url_to_fs
 
-    options = {**options_for(url), **extra}
+    options = {**options_for(url, ctx), **extra}
     try:
         cls = filesystem_class(options) if scheme(url) == "gs" else None
         if cls is None:
@@ -248,7 +240,8 @@ def _missing_package(url: str, e: ImportError) -> ValueError:
     return ValueError(f"{url} needs a package that is not installed{extra}: {e}")
 
 
-def read_bytes(path: str, what: str = "volume", owner: str | None = None) -> bytes | None:
+def read_bytes(path: str, what: str = "volume", owner: str | None = None, *,
+               ctx: StoreContext) -> bytes | None:
     """The bytes of a file or object; None when it does not exist. A missing bucket or
     refused credentials: ValueError naming `owner` (the volume; default `path`)."""
     if not is_url(path):
@@ -256,44 +249,44 @@ def read_bytes(path: str, what: str = "volume", owner: str | None = None) -> byt
             return Path(path).read_bytes()
         except OSError:
             return None
-    fs, p = filesystem(path)
+    fs, p = filesystem(path, ctx=ctx)
     try:
-        return remembered_read(path, lambda: _cat_or_none(fs, p, path))
+        return remembered_read(ctx.memo, path, lambda: _cat_or_none(fs, p, path, ctx))
     except Exception as e:  # no bucket, refused
         if not is_refusal(e):
             raise
-        raise refusal(e, owner or path, what) from e
+        raise refusal(e, owner or path, what, ctx=ctx) from e
 
 
-def _cat_or_none(fs: Any, p: str, url: str) -> bytes | None:
+def _cat_or_none(fs: Any, p: str, url: str, ctx: StoreContext) -> bytes | None:
     """The object's bytes, None when missing; a missing bucket raises FileNotFoundError."""
     try:
         return retrying(lambda: fs.cat_file(p), url)
     except FileNotFoundError as e:
-        if bucket_missing(url, e):
+        if bucket_missing(url, e, ctx=ctx):
             raise
         return None
 
 
-def check_readable(path: str, what: str) -> None:
+def check_readable(path: str, what: str, *, ctx: StoreContext) -> None:
     """For a URL: refuse bad credentials or a missing bucket in one sentence naming it."""
     if is_url(path):
-        read_bytes(join(path, "zarr.json"), what, owner=path)
+        read_bytes(join(path, "zarr.json"), what, owner=path, ctx=ctx)
 
 
-def write_bytes(url: str, data: bytes) -> None:
-    fs, p = filesystem(url)
+def write_bytes(url: str, data: bytes, *, ctx: StoreContext) -> None:
+    fs, p = filesystem(url, ctx=ctx)
     try:
         retrying(lambda: fs.pipe_file(p, data), url)
     except BaseException:
-        forget(url)
+        forget(ctx.memo, url)
         raise
-    wrote(url, data)
+    wrote(ctx.memo, url, data)
 
 
-def list_names(url: str) -> list[str]:
+def list_names(url: str, *, ctx: StoreContext) -> list[str]:
     """Names of the objects and prefixes directly under a URL ([] when there are none)."""
-    fs, p = filesystem(url)
+    fs, p = filesystem(url, ctx=ctx)
 
     def fetch() -> list[str]:
         try:
@@ -303,40 +296,40 @@ def list_names(url: str) -> list[str]:
         return [posixpath.basename(e.rstrip("/")) for e in entries
                 if e.rstrip("/") != p.rstrip("/")]
 
-    return remembered_list(url, fetch)
+    return remembered_list(ctx.memo, url, fetch)
 
 
-def remove_tree(url: str) -> None:
-    fs, p = filesystem(url)
+def remove_tree(url: str, *, ctx: StoreContext) -> None:
+    fs, p = filesystem(url, ctx=ctx)
     try:
         retrying(lambda: fs.rm(p, recursive=True), url)
     except FileNotFoundError:
         pass
     finally:
-        forget(url)
+        forget(ctx.memo, url)
 
 
-def holds_anything(path: str, what: str = "output") -> bool:
+def holds_anything(path: str, what: str = "output", *, ctx: StoreContext) -> bool:
     """Whether a directory / URL prefix holds anything (an http(s) URL: its zarr metadata)."""
     if not is_url(path):
         p = Path(path)
         return p.is_dir() and any(p.iterdir()) or p.exists() and not p.is_dir()
     if scheme(path) in ("http", "https"):
-        return any(read_bytes(join(path, n), what) is not None
+        return any(read_bytes(join(path, n), what, ctx=ctx) is not None
                    for n in ("zarr.json", ".zarray", ".zgroup"))
     try:
-        return bool(list_names(path))
+        return bool(list_names(path, ctx=ctx))
     except Exception as e:
         if not is_refused(e):
             raise
-        raise refusal(e, path, what) from e
+        raise refusal(e, path, what, ctx=ctx) from e
 
 
-def exists(path: str) -> bool:
-    return holds_anything(path, "volume") if is_url(path) else Path(path).exists()
+def exists(path: str, *, ctx: StoreContext) -> bool:
+    return holds_anything(path, "volume", ctx=ctx) if is_url(path) else Path(path).exists()
 
 
-def check_output_location(url: str) -> None:
+def check_output_location(url: str, *, ctx: StoreContext) -> None:
     """Refuse an OUT that cannot be written, before any compute: http(s) URLs, and buckets
     that are missing or that these credentials may not write (a probe object is written and
     deleted at once)."""
@@ -350,11 +343,11 @@ def check_output_location(url: str) -> None:
             "a local path"
         )
     probe = join(url, f".znni-write-check-{uuid.uuid4().hex}")
-    fs, p = filesystem(probe)
+    fs, p = filesystem(probe, ctx=ctx)
     try:
         retrying(lambda: fs.pipe_file(p, b""), url)
         retrying(lambda: fs.rm_file(p), url)
-        forget(probe)
+        forget(ctx.memo, probe)
     except Exception as e:
         if is_refused(e):
             raise ValueError(
@@ -362,15 +355,16 @@ def check_output_location(url: str) -> None:
                 f"({' '.join(str(e).split())}); check the credentials ({CREDENTIALS_HINT[s]})"
             ) from e
         if isinstance(e, FileNotFoundError):
-            raise refusal(e, url, "output") from e
+            raise refusal(e, url, "output", ctx=ctx) from e
         raise
 
 
 # -- zarr stores ----------------------------------------------------------------------------
 
 
-def zarr_store(path: str, *, read_only: bool) -> Any:
-    """What zarr opens `path` through: the local path itself, or a retrying FsspecStore."""
+def zarr_store(path: str, *, read_only: bool, ctx: StoreContext) -> Any:
+    """What zarr opens `path` through: the local path itself, or a retrying FsspecStore
+    (whose writes update the context's setup memo while it is open)."""
     if not is_url(path):
         return path
     from zarr.storage import FsspecStore
@@ -378,5 +372,5 @@ def zarr_store(path: str, *, read_only: bool) -> Any:
     from znni.engine.io.retrying_store import RetryingStore  # zarr's WrapperStore: heavy
 
     check_location(path, "volume")
-    fs, p = filesystem(path, asynchronous=True)
-    return RetryingStore(FsspecStore(fs=fs, path=p, read_only=read_only), path)
+    fs, p = filesystem(path, ctx=ctx, asynchronous=True)
+    return RetryingStore(FsspecStore(fs=fs, path=p, read_only=read_only), path, ctx.memo)

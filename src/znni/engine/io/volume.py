@@ -10,14 +10,13 @@ Every refusal is a ValueError naming the path and the offending values.
 from __future__ import annotations
 
 import json
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from znni.engine.context import OPEN_CACHE_ENTRIES, StoreContext
 from znni.engine.geometry import Box, Triple
 from znni.engine.io.chunk_cache import ChunkCache, ChunkedReader
 from znni.engine.io.ome import OmeLevel, find_ome, is_group, ome_level
@@ -35,10 +34,6 @@ from znni.engine.io.stores import (
 
 DEFAULT_CHUNK = 64
 METADATA_FILES = ("zarr.json", ".zarray", ".zattrs")  # all an opened array's fields come from
-OPEN_CACHE_ENTRIES = 64
-
-_OPENED: OrderedDict[tuple[str, tuple[bytes | None, ...]], Any] = OrderedDict()
-_OPENED_LOCK = threading.Lock()
 
 
 def import_zarr() -> None:
@@ -47,10 +42,11 @@ def import_zarr() -> None:
     import zarr  # noqa: F401
 
 
-def open_zarr_array(path: str, what: str) -> Any:
+def open_zarr_array(path: str, what: str, *, ctx: StoreContext) -> Any:
     """Open an existing Zarr array read-only, or raise ValueError saying why not.
 
-    An opened array is reused while its metadata files hold the same bytes: zarr's
+    An opened array is kept in the context's caches and reused while its metadata files
+    hold the same bytes: zarr's
     open costs ~0.4 ms of CPU and several hops through its I/O threads, which a
     server validating many submissions of one volume pays per request, while reading
     the metadata files to compare takes ~0.02 ms. Comparing the bytes (not mtimes,
@@ -59,13 +55,14 @@ def open_zarr_array(path: str, what: str) -> Any:
     import zarr
 
     if is_url(path):
-        return _open_url_array(path, what)
+        return _open_url_array(path, what, ctx)
     p = Path(path)
     if not p.exists():
         raise ValueError(f"{what} {path} does not exist")
     key = (str(p.resolve()), _metadata_bytes(p))
-    with _OPENED_LOCK:
-        cached = _OPENED.get(key)
+    caches = ctx.caches
+    with caches.lock:
+        cached = caches.opened.get(key)
     if cached is not None:
         return cached
     try:
@@ -73,36 +70,36 @@ def open_zarr_array(path: str, what: str) -> Any:
     except Exception as e:  # zarr raises several unrelated types for "not an array"
         raise ValueError(f"{what} {path} is not a Zarr array ({type(e).__name__}: {e})") from e
     if any(b is not None for b in key[1]) and key[1] == _metadata_bytes(p):  # unchanged meanwhile
-        with _OPENED_LOCK:
-            _OPENED[key] = arr
-            while len(_OPENED) > OPEN_CACHE_ENTRIES:
-                _OPENED.popitem(last=False)
+        with caches.lock:
+            caches.opened[key] = arr
+            while len(caches.opened) > OPEN_CACHE_ENTRIES:
+                caches.opened.popitem(last=False)
     return arr
 
 
-def _open_url_array(url: str, what: str) -> Any:
+def _open_url_array(url: str, what: str, ctx: StoreContext) -> Any:
     """An array at a URL, read-only (not cached: its metadata is a request away)."""
-    if all(read_bytes(join(url, n), what) is None for n in METADATA_FILES[:2]):
+    if all(read_bytes(join(url, n), what, ctx=ctx) is None for n in METADATA_FILES[:2]):
         raise ValueError(f"{what} {url} does not exist (no zarr.json or .zarray there)")
     try:
-        return url_array(url, "r")
+        return url_array(url, "r", ctx=ctx)
     except StoreError:
         raise
     except Exception as e:  # zarr raises several unrelated types for "not an array"
         if is_refusal(e):
-            raise refusal(e, url, what) from e
+            raise refusal(e, url, what, ctx=ctx) from e
         raise ValueError(f"{what} {url} is not a Zarr array ({type(e).__name__}: {e})") from e
 
 
-def url_array(url: str, mode: str) -> Any:
+def url_array(url: str, mode: str, *, ctx: StoreContext) -> Any:
     """zarr.open_array of the array at a URL. A format 3 array is built from its
-    `zarr.json` as `read_bytes` gives it (remembered within a run's setup, `store_memo.py`)
+    `zarr.json` as `read_bytes` gives it (remembered within a run's setup, `memo.py`)
     instead of zarr asking the store for zarr.json, .zarray and .zattrs again; anything
     else (format 2, a group, unreadable JSON) goes through zarr's own open."""
     import zarr
 
-    store = zarr_store(url, read_only=mode == "r")
-    meta = _json_object(read_bytes(join(url, METADATA_FILES[0])))
+    store = zarr_store(url, read_only=mode == "r", ctx=ctx)
+    meta = _json_object(read_bytes(join(url, METADATA_FILES[0]), ctx=ctx))
     if meta.get("zarr_format") == 3 and meta.get("node_type") == "array":
         from zarr.core.array import AsyncArray
         from zarr.storage import StorePath
@@ -163,11 +160,12 @@ class InputVolume:
         return np.asarray(self.array[box.slices()])[None]
 
 
-def open_input(path: str, in_channels: int, cache_bytes: int = 0) -> InputVolume:
+def open_input(path: str, in_channels: int, cache_bytes: int = 0, *,
+               ctx: StoreContext) -> InputVolume:
     """Open and check the input volume against the network's input channels. With
     `cache_bytes` > 0, reads keep up to that many bytes of decoded chunks for later
     reads (block workers: neighbouring blocks' halos share chunks)."""
-    volume = _open_input(path, in_channels)
+    volume = _open_input(path, in_channels, ctx)
     if cache_bytes <= 0:
         return volume
     name = volume.ome.array_path if volume.ome is not None else path
@@ -175,10 +173,10 @@ def open_input(path: str, in_channels: int, cache_bytes: int = 0) -> InputVolume
     return replace(volume, reader=reader)
 
 
-def _open_input(path: str, in_channels: int) -> InputVolume:
-    check_readable(path, "input")
-    ome = find_ome(path) if is_url(path) or Path(path).is_dir() else None
-    arr = open_zarr_array(ome.array_path if ome else path, "input")
+def _open_input(path: str, in_channels: int, ctx: StoreContext) -> InputVolume:
+    check_readable(path, "input", ctx=ctx)
+    ome = find_ome(path, ctx=ctx) if is_url(path) or Path(path).is_dir() else None
+    arr = open_zarr_array(ome.array_path if ome else path, "input", ctx=ctx)
     shape = tuple(int(s) for s in arr.shape)
     dtype = np.dtype(arr.dtype)
     if dtype.kind not in "iuf":
@@ -223,11 +221,11 @@ def _ome_input(path: str, arr: Any, ome: OmeLevel, in_channels: int) -> InputVol
                        ome)
 
 
-def output_array_path(path: str) -> str:
+def output_array_path(path: str, *, ctx: StoreContext) -> str:
     """The array that holds an output's level 0: itself, or an OME-Zarr group's level 0."""
-    if is_group(path):
+    if is_group(path, ctx=ctx):
         try:
-            return ome_level(path, 0).array_path
+            return ome_level(path, 0, ctx=ctx).array_path
         except ValueError as e:
             raise ValueError(
                 f"existing output {path} is a Zarr group but not an OME-Zarr image ({e})"
@@ -277,13 +275,14 @@ def _clip(chunks: Triple, shape: Triple) -> Triple:
     return (z, y, x)
 
 
-def check_existing_output(path: str, shape: tuple[int, ...], dtype: str) -> Triple | None:
+def check_existing_output(path: str, shape: tuple[int, ...], dtype: str, *,
+                          ctx: StoreContext) -> Triple | None:
     """Spatial chunks of an existing compatible output, None when there is none; else ValueError."""
     if not is_url(path) and Path(path).exists() and not Path(path).is_dir():
         raise ValueError(f"output {path} exists and is not a directory (a Zarr array)")
-    if not holds_anything(path):
+    if not holds_anything(path, ctx=ctx):
         return None
-    arr = open_zarr_array(output_array_path(path), "existing output")
+    arr = open_zarr_array(output_array_path(path, ctx=ctx), "existing output", ctx=ctx)
     found = tuple(int(s) for s in arr.shape)
     if found != shape:
         raise ValueError(
@@ -315,14 +314,15 @@ def output_compressors(dtype: str) -> Any:
     return (BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"),)
 
 
-def open_or_create_output(path: str, shape: tuple[int, ...], dtype: str, chunks: Triple) -> Any:
+def open_or_create_output(path: str, shape: tuple[int, ...], dtype: str, chunks: Triple, *,
+                          ctx: StoreContext) -> Any:
     """The output array, created (format 3, fill 0) when missing; checked when present."""
     import zarr
 
-    if check_existing_output(path, shape, dtype) is not None:
-        return open_output_array(path)
+    if check_existing_output(path, shape, dtype, ctx=ctx) is not None:
+        return open_output_array(path, ctx=ctx)
     return zarr.create_array(
-        store=zarr_store(path, read_only=False),
+        store=zarr_store(path, read_only=False, ctx=ctx),
         shape=shape,
         chunks=(shape[0], *chunks),
         dtype=dtype,
@@ -334,13 +334,13 @@ def open_or_create_output(path: str, shape: tuple[int, ...], dtype: str, chunks:
     )
 
 
-def open_output_array(path: str) -> Any:
+def open_output_array(path: str, *, ctx: StoreContext) -> Any:
     """An existing output array (level 0 of an image: its array's path), for writing."""
     import zarr
 
     if is_url(path):
-        return url_array(path, "r+")
-    return zarr.open_array(store=zarr_store(path, read_only=False), mode="r+")
+        return url_array(path, "r+", ctx=ctx)
+    return zarr.open_array(store=zarr_store(path, read_only=False, ctx=ctx), mode="r+")
 
 
 def encode_output(values: np.ndarray, dtype: str) -> np.ndarray:
@@ -355,11 +355,12 @@ def write_box(array: Any, box: Box, values: np.ndarray) -> None:
     array[(slice(None), *box.slices())] = values
 
 
-def write_block(array: Any | None, path: str, box: Box, values: np.ndarray) -> Any:
+def write_block(array: Any | None, path: str, box: Box, values: np.ndarray, *,
+                ctx: StoreContext) -> Any:
     """`write_box` into `array`, or into the output at `path` opened first when `array` is
     None (a worker opens its output at its first write, so `segment` can start reading the
     first block's input while it still creates the output); returns the array written."""
     if array is None:
-        array = open_output_array(path)
+        array = open_output_array(path, ctx=ctx)
     write_box(array, box, values)
     return array

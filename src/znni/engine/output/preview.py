@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from znni.engine.context import StoreContext
 from znni.engine.io.ome import group_attrs, is_group, ome_level
 from znni.engine.io.stores import basename, exists, is_url
 from znni.engine.io.volume import open_zarr_array
@@ -37,25 +38,26 @@ class Slice:
     provenance: dict[str, Any]
 
 
-def read_slice(output_path: str, axis: str = "z", index: int | None = None) -> Slice:
+def read_slice(output_path: str, axis: str = "z", index: int | None = None, *,
+               ctx: StoreContext) -> Slice:
     """The input and output values of one slice; ValueError with one sentence when the
     output, its provenance, its input or the slice is not there."""
     if axis not in AXES:
         raise ValueError(f"slice axis {axis!r} is not one of z, y, x")
-    if not exists(output_path):
+    if not exists(output_path, ctx=ctx):
         raise ValueError(f"output {output_path} does not exist")
-    if is_group(output_path):
-        attrs = group_attrs(output_path)
-        out = open_zarr_array(ome_level(output_path, 0).array_path, "output")
+    if is_group(output_path, ctx=ctx):
+        attrs = group_attrs(output_path, ctx=ctx)
+        out = open_zarr_array(ome_level(output_path, 0, ctx=ctx).array_path, "output", ctx=ctx)
     else:
-        out = open_zarr_array(output_path, "output")
+        out = open_zarr_array(output_path, "output", ctx=ctx)
         attrs = out.attrs.asdict()
     prov = read_provenance(attrs, output_path)
-    if not exists(prov["input_array"]):
+    if not exists(prov["input_array"], ctx=ctx):
         raise ValueError(
             f"input {prov['input_array']} named by the provenance of {output_path} does not exist"
         )
-    inp = open_zarr_array(prov["input_array"], "input")
+    inp = open_zarr_array(prov["input_array"], "input", ctx=ctx)
     spatial = tuple(int(s) for s in out.shape[1:])
     a = AXES.index(axis)
     extent = spatial[a]
@@ -77,15 +79,16 @@ def read_slice(output_path: str, axis: str = "z", index: int | None = None) -> S
 
 
 def render_preview(output_path: str, png_path: str, axis: str = "z",
-                   index: int | None = None) -> str:
+                   index: int | None = None, *, ctx: StoreContext) -> str:
     """Write the PNG of one slice (default: the middle z) to `png_path`; returns the path."""
-    png = preview_png(output_path, axis, index)
+    png = preview_png(output_path, axis, index, ctx=ctx)
     Path(png_path).parent.mkdir(parents=True, exist_ok=True)
     Path(png_path).write_bytes(png)
     return png_path
 
 
-def preview_png(output_path: str, axis: str = "z", index: int | None = None) -> bytes:
+def preview_png(output_path: str, axis: str = "z", index: int | None = None, *,
+                ctx: StoreContext) -> bytes:
     """The PNG bytes of one slice, the output drawn over the input (blocks not yet done
     read as the output's fill value, zero)."""
     from io import BytesIO
@@ -93,7 +96,7 @@ def preview_png(output_path: str, axis: str = "z", index: int | None = None) -> 
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    s = read_slice(output_path, axis, index)
+    s = read_slice(output_path, axis, index, ctx=ctx)
     rows, cols = [n for n in AXES if n != axis]
     fig = Figure(figsize=(7.5, 6.0), dpi=100)
     FigureCanvasAgg(fig)

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from znni.engine.context import StoreContext
 from znni.engine.geometry import Block, Box, Triple
 from znni.engine.io.ome import group_attrs, is_group, ome_level, output_metadata
 from znni.engine.io.pyramid import Factors, PyramidBuilder, cumulative, level_shapes, level_steps
@@ -28,11 +29,11 @@ FORMATS = ("zarr", "ome-zarr")
 DIMENSIONS = ("c", "z", "y", "x")
 
 
-def existing_format(path: str) -> str | None:
+def existing_format(path: str, *, ctx: StoreContext) -> str | None:
     """'ome-zarr' for an existing group, 'zarr' for anything else there, None when absent."""
-    if not holds_anything(path):
+    if not holds_anything(path, ctx=ctx):
         return None
-    return "ome-zarr" if is_group(path) else "zarr"
+    return "ome-zarr" if is_group(path, ctx=ctx) else "zarr"
 
 
 def output_plan(job: SegmentJob, volume: InputVolume, out_shape: tuple[int, ...],
@@ -40,7 +41,7 @@ def output_plan(job: SegmentJob, volume: InputVolume, out_shape: tuple[int, ...]
     """(output format, pyramid halving steps) of a job, checked against an existing output
     (its levels' arrays too, unless `check` is False: checked already); raises ValueError,
     writes nothing."""
-    fmt, existing = job.output_format, existing_format(job.output_path)
+    fmt, existing = job.output_format, existing_format(job.output_path, ctx=job.store)
     if fmt is not None and fmt not in FORMATS:
         raise ValueError(f"output format {fmt!r} is not one of {', '.join(FORMATS)}")
     if fmt is None:
@@ -56,9 +57,9 @@ def output_plan(job: SegmentJob, volume: InputVolume, out_shape: tuple[int, ...]
             raise ValueError("--pyramid applies to OME-Zarr outputs (--output-format ome-zarr)")
         return fmt, []
     levels = job.pyramid
-    attrs = group_attrs(job.output_path) if existing is not None else {}  # read once
+    attrs = group_attrs(job.output_path, ctx=job.store) if existing is not None else {}  # once
     if levels is None and existing is not None:
-        levels = ome_level(job.output_path, 0, attrs).levels - 1
+        levels = ome_level(job.output_path, 0, attrs, ctx=job.store).levels - 1
     voxel = volume.ome.scale if volume.ome is not None else (1.0, 1.0, 1.0)
     steps = level_steps(volume.shape, voxel, levels)
     if existing is not None and check:
@@ -72,17 +73,18 @@ def _check_levels(job: SegmentJob, out_shape: tuple[int, ...], steps: Factors,
     levels this run would write."""
     import zarr
 
-    path = job.output_path
-    first = ome_level(path, 0, attrs)
+    path, ctx = job.output_path, job.store
+    first = ome_level(path, 0, attrs, ctx=ctx)
     if first.levels != len(steps) + 1:
         raise ValueError(
             f"existing output {path} has {first.levels - 1} pyramid levels, this run writes "
             f"{len(steps)}; give --pyramid {first.levels - 1}, remove it or choose another path"
         )
     for k, shape in enumerate(level_shapes(volume_shape(out_shape), steps)):
-        array_path = ome_level(path, k, attrs).array_path
+        array_path = ome_level(path, k, attrs, ctx=ctx).array_path
         try:
-            arr = zarr.open_array(store=zarr_store(array_path, read_only=True), mode="r")
+            arr = zarr.open_array(store=zarr_store(array_path, read_only=True, ctx=ctx),
+                                  mode="r")
         except Exception as e:  # zarr raises several unrelated types for "not an array"
             raise ValueError(f"existing output {path} has no level {k} array ({e})") from e
         want = (out_shape[0], *shape)
@@ -144,7 +146,8 @@ def open_target(job: SegmentJob, volume: InputVolume, out_shape: tuple[int, ...]
     fmt, steps = output_plan(job, volume, out_shape, check=False)
     record = provenance(job, volume, region, plan)
     if fmt == "zarr":
-        array = open_or_create_output(job.output_path, out_shape, job.dtype, chunks)
+        array = open_or_create_output(job.output_path, out_shape, job.dtype, chunks,
+                                      ctx=job.store)
         array.attrs.update({ATTR: record})
         return OutputTarget(job.output_path, fmt, array, job.output_path, [], [], job.dtype)
     arrays, level0_path = _open_ome(job, volume, out_shape, chunks, steps, record)
@@ -158,16 +161,16 @@ def _open_ome(job: SegmentJob, volume: InputVolume, out_shape: tuple[int, ...], 
     when it is new."""
     import zarr
 
-    path = job.output_path
-    if existing_format(path) is not None:
-        group = zarr.open_group(store=zarr_store(path, read_only=False), mode="r+")
+    path, ctx = job.output_path, job.store
+    if existing_format(path, ctx=ctx) is not None:
+        group = zarr.open_group(store=zarr_store(path, read_only=False, ctx=ctx), mode="r+")
         attrs = group.attrs.asdict()
-        paths = [ome_level(path, k, attrs).array_path for k in range(len(steps) + 1)]
+        paths = [ome_level(path, k, attrs, ctx=ctx).array_path for k in range(len(steps) + 1)]
         group.attrs.update({ATTR: record})
-        return [zarr.open_array(store=zarr_store(p, read_only=False), mode="r+")
+        return [zarr.open_array(store=zarr_store(p, read_only=False, ctx=ctx), mode="r+")
                 for p in paths], paths[0]
     meta = output_metadata(cumulative(steps), volume.ome, basename(path))
-    group = zarr.create_group(store=zarr_store(path, read_only=False), zarr_format=3,
+    group = zarr.create_group(store=zarr_store(path, read_only=False, ctx=ctx), zarr_format=3,
                               overwrite=True, attributes={"ome": meta, ATTR: record})
     arrays = []
     for k, shape in enumerate(level_shapes(volume.shape, steps)):
@@ -177,4 +180,4 @@ def _open_ome(job: SegmentJob, volume: InputVolume, out_shape: tuple[int, ...], 
             dtype=job.dtype, fill_value=0, dimension_names=DIMENSIONS,
             compressors=output_compressors(job.dtype),
         ))
-    return arrays, ome_level(path, 0, {"ome": meta}).array_path
+    return arrays, ome_level(path, 0, {"ome": meta}, ctx=ctx).array_path

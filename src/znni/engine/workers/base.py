@@ -47,11 +47,12 @@ class Worker(Protocol):
 class VolumeWorker:
     """The input opened once (through its decoded-chunk cache) and the output opened at
     the first write: the set-up every worker kind shares. `spec` has `input_path`,
-    `output_path` and `input_cache_bytes`."""
+    `output_path`, `input_cache_bytes` and `store` (the job's `StoreContext`)."""
 
     def __init__(self, spec: Any, in_channels: int, output_array: Any = None) -> None:
         self.spec = spec
-        self.volume = open_input(spec.input_path, in_channels, spec.input_cache_bytes)
+        self.volume = open_input(spec.input_path, in_channels, spec.input_cache_bytes,
+                                 ctx=spec.store)
         self.output = output_array  # None: spec.output_path, opened at the first write
 
     def read(self, block: Block) -> np.ndarray:
@@ -61,7 +62,8 @@ class VolumeWorker:
         raise NotImplementedError
 
     def write(self, block: Block, values: np.ndarray) -> None:
-        self.output = write_block(self.output, self.spec.output_path, block.write, values)
+        self.output = write_block(self.output, self.spec.output_path, block.write, values,
+                                  ctx=self.spec.store)
 
     def run(self, block: Block) -> None:
         self.write(block, self.compute(block, self.read(block)))

@@ -5,9 +5,9 @@ once; each worker process builds its `BlockWorker` (arrays opened, backend
 made) once per job and keeps it in a module-level cache. Workers read their
 input and write their block straight to the shared output; the client
 records a block in the ledger when its task has returned. Object-store volumes
-are opened by each worker from their URLs, with the storage options the client
-registered (`stores.py`), so workers read and write the store directly. A worker that
-dies mid-block loses only that task, which the scheduler runs again
+are opened by each worker from their URLs, with the storage options of the job's
+`StoreContext` that travels inside the spec, so workers read and write the store
+directly. A worker that dies mid-block loses only that task, which the scheduler runs again
 elsewhere; chunks are block-aligned, so a rerun block rewrites exactly the
 chunks the dead one may have half written.
 """
@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from znni.engine.geometry import Block
-from znni.engine.io.stores import is_url, restore
+from znni.engine.io.stores import is_url
 from znni.engine.io.volume import open_output_array
 from znni.engine.job import SegmentCancelled
 from znni.engine.workers.base import Worker
@@ -35,16 +35,13 @@ TASK_RETRIES = 3  # task errors (not worker deaths, which the scheduler retries 
 _WORKERS: dict[int, Worker] = {}
 
 
-def run_block_task(spec: Spec, block: Block,
-                   options: Mapping[str, Mapping[str, Any]] | None = None,
-                   ) -> tuple[str, dict[str, float]]:
-    """Runs on a Dask worker: one block, with the stage times it took there. `options`:
-    the client's storage options by bucket, for URL volumes."""
+def run_block_task(spec: Spec, block: Block) -> tuple[str, dict[str, float]]:
+    """Runs on a Dask worker: one block, with the stage times it took there."""
     worker = _WORKERS.get(id(spec))
     if worker is None or worker.spec is not spec:
         _WORKERS.clear()
-        restore(options or {})
-        url_output = open_output_array(spec.output_path) if is_url(spec.output_path) else None
+        url_output = (open_output_array(spec.output_path, ctx=spec.store)
+                      if is_url(spec.output_path) else None)
         worker = make_worker(spec, output_array=url_output)
         _WORKERS[id(spec)] = worker
     times: dict[str, float] = {}
@@ -81,11 +78,9 @@ def run_dask(
     timer: StageTimer,
     scheduler: str,
     cancel: threading.Event | None = None,
-    options: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> None:
     """Run `blocks` as tasks; `on_done(block, None)` is called in this process as each one
-    finishes (its values stay on the workers).
-    `options`: storage options by bucket (`stores.registered()`) for the workers."""
+    finishes (its values stay on the workers). The spec carries the store options."""
     if not blocks:
         return
     from distributed import as_completed
@@ -95,8 +90,7 @@ def run_dask(
         [spec_future] = client.scatter([spec], broadcast=True, hash=False)
         by_key = {b.key: b for b in blocks}
         pending = {
-            client.submit(run_block_task, spec_future, b, dict(options or {}), pure=False,
-                          retries=TASK_RETRIES)
+            client.submit(run_block_task, spec_future, b, pure=False, retries=TASK_RETRIES)
             for b in blocks
         }
         finished = as_completed(list(pending))

@@ -12,13 +12,14 @@ output is not a multiple of F; overlapping outputs are identical.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from znni.engine.compute.graph_forward import make_graph_backend, run_graph
 from znni.engine.compute.tiles import context_lo, tile_output, tile_starts
+from znni.engine.context import StoreContext
 from znni.engine.geometry import Block, Box, Triple
 from znni.engine.io.borders import read_with_border
 from znni.engine.io.volume import encode_output
@@ -41,6 +42,8 @@ class ExactGraphSpec:
     primitives: tuple[tuple[str, str], ...] = ()  # conv node -> the planner's primitive
     spectra_bytes: int = 0  # kernel spectra the fft-keep convs keep between tiles
     input_cache_bytes: int = 0  # decoded input chunks kept between blocks (0: none)
+    # store options and caches (`engine/context.py`); a Dask worker gets the options only
+    store: StoreContext = field(default_factory=StoreContext)
 
 
 class ExactGraphWorker(VolumeWorker):

@@ -7,13 +7,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from znni.engine.compute.cpu_gpu import run_patches_cpu_gpu
 from znni.engine.compute.execution import Execution, build_backends, default_split_op, execution_for
+from znni.engine.context import StoreContext
 from znni.engine.geometry import Block, Box, Triple, patch_tiling
 from znni.engine.io.borders import read_with_border
 from znni.engine.io.volume import encode_output
@@ -37,6 +38,8 @@ class BlockSpec:
     execution: Execution | None = None  # None: CPU only, this machine's default backend
     batch: int = 1  # patches stacked into one dense pass (the plan's S)
     input_cache_bytes: int = 0  # decoded input chunks kept between blocks (0: none)
+    # store options and caches (`engine/context.py`); a Dask worker gets the options only
+    store: StoreContext = field(default_factory=StoreContext)
 
 
 def default_backend_name() -> str:

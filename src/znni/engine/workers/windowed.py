@@ -9,7 +9,7 @@ so it computes each once while they fit (Dask workers each keep their own).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -22,6 +22,7 @@ from znni.engine.compute.windows import (
     window_group,
     windows_touching,
 )
+from znni.engine.context import StoreContext
 from znni.engine.geometry import Block, Box, Triple
 from znni.engine.io.volume import encode_output
 from znni.engine.workers.base import VolumeWorker, trace_block
@@ -53,6 +54,8 @@ class WindowedSpec:
     # outputs of windows that reach beyond the block, kept for the next blocks they touch
     window_cache_bytes: int = WINDOW_CACHE_BYTES
     input_cache_bytes: int = 0  # decoded input chunks kept between blocks (0: none)
+    # store options and caches (`engine/context.py`); a Dask worker gets the options only
+    store: StoreContext = field(default_factory=StoreContext)
     batch: int = 1  # windows run as one batch (windows.window_group), the planner's choice
 
 
