@@ -129,6 +129,13 @@ def plan_summary(plan: dict) -> str:
     def size(triple: list[int] | tuple[int, ...]) -> str:
         return "x".join(str(v) for v in triple)
 
+    if plan.get("mode") == "exact":  # a window-independent graph, tiled on its grid
+        return (
+            f"plan: exact tiles {size(plan['tile'])} -> {size(plan['tile_output'])} output "
+            f"on the {size(plan['size_factor'])} grid, batch {plan['batch']}, predicted "
+            f"{plan['predicted_voxels_per_second']:,.0f} voxels/s (steady state) in "
+            f"{plan['peak_bytes'] / 2**30:.2f} GiB"
+        )
     return (
         f"plan: {plan['algorithm']}, patch {size(plan['input_size'])} -> "
         f"{size(plan['output_size'])} dense output, batch {plan['batch']}, predicted "

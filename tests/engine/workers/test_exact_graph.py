@@ -102,6 +102,17 @@ def test_roi_resume_and_the_plan(setup, capsys) -> None:
     assert '"mode": "exact"' in capsys.readouterr().out
 
 
+def test_cli_run_prints_the_exact_plan(setup, capsys) -> None:
+    """`znni segment` of a valid graph says which tiles it ran (it once failed with a
+    KeyError while printing the summary, after the output was written)."""
+    out = setup["tmp"] / "cli.zarr"
+    args = ["segment", str(setup["path"]), setup["inp"], str(out), "--scale", str(1 / 255)]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "plan: exact tiles " in err and "Traceback" not in err
+    assert close(zarr.open_array(str(out))[...], _whole_run(setup, "reflect"))
+
+
 def test_tile_off_the_grid_is_refused(setup, capsys) -> None:
     out = setup["tmp"] / "never.zarr"
     args = ["segment", str(setup["path"]), setup["inp"], str(out), "--window", "9,22,21"]
