@@ -23,7 +23,7 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --durations=15
 
 bench: $(VENV)/.installed-test
 	$(BIN)/znni bench layers

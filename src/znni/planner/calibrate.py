@@ -98,9 +98,10 @@ def calibrated_profile(
                   base_rss_bytes=baseline_rss_bytes(), calibrated=True)
     if not quick:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"version": CACHE_VERSION, "cpu_rates": rates,
-                                    "cpu_scaling": scaling,
-                                    "base_rss_bytes": out.base_rss_bytes}))
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # readers never see half
+        tmp.write_text(json.dumps({"version": CACHE_VERSION, "cpu_rates": rates,
+                                   "cpu_scaling": scaling, "base_rss_bytes": out.base_rss_bytes}))
+        tmp.replace(path)
     return out
 
 
