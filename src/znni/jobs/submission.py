@@ -83,6 +83,7 @@ def check_submission(
     """
     from znni.engine.segment import check_and_plan
 
+    store = store if store is not None else StoreContext()
     try:
         net = catalogue.get(network, ModelOptions.from_params(params))
     except ValueError as e:
@@ -99,7 +100,7 @@ def check_submission(
         input_path = input_level(data_root, allow_url, input_path, input, int(params["level"]),
                                  store=store)
     job = segment_job(net, input_path, output_path, params, scheduler=scheduler, store=store)
-    check_overwrite(output_path, bool(params.get("overwrite", False)), output, store=job.store)
+    check_overwrite(output_path, bool(params.get("overwrite", False)), output, store=store)
     try:
         check_and_plan(job)  # plans graph windows too: one too large for the budget fails
     except (ValueError, TypeError, FileNotFoundError, NotADirectoryError) as e:
@@ -153,14 +154,13 @@ def check_ome_fields(params: dict[str, Any]) -> None:
 
 
 def input_level(root: Path, allow_url: tuple[str, ...], input_path: str, shown: str,
-                level: int, *, store: StoreContext | None = None) -> str:
+                level: int, *, store: StoreContext) -> str:
     """The array of level `level` of the OME-Zarr image at `input_path` (confined: the
     image's metadata may not lead out of the data root or the allowed URL prefixes)."""
     from znni.engine.io.ome import level_path
 
     try:
-        array = level_path(input_path, level,
-                           ctx=store if store is not None else StoreContext())
+        array = level_path(input_path, level, ctx=store)
     except (ValueError, TypeError, FileNotFoundError, NotADirectoryError) as e:
         raise ValueError(api_words(relative_to_root(root, str(e)))) from e
     if looks_like_url(array):
@@ -206,7 +206,7 @@ def _triple(value: Any) -> Triple | None:
 
 
 def check_overwrite(output_path: str | Path, overwrite: bool, shown: str, *,
-                    store: StoreContext | None = None) -> None:
+                    store: StoreContext) -> None:
     """An existing output is only written again with overwrite, or to resume its own run.
 
     (The engine refuses a ledger of another job; this also refuses an output without one.)
@@ -214,9 +214,8 @@ def check_overwrite(output_path: str | Path, overwrite: bool, shown: str, *,
     from znni.engine.io.ledger import read_ledger
     from znni.engine.io.stores import exists
 
-    ctx = store if store is not None else StoreContext()
-    if overwrite or not exists(str(output_path), ctx=ctx):
+    if overwrite or not exists(str(output_path), ctx=store):
         return
-    header, _ = read_ledger(str(output_path), ctx=ctx)
+    header, _ = read_ledger(str(output_path), ctx=store)
     if header is None:
         raise ValueError(f'output {shown!r} already exists; send "overwrite": true to replace it')

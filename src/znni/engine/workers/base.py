@@ -16,8 +16,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from znni.engine.geometry import Block
+from znni.engine.compute.graph_forward import make_graph_backend
+from znni.engine.geometry import Block, Triple
 from znni.engine.io.volume import open_input, write_block
+from znni.primitives.base import Backend
 
 TRACE_ENV = "ZNNI_ENGINE_TRACE"
 
@@ -67,6 +69,19 @@ class VolumeWorker:
 
     def run(self, block: Block) -> None:
         self.write(block, self.compute(block, self.read(block)))
+
+
+class GraphWorker(VolumeWorker):
+    """A VolumeWorker that runs an ONNX model's graph at one input size (the exact tile or
+    the window) with the planner's primitives: the exact-graph and windowed workers' shared
+    set-up. `spec` also has `model`, `backend_name`, `spectra_bytes` and `primitives`."""
+
+    def __init__(self, spec: Any, size: Triple, backend: Backend | None = None,
+                 output_array: Any = None) -> None:
+        super().__init__(spec, spec.model.in_channels, output_array)
+        self.backend = backend or make_graph_backend(spec.backend_name, spec.spectra_bytes)
+        self.graph = spec.model.graph(size)
+        self.primitives = dict(spec.primitives)
 
 
 def trace_block(block: Block) -> None:

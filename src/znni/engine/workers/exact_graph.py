@@ -17,13 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from znni.engine.compute.graph_forward import make_graph_backend, run_graph
+from znni.engine.compute.graph_forward import run_graph
 from znni.engine.compute.tiles import context_lo, tile_output, tile_starts
 from znni.engine.context import StoreContext
 from znni.engine.geometry import Block, Box, Triple
 from znni.engine.io.borders import read_with_border
 from znni.engine.io.volume import encode_output
-from znni.engine.workers.base import VolumeWorker, trace_block
+from znni.engine.workers.base import GraphWorker, trace_block
 from znni.model.onnx_model import OnnxModel
 from znni.primitives.base import Backend
 
@@ -46,7 +46,7 @@ class ExactGraphSpec:
     store: StoreContext = field(default_factory=StoreContext)
 
 
-class ExactGraphWorker(VolumeWorker):
+class ExactGraphWorker(GraphWorker):
     """Reads, computes and writes blocks of an exact graph job in this process."""
 
     spec: ExactGraphSpec
@@ -54,10 +54,7 @@ class ExactGraphWorker(VolumeWorker):
     def __init__(
         self, spec: ExactGraphSpec, backend: Backend | None = None, output_array: Any = None
     ) -> None:
-        super().__init__(spec, spec.model.in_channels, output_array)
-        self.backend = backend or make_graph_backend(spec.backend_name, spec.spectra_bytes)
-        self.graph = spec.model.graph(spec.tile)
-        self.primitives = dict(spec.primitives)
+        super().__init__(spec, spec.tile, backend, output_array)
         self.out = tile_output(spec.model, spec.tile)
 
     def _starts(self, block: Block) -> list[list[int]]:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from znni.engine.compute.graph_forward import make_graph_backend, run_graph
+from znni.engine.compute.graph_forward import run_graph
 from znni.engine.compute.windows import (
     BlendMode,
     WindowGrid,
@@ -25,7 +25,7 @@ from znni.engine.compute.windows import (
 from znni.engine.context import StoreContext
 from znni.engine.geometry import Block, Box, Triple
 from znni.engine.io.volume import encode_output
-from znni.engine.workers.base import VolumeWorker, trace_block
+from znni.engine.workers.base import GraphWorker, trace_block
 from znni.lru import BytesLRU
 from znni.model.onnx_model import OnnxModel
 from znni.primitives.base import Backend
@@ -59,7 +59,7 @@ class WindowedSpec:
     batch: int = 1  # windows run as one batch (windows.window_group), the planner's choice
 
 
-class WindowedWorker(VolumeWorker):
+class WindowedWorker(GraphWorker):
     """Reads, computes and writes blocks of a windowed job in this process."""
 
     spec: WindowedSpec
@@ -67,10 +67,7 @@ class WindowedWorker(VolumeWorker):
     def __init__(
         self, spec: WindowedSpec, backend: Backend | None = None, output_array: Any = None
     ) -> None:
-        super().__init__(spec, spec.model.in_channels, output_array)
-        self.backend = backend or make_graph_backend(spec.backend_name, spec.spectra_bytes)
-        self.graph = spec.model.graph(spec.grid.window)
-        self.primitives = dict(spec.primitives)
+        super().__init__(spec, spec.grid.window, backend, output_array)
         self._kept = BytesLRU(spec.window_cache_bytes)  # an LRU bounded in bytes
 
     def read_box(self, block: Block) -> Box:
