@@ -79,3 +79,40 @@ def _server_env(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:
     """A store server's variables and the reference backend, for this test."""
     for k, v in {**env, "ZNNI_BACKEND": "reference"}.items():
         monkeypatch.setenv(k, v)
+
+
+# -- `make test-gpu`: the GPU tests must run, never skip -------------------------------
+# With ZNNI_REQUIRE_GPU=1 (set by `make test-gpu` and benchmarks/device_check.sh) the session
+# stops at once, exit 1 and one line, when CuPy sees no CUDA device, and a skip of any
+# @pytest.mark.gpu test is reported as a failure: a broken CuPy or a missing device cannot
+# pass for green. `make test` deselects the gpu tests instead (-m "not gpu").
+REQUIRE_GPU_ENV = "ZNNI_REQUIRE_GPU"
+
+
+def _gpu_required() -> bool:
+    return os.environ.get(REQUIRE_GPU_ENV, "") not in ("", "0")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not _gpu_required():
+        return
+    if os.environ.get("ZNNI_GPU_STANDIN", "") not in ("", "0"):
+        pytest.exit(f"{REQUIRE_GPU_ENV}=1 with ZNNI_GPU_STANDIN set: the GPU tests must run on "
+                    "a CUDA device, not the stand-in; unset ZNNI_GPU_STANDIN", returncode=1)
+    from znni.primitives.gpu.cupy_device import require_cuda
+
+    try:
+        require_cuda()
+    except ValueError as e:
+        pytest.exit(f"GPU tests need CuPy and a visible CUDA device: {e}", returncode=1)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # noqa: ANN201
+    outcome = yield
+    report = outcome.get_result()
+    if _gpu_required() and report.skipped and item.get_closest_marker("gpu") is not None \
+            and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"{REQUIRE_GPU_ENV}=1: a GPU test may not skip ({reason})"

@@ -13,7 +13,6 @@ from support.naive import close
 from znni.engine.compute.graph_forward import run_graph
 from znni.model.onnx_import import load_onnx
 from znni.primitives.backends import make_backend
-from znni.primitives.gpu.cupy_device import cuda_available
 
 WINDOW = (6, 16, 20)
 
@@ -84,6 +83,5 @@ def test_unet_on_a_small_standin_cap_still_equals_cpu(unet_onnx: Path) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not cuda_available(), reason="needs CuPy and a CUDA device")
 def test_unet_on_the_gpu_equals_cpu(unet_onnx: Path) -> None:
     _compare(unet_onnx, "gpu")
