@@ -31,6 +31,11 @@ class DeviceOutOfMemory(MemoryError):
     """An allocation would take the device above its memory cap."""
 
 
+class StandinNativeOOM(MemoryError):
+    """The stand-in's version of a library's own out-of-memory error (CuPy's
+    OutOfMemoryError on a GPU): raised by injected failures, translated by callers."""
+
+
 class DeviceStreamError(RuntimeError):
     """Work queued on a stream failed; raised where the stream is waited on."""
 
@@ -55,6 +60,10 @@ class Device(ABC):
 
     name: str = "device"
     xp: ModuleType = np
+    # the array library's own out-of-memory errors, which callers translate to
+    # DeviceOutOfMemory so that a job shrinks its batch instead of failing
+    native_oom: tuple[type[BaseException], ...] = (StandinNativeOOM,)
+    tf32 = False  # whether cuBLAS float32 matmuls may use TF32 tensor cores
 
     def __init__(self, memory_cap_bytes: int) -> None:
         if memory_cap_bytes <= 0:
@@ -167,6 +176,10 @@ class Device(ABC):
     @abstractmethod
     def synchronize(self) -> None:
         """Wait for every stream; raises the first failure of queued work."""
+
+    def set_tf32(self, enabled: bool) -> None:
+        """Allow (or forbid) TF32 tensor-core math in cuBLAS float32 matmuls."""
+        self.tf32 = bool(enabled)
 
     def native_conv3d(self, x: Any, w: Any, b: Any, out: Any) -> bool:
         """A vendor convolution (cuDNN) into `out`; False when the device has none."""
