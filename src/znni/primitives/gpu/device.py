@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from znni.primitives.gpu.pinned_pool import DEFAULT_PINNED_BYTES, PinnedPool
+
 WAIT_TIMEOUT_S = 600.0  # an event that never fires is a bug; fail instead of hanging
 
 
@@ -242,8 +244,10 @@ class HostDevice(Device):
     name = "host-standin"
     xp = np
 
-    def __init__(self, memory_cap_bytes: int = 2**30, jitter_s: float = 0.0, seed: int = 0) -> None:
+    def __init__(self, memory_cap_bytes: int = 2**30, jitter_s: float = 0.0, seed: int = 0,
+                 pinned_bytes: int = DEFAULT_PINNED_BYTES) -> None:
         super().__init__(memory_cap_bytes)
+        self.pinned_pool = PinnedPool(bytearray, pinned_bytes)  # CupyDevice's pool, on RAM
         self._streams: dict[str, _HostStream] = {}
         self._jitter_s = float(jitter_s)
         self._rng = np.random.default_rng(seed)
@@ -258,7 +262,7 @@ class HostDevice(Device):
         return np.empty(shape, dtype=dtype)
 
     def pinned(self, shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
-        return np.empty(shape, dtype=dtype)
+        return self.pinned_pool.take(shape, dtype)
 
     def stream(self, name: str) -> _HostStream:
         with self._lock:
