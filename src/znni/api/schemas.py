@@ -34,6 +34,8 @@ class JobCreate(BaseModel):
     border: Literal["reflect", "zero"] = "reflect"
     dtype: Literal["float32", "uint8"] = "float32"
     device: Literal["auto", "cpu", "gpu", "cpu-gpu"] = "auto"
+    # arithmetic precision: fp32, or on the GPU tf32, bf16, fp16 (--precision)
+    precision: Literal["fp32", "tf32", "bf16", "fp16"] = "fp32"
     # chunks: an existing output's must match (they cannot change in place)
     chunks: tuple[PositiveSize, PositiveSize, PositiveSize] | None = None
     block: tuple[PositiveSize, PositiveSize, PositiveSize] | None = None  # whole chunks

@@ -21,6 +21,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "plan), or an ONNX model (MODEL.onnx)")
     p.add_argument("--weights", help="weights .npz (default: the spec's 'weights', if present)")
     p.add_argument("--device", choices=DEVICES, default="auto")
+    from znni.cli.segment import add_model_options, add_precision_option
+
+    add_precision_option(p)
     p.add_argument("--memory-limit", help="host memory budget, e.g. 12GiB (default: available)")
     p.add_argument(
         "--machine",
@@ -39,8 +42,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="windowed graph models: overlap fraction, as `znni segment` takes it")
     p.add_argument("--window", help="graph models: plan this window (or exact tile) z,y,x "
                    "instead of choosing one")
-    from znni.cli.segment import add_model_options
-
     add_model_options(p)
     p.set_defaults(run=run)
 
@@ -72,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
         network = model_from_args(args)
     else:
         network = network_for_planning(args.network, args.weights)
+    check_plan_precision(args, isinstance(network, OnnxModel))
     region = region_from_args(args, network.in_channels)
     if isinstance(network, OnnxModel):
         summary = graph_summary(args, network, limit, region)
@@ -106,7 +108,30 @@ def graph_summary(args: argparse.Namespace, model: Any, limit: int | None,
         raise ValueError(f"--overlap must be in [0, 1), got {args.overlap}")
     machine = MachineProfile.load(args.machine) if args.machine else None
     window = parse_triple(args.window, "--window") if args.window else None
-    return graph_plan(model, limit, region, args.overlap, machine, window)
+    if args.device not in ("auto", "cpu", "gpu"):
+        raise ValueError(f"--device {args.device} is not planned for ONNX graph models; "
+                         "use --device cpu or gpu")
+    device = "gpu" if args.device == "gpu" else "cpu"
+    return graph_plan(model, limit, region, args.overlap, machine, window, device=device,
+                      precision=args.precision)
+
+
+def check_plan_precision(args: argparse.Namespace, graph: bool) -> None:
+    """--precision as `znni segment` checks it (execution.check_precision; with --machine,
+    the profile's GPU is planned, so this machine's is not asked); sequential networks are
+    planned in fp32 only."""
+    from znni.primitives.precision import check_precision
+
+    check_precision(args.precision)
+    if args.precision == "fp32":
+        return
+    if not graph:
+        raise ValueError(f"--precision {args.precision} applies to ONNX graph models in this "
+                         "version; sequential networks are planned in fp32")
+    if args.device != "gpu" or args.machine is None:
+        from znni.engine.compute.execution import check_precision as check_for_device
+
+        check_for_device(args.device, args.precision)
 
 
 def region_from_args(args: argparse.Namespace, in_channels: int) -> tuple[int, int, int] | None:
@@ -170,25 +195,41 @@ def format_graph_plan(s: dict) -> str:
     region = size(map(str, s["region"]))
     volume = (f"the volume {region}" if s["region_given"]
               else f"a {region} volume (--input plans for yours)")
-    return "\n".join(
-        [
-            f"network {s['network']}: {s['in_channels']} -> {s['out_channels']} channels",
-            f"mode: {what[0]} ({s['reason']})",
-            extra,
-            f"{what[1]}: {size(map(str, s['min_window']))} plus multiples of "
-            f"{size(map(str, s['size_factor']))}"
-            + (f", exactly {size(map(str, s['fixed_window']))}" if s["fixed_window"] else ""),
-            f"{what[2]} {size(map(str, s['window']))} for {volume}: "
-            + ("as given" if s.get("window_given") else "the most predicted voxels/s")
-            + f" within {_gib(s['memory_budget_bytes'])}, "
-            f"{_gib(s['window_peak_bytes'])} per pass"
-            + (f" of {s['batch']} windows" if s.get("batch", 1) > 1 else ""),
-            f"predicted {s['predicted_window_s']:.3f} s per {what[1][:-1]}, "
-            f"{s['predicted_voxels_per_second']:,.0f} output voxels/s; {s['passes']} "
-            f"{what[1] if s['passes'] != 1 else what[1][:-1]}, about "
-            f"{_seconds(s['predicted_seconds'])} s in all",
-        ]
-    )
+    lines = [
+        f"network {s['network']}: {s['in_channels']} -> {s['out_channels']} channels",
+        f"mode: {what[0]} ({s['reason']})",
+        extra,
+        f"{what[1]}: {size(map(str, s['min_window']))} plus multiples of "
+        f"{size(map(str, s['size_factor']))}"
+        + (f", exactly {size(map(str, s['fixed_window']))}" if s["fixed_window"] else ""),
+        f"{what[2]} {size(map(str, s['window']))} for {volume}: "
+        + ("as given" if s.get("window_given") else "the most predicted voxels/s")
+        + f" within {_gib(s['memory_budget_bytes'])}, "
+        f"{_gib(s['window_peak_bytes'])} per pass"
+        + (f" of {s['batch']} windows" if s.get("batch", 1) > 1 else ""),
+        f"predicted {s['predicted_window_s']:.3f} s per {what[1][:-1]}, "
+        f"{s['predicted_voxels_per_second']:,.0f} output voxels/s; {s['passes']} "
+        f"{what[1] if s['passes'] != 1 else what[1][:-1]}, about "
+        f"{_seconds(s['predicted_seconds'])} s in all",
+    ]
+    return "\n".join(lines + (gpu_lines(s) if s.get("device") == "gpu" else []))
+
+
+def gpu_lines(s: dict) -> list[str]:
+    """A GPU graph plan's device, precision and memory, and each conv node's primitive with
+    every candidate's predicted time (why it was chosen)."""
+    lines = [
+        f"device gpu at {s['precision']}: {_gib(s['device_peak_bytes'])} device peak of the "
+        f"{_gib(s['device_cap_bytes'])} cap; a batch computes in {s['compute_s'] * 1e3:.2f} ms"
+        f", its copies take {s['transfer_s'] * 1e3:.2f} ms (overlapped)",
+        "",
+        f"  {'conv node':<40} {'primitive':<10} {'ms':>8}  candidates (ms)",
+    ]
+    for n in s["conv_nodes"]:
+        others = ", ".join(f"{name} {sec * 1e3:.3f}" for name, sec in n["candidates"].items())
+        lines.append(f"  {n['name'][-40:]:<40} {n['primitive']:<10} "
+                     f"{n['predicted_s'] * 1e3:>8.3f}  {others}")
+    return lines
 
 
 def _seconds(s: float) -> str:

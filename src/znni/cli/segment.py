@@ -37,6 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chunks", help="output chunk shape z,y,x")
     p.add_argument("--block", help="block shape z,y,x, rounded up to whole chunks (default: auto)")
     p.add_argument("--device", choices=DEVICES, default="auto")
+    add_precision_option(p)
     p.add_argument("--memory-limit", help="host memory budget, e.g. 12GiB (default: available)")
     p.add_argument("--scheduler", help="Dask: tcp://HOST:PORT or local:N workers")
     p.add_argument("--overwrite", action="store_true", help="recompute into an existing output")
@@ -70,6 +71,7 @@ def job_from_args(args: argparse.Namespace) -> SegmentJob:
         dtype=args.dtype,
         chunks=parse_triple(args.chunks, "--chunks") if args.chunks else None,
         device=args.device,
+        precision=args.precision,
         memory_limit_bytes=parse_bytes(args.memory_limit) if args.memory_limit else None,
         scheduler=args.scheduler,
         overwrite=args.overwrite,
@@ -91,6 +93,16 @@ def model_from_args(args: argparse.Namespace) -> Any:
         args.network, args.weights, output_name=args.output_name, scale=args.scale,
         shift=args.shift,
     )
+
+
+def add_precision_option(p: argparse.ArgumentParser) -> None:
+    """--precision, shared by segment and plan; its value is checked where the job is (one
+    sentence, engine.compute.execution.check_precision), not by argparse's usage message."""
+    from znni.engine.job import PRECISIONS
+
+    p.add_argument("--precision", default="fp32", metavar="|".join(PRECISIONS),
+                   help="arithmetic precision (default fp32); tf32, bf16 and fp16 need "
+                   "--device gpu (tf32 and bf16 a GPU of compute capability 8.0 or more)")
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:

@@ -21,10 +21,13 @@ Roi = tuple[tuple[int | None, int | None], ...]
 BorderMode = Literal["reflect", "zero"]
 OutputDtype = Literal["float32", "uint8"]
 Device = Literal["auto", "cpu", "gpu", "cpu-gpu"]
+Precision = Literal["fp32", "tf32", "bf16", "fp16"]
 
 BORDER_MODES: tuple[str, ...] = ("reflect", "zero")
 OUTPUT_DTYPES: tuple[str, ...] = ("float32", "uint8")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "gpu", "cpu-gpu")
+# primitives/precision.PRECISIONS, repeated so the CLI reads it without numpy (a test checks)
+PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16")
 BLEND_MODES: tuple[str, ...] = ("gaussian", "constant")
 OUTPUT_FORMATS: tuple[str, ...] = ("zarr", "ome-zarr")
 
@@ -41,6 +44,9 @@ class SegmentJob:
     dtype: OutputDtype = "float32"
     chunks: Triple | None = None  # output chunk shape (z, y, x); None: the engine chooses
     device: Device = "auto"
+    # arithmetic precision (primitives/precision.py): fp32 everywhere; tf32, bf16 and fp16 on
+    # the GPU only in this version (engine.compute.execution.check_precision)
+    precision: Precision = "fp32"
     memory_limit_bytes: int | None = None  # None: from available RAM
     scheduler: str | None = None  # None: local; "tcp://HOST:PORT" or "local:N": Dask
     overwrite: bool = False

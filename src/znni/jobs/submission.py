@@ -21,7 +21,8 @@ WINDOW_FIELDS = ("window", "overlap", "blend")
 OME_FIELDS = ("output_format", "pyramid", "level")
 # the engine and model name their options as `znni segment` flags; the API's are fields
 FLAG_FIELDS = {f"--{f.replace('_', '-')}": f for f in (*WINDOW_FIELDS, "scale", "shift",
-                                                        "output_name", *OME_FIELDS)}
+                                                        "output_name", *OME_FIELDS,
+                                                        "precision", "device")}
 
 
 def segment_job(
@@ -49,6 +50,7 @@ def segment_job(
         chunks=_triple(params.get("chunks")),
         block=_triple(params.get("block")),
         device=params.get("device", "auto"),
+        precision=params.get("precision", "fp32"),
         memory_limit_bytes=params.get("memory_limit_bytes"),
         scheduler=scheduler,
         overwrite=bool(params.get("overwrite", False)) if overwrite is None else overwrite,

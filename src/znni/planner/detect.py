@@ -6,6 +6,7 @@ model, which needs `MachineProfile`): `machine` stays the plain value below both
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 from znni.planner.calibrate import calibrated_profile
@@ -20,8 +21,12 @@ def detect_machine(*, calibrate: bool | None = True) -> MachineProfile:
     """
     from znni.primitives.gpu import device_info  # CuPy, only when asked
 
+    devices = device_info()
+    # cuDNN's frontend installed (calibration asks the device itself: gpu_calibrate)
+    has_cudnn = bool(devices) and importlib.util.find_spec("cudnn") is not None
     gpus = tuple(
-        GpuProfile(name=g["name"], memory_bytes=int(g["free_bytes"])) for g in device_info()
+        GpuProfile(name=g["name"], memory_bytes=int(g["free_bytes"]), has_cudnn=has_cudnn)
+        for g in devices
     )
     profile = MachineProfile(
         name=f"detected-{os.uname().nodename}",

@@ -56,6 +56,22 @@ DEFAULT_CPU_RATES: dict[str, float] = {
 }
 
 
+# The graph planner's GPU conv rates by precision (planner/graph/gpu_costs.py), whole
+# device. Defaults: NVIDIA H100 SXM5 datasheet peaks (dense, no sparsity: FP32 67 TFLOPS,
+# TF32 tensor core 495, BF16/FP16 tensor core 989; "NVIDIA H100 Tensor Core GPU" datasheet)
+# times an ASSUMED efficiency, not measured here: cuDNN's 3D convs at 40% of the FP32 peak
+# and 30% of the tensor-core peaks; the per-offset GEMM loop's thin (Cout, Cin) @ (Cin, V)
+# GEMMs at 30% of FP32 and 15% of the tensor-core peaks. Calibration on a device
+# (graph/gpu_calibrate.py) replaces them.
+H100_CUDNN_FLOPS_PER_S: dict[str, float] = {
+    "fp32": 0.40 * 67e12, "tf32": 0.30 * 495e12, "bf16": 0.30 * 989e12, "fp16": 0.30 * 989e12,
+}
+H100_GEMM_FLOPS_PER_S: dict[str, float] = {
+    "fp32": 0.30 * 67e12, "tf32": 0.15 * 495e12, "bf16": 0.15 * 989e12, "fp16": 0.15 * 989e12,
+}
+GPU_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")  # primitives/precision.PRECISIONS
+
+
 @dataclass(frozen=True)
 class GpuProfile:
     """One CUDA device and the rates of its primitives (ZNNi's cuDNN and FFT conv)."""
@@ -68,6 +84,29 @@ class GpuProfile:
     memory_bytes_per_s: float = 300e9  # device memory bandwidth for element-wise passes
     transfer_bytes_per_s: float = 12e9  # host <-> device (PCIe)
     layer_overhead_s: float = 5e-5
+    # graph networks (planner/graph/gpu_search.py): whether cuDNN is installed (its convs are
+    # planned only then), and the conv rates by precision (fp32, tf32, bf16, fp16)
+    has_cudnn: bool = True
+    cudnn_flops_per_s: dict[str, float] = field(
+        default_factory=lambda: dict(H100_CUDNN_FLOPS_PER_S))
+    gemm_flops_per_s: dict[str, float] = field(
+        default_factory=lambda: dict(H100_GEMM_FLOPS_PER_S))
+    calibrated: bool = False  # rates measured on the device (graph/gpu_calibrate.py)
+
+    def __post_init__(self) -> None:
+        for name in ("cudnn_flops_per_s", "gemm_flops_per_s"):
+            rates = getattr(self, name)
+            if not isinstance(rates, dict) or set(rates) != set(GPU_PRECISIONS) \
+                    or any(float(v) <= 0 for v in rates.values()):
+                raise ValueError(f"GPU profile {self.name!r}: {name} needs a positive rate for "
+                                 f"each of {', '.join(GPU_PRECISIONS)}, found {rates!r}")
+
+    def conv_rate(self, kind: str, precision: str) -> float:
+        """FLOP/s of `kind` ("cudnn" or "gemm") at `precision`."""
+        rates = self.cudnn_flops_per_s if kind == "cudnn" else self.gemm_flops_per_s
+        if precision not in rates:
+            raise ValueError(f"precision {precision!r} is not one of {', '.join(GPU_PRECISIONS)}")
+        return float(rates[precision])
 
 
 @dataclass(frozen=True)
@@ -131,7 +170,7 @@ class MachineProfile:
         if unknown:
             raise ValueError(f"machine profile has unknown cpu rate {unknown[0]!r}")
         try:
-            gpus = tuple(GpuProfile(**g) for g in d.get("gpus", []))
+            gpus = tuple(_gpu_from_json(g) for g in d.get("gpus", []))
         except TypeError as e:
             raise ValueError(f"machine profile has a malformed GPU entry ({e})") from e
         scaling = _scaling_from_json(d.get("cpu_scaling", {}))
@@ -169,6 +208,20 @@ class MachineProfile:
             return cls.from_dict(json.loads(p.read_text()))
         except json.JSONDecodeError as e:
             raise ValueError(f"machine profile {p} is not valid JSON ({e})") from e
+
+
+def _gpu_from_json(g: dict[str, Any]) -> GpuProfile:
+    """A GPU entry; rates by precision that name only some precisions keep the defaults'
+    others (a profile may give just fp32)."""
+    g = dict(g)
+    for key, default in (("cudnn_flops_per_s", H100_CUDNN_FLOPS_PER_S),
+                         ("gemm_flops_per_s", H100_GEMM_FLOPS_PER_S)):
+        if key in g:
+            if not isinstance(g[key], dict):
+                raise ValueError(f"machine profile GPU {key} must be an object of rates by "
+                                 f"precision, found {g[key]!r}")
+            g[key] = {**default, **{k: float(v) for k, v in g[key].items()}}
+    return GpuProfile(**g)
 
 
 def _scaling_from_json(d: Any) -> dict[str, tuple[tuple[float, float], ...]]:

@@ -8,6 +8,12 @@ cost against the recomputed overlap: windowed runs compute MONAI's scan of windo
 (more, smaller windows overlap more), exact runs one tile per grid step of output; and
 a run's first pass, which pays once for the pages of its peak and the import of openvino
 (planner.graph.search.first_pass_seconds): large windows make few passes to share it.
+
+On the GPU (`device="gpu"`) each candidate is planned by planner.graph.gpu_search at the
+run's precision: a GPU primitive per conv node, the batch of windows (GPU_BATCHES) with the
+most predicted voxels/s whose device peak fits the device cap (gpu_search.device_cap_bytes:
+90% of the device's memory, within --memory-limit's cap) and whose pinned host windows fit
+the host budget; the window's download is its share of the region's blended output.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from znni.engine.compute.tiles import tile_output
 from znni.engine.compute.windows import WindowGrid
 from znni.model.graph import Graph
 from znni.model.onnx_model import OnnxModel
+from znni.planner.graph.gpu_search import device_cap_bytes, plan_graph_gpu
 from znni.planner.graph.search import GraphPlan, first_pass_seconds, plan_graph
 from znni.planner.machine import MachineProfile
 from znni.triple import Triple
@@ -36,6 +43,10 @@ MAX_TILE = 192  # exact: input voxels per axis
 # where the planner predicts it this much faster per window than the next smaller one.
 BATCHES = (1, 2, 4)
 BATCH_GAIN = 0.03
+# the GPU: a batch shares each kernel's launch and keeps the device busy on small windows;
+# its tensors count against the device cap (planner.graph.gpu_search)
+GPU_BATCHES = (1, 2, 4, 8, 16)
+GRAPH_DEVICES = ("cpu", "gpu")
 
 
 @dataclass(frozen=True)
@@ -47,15 +58,59 @@ class GraphChoice:
     passes: int  # windows or tiles over the region
     predicted_voxels_per_second: float
 
+    # what the engine runs, from the plan: device, precision, batch, primitive per conv node
+    @property
+    def device(self) -> str:
+        return self.plan.device
+
+    @property
+    def precision(self) -> str:
+        return self.plan.precision
+
+    @property
+    def batch(self) -> int:
+        return self.plan.batch
+
+    @property
+    def primitives(self) -> dict[str, str]:
+        return self.plan.primitives
+
+    @property
+    def predicted_window_s(self) -> float:
+        return self.plan.predicted_window_s
+
+    @property
+    def device_peak_bytes(self) -> int:
+        return self.plan.device_peak_bytes
+
 
 def plan_window(model: OnnxModel, window: Triple, budget_bytes: int, region: Triple,
-                overlap: float = 0.25, machine: MachineProfile | None = None) -> GraphChoice:
+                overlap: float = 0.25, machine: MachineProfile | None = None, *,
+                device: str = "cpu", precision: str = "fp32",
+                device_cap: int | None = None) -> GraphChoice:
     """The plan of one given window or tile on `machine` (default this one, as planned for
-    runs); ValueError when it does not fit the budget."""
+    runs); ValueError when it does not fit the budget. `device`: "cpu" or "gpu" (planned at
+    `precision` within `device_cap` bytes of device memory, None: gpu_search's cap)."""
     model.check_window(window)
     n = _passes(model, window, region, overlap)
     graph = model.graph(window)
     machine = machine or planning_machine()
+    if device == "gpu":
+        plan = _gpu_plan(model, graph, machine, budget_bytes, region, n,
+                         precision=precision, device_cap=device_cap)
+    else:
+        plan = _cpu_plan(model, graph, machine, budget_bytes, n, device, precision)
+    run_s = n * plan.predicted_window_s + first_pass_seconds(plan)
+    return GraphChoice(window, plan, n, prod(region) / max(1e-12, run_s))
+
+
+def _cpu_plan(model: OnnxModel, graph: Graph, machine: MachineProfile, budget_bytes: int,
+              n: int, device: str, precision: str) -> GraphPlan:
+    """The CPU plan of the window, batched where windowed; ValueError beyond the budget."""
+    if device not in GRAPH_DEVICES:
+        raise ValueError(f"graph models are planned for device cpu or gpu, not {device!r}")
+    if precision != "fp32":
+        raise ValueError(f"--precision {precision} needs --device gpu in this version")
     try:
         plan = plan_graph(graph, machine, budget_bytes, passes=n)
         need = plan.peak_bytes
@@ -65,12 +120,44 @@ def plan_window(model: OnnxModel, window: Triple, budget_bytes: int, region: Tri
         plan = _batched(graph, plan, budget_bytes, n, machine)
     if plan is None or need > budget_bytes:
         raise ValueError(
-            f"window {tuple(window)} of model {model.name!r} needs {need:,} bytes or more per "
-            f"pass, beyond the {budget_bytes:,}-byte memory budget; choose a smaller window or "
-            "a larger memory limit"
+            f"window {tuple(graph.window)} of model {model.name!r} needs {need:,} bytes or more "
+            f"per pass, beyond the {budget_bytes:,}-byte memory budget; choose a smaller "
+            "window or a larger memory limit"
         )
-    run_s = n * plan.predicted_window_s + first_pass_seconds(plan)
-    return GraphChoice(window, plan, n, prod(region) / max(1e-12, run_s))
+    return plan
+
+
+def _gpu_plan(model: OnnxModel, graph: Graph, machine: MachineProfile, budget_bytes: int,
+              region: Triple, passes: int, *, precision: str,
+              device_cap: int | None) -> GraphPlan:
+    """The GPU batch (GPU_BATCHES, windowed models only) with the shortest predicted run
+    over the region (its windows, and the first pass's pinned pages) whose device peak fits
+    the cap and pinned windows the host budget, each taken only where BATCH_GAIN faster
+    than the best smaller one; ValueError where not even one window fits."""
+    cap = device_cap if device_cap is not None else device_cap_bytes(machine)
+    download = model.out_channels * prod(region) * 4 / max(1, passes)  # fp32 block share
+    best: GraphPlan | None = None
+    best_s, error = 0.0, ""
+    for batch in GPU_BATCHES if model.mode == "windowed" else (1,):
+        if batch > max(1, passes):
+            break
+        try:
+            plan = plan_graph_gpu(graph, machine, cap, precision=precision, batch=batch,
+                                  download_bytes=download)
+        except ValueError as e:
+            error = str(e)
+            break  # a larger batch needs more device memory still
+        if plan.peak_bytes > budget_bytes:
+            error = (f"window {tuple(graph.window)} of model {model.name!r} needs "
+                     f"{plan.peak_bytes:,} bytes of pinned host buffers per pass, beyond the "
+                     f"{budget_bytes:,}-byte memory budget")
+            break
+        run_s = passes * plan.predicted_window_s + first_pass_seconds(plan)
+        if best is None or run_s < (1 - BATCH_GAIN) * best_s:
+            best, best_s = plan, run_s
+    if best is None:
+        raise ValueError(f"{error}; choose a smaller window or a larger memory limit")
+    return best
 
 
 def _batched(graph: Graph, plan: GraphPlan, budget_bytes: int, passes: int,
@@ -92,16 +179,20 @@ def _batched(graph: Graph, plan: GraphPlan, budget_bytes: int, passes: int,
 
 
 def choose(model: OnnxModel, budget_bytes: int, region: Triple,
-           overlap: float = 0.25, machine: MachineProfile | None = None) -> GraphChoice:
+           overlap: float = 0.25, machine: MachineProfile | None = None, *,
+           device: str = "cpu", precision: str = "fp32",
+           device_cap: int | None = None) -> GraphChoice:
     """The candidate with the most predicted voxels/s whose pass fits the budget (its
-    first pass's extra cost counted once)."""
+    first pass's extra cost counted once); `device`, `precision`, `device_cap` as
+    plan_window takes them."""
     candidates = ([model.fixed_window] if model.fixed_window
                   else _fewer_passes(model, _candidates(model, region), region, overlap))
     best: GraphChoice | None = None
     errors = []
     for window in candidates:
         try:
-            choice = plan_window(model, window, budget_bytes, region, overlap, machine)
+            choice = plan_window(model, window, budget_bytes, region, overlap, machine,
+                                 device=device, precision=precision, device_cap=device_cap)
         except ValueError as e:
             errors.append(str(e))
             break  # larger candidates need more memory still

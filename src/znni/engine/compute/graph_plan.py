@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from znni.engine.compute.graph_choice import choose, plan_window
+from znni.engine.compute.execution import planning_machine
+from znni.engine.compute.graph_choice import GraphChoice, choose, plan_window
 from znni.engine.compute.layout import pass_budget_bytes, region_seconds
 from znni.engine.compute.tiles import tile_output
 from znni.model.graph import window_dependence
@@ -22,13 +23,16 @@ EXACT_REASON = (
 def graph_plan(
     model: OnnxModel, limit_bytes: int | None, region: tuple[int, int, int] | None = None,
     overlap: float = 0.25, machine: MachineProfile | None = None,
-    window: tuple[int, int, int] | None = None,
+    window: tuple[int, int, int] | None = None, *, device: str = "cpu",
+    precision: str = "fp32",
 ) -> dict[str, Any]:
     """A JSON-ready summary (the `znni plan` and POST /v1/plan body for graph models): the
     window `segment` would choose for `region` (the volume or ROI; None: UNBOUNDED) under
     the same pass budget, and what it predicts for the whole region. `machine`: another
     computer's profile (its budget, without a limit, half its memory), else this one;
-    `window`: the given window (or tile) instead of the chosen one."""
+    `window`: the given window (or tile) instead of the chosen one; `device` "gpu": the GPU
+    plan at `precision` within the device cap (--memory-limit caps it too), with each conv
+    node's primitive and the predicted time of every candidate."""
     budget = pass_budget_bytes(limit_bytes, machine.memory_bytes if machine else None)
     shape = region or UNBOUNDED
     common = {
@@ -40,10 +44,19 @@ def graph_plan(
         "fixed_window": list(model.fixed_window) if model.fixed_window else None,
         "memory_budget_bytes": budget,
     }
+    gpu: dict[str, Any] = {}
+    if device == "gpu":
+        from znni.planner.graph.gpu_search import device_cap_bytes
+
+        machine = machine or planning_machine()
+        gpu["device_cap_bytes"] = device_cap_bytes(machine, limit_bytes)
+    how = {"device": device, "precision": precision, "device_cap": gpu.get("device_cap_bytes")}
     if window is not None:  # segment's --window: planned and checked, not chosen
-        choice = plan_window(model, window, budget, shape, overlap, machine)
+        choice = plan_window(model, window, budget, shape, overlap, machine, **how)
     else:
-        choice = choose(model, budget, shape, overlap, machine)
+        choice = choose(model, budget, shape, overlap, machine, **how)
+    if device == "gpu":
+        gpu.update(gpu_details(choice))
     planned = {
         "region": list(shape),
         "region_given": region is not None,
@@ -56,6 +69,9 @@ def graph_plan(
         "predicted_window_s": choice.plan.predicted_window_s,
         "predicted_voxels_per_second": choice.predicted_voxels_per_second,
         "primitives": choice.plan.primitives,
+        "device": choice.plan.device,
+        "precision": choice.plan.precision,
+        **gpu,
     }
     if model.mode == "exact":
         return {"mode": "exact", "reason": EXACT_REASON, **common,
@@ -63,3 +79,20 @@ def graph_plan(
                 "tile_output": list(tile_output(model, choice.window)), **planned}
     reason = window_dependence(model.graph(choice.window)) or "its output has the window's size"
     return {"mode": "windowed", "reason": reason, "overlap": overlap, **common, **planned}
+
+
+def gpu_details(choice: GraphChoice) -> dict[str, Any]:
+    """A GPU plan's device peak, its batch's compute and copy seconds, and per conv node the
+    chosen primitive and every candidate's predicted seconds (why it was chosen)."""
+    plan = choice.plan
+    return {
+        "device_peak_bytes": plan.device_peak_bytes,
+        "compute_s": plan.compute_s,
+        "transfer_s": plan.transfer_s,
+        "conv_nodes": [
+            {"name": n.name, "op": n.op, "primitive": n.primitive, "predicted_s": n.predicted_s,
+             "workspace_bytes": n.workspace_bytes,
+             "candidates": {name: seconds for name, seconds, _ in n.candidates}}
+            for n in plan.nodes if n.primitive is not None
+        ],
+    }

@@ -36,6 +36,7 @@ def provenance(
         "window": None,
         "border": job.border,
         "dtype": job.dtype,
+        "precision": job.precision,  # the arithmetic's (the output's dtype is `dtype`)
         "roi": None if whole else [[a, b] for a, b in zip(region.lo, region.hi, strict=True)],
         "plan": plan,
         "input": resolved(job.input_path),

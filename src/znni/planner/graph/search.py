@@ -95,6 +95,9 @@ class NodePlan:
     primitive: str | None
     predicted_s: float
     workspace_bytes: int
+    # GPU plans: every primitive that can run the conv, (name, predicted seconds, workspace
+    # bytes), fastest first: why the chosen one was chosen
+    candidates: tuple[tuple[str, float, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,12 @@ class GraphPlan:
     openvino_bytes: int = 0  # of the peak, what OpenVINO's layers and runtime keep
     batch: int = 1  # windows per pass: node seconds and tensors are the batch's,
     # predicted_window_s one window's share
+    device: str = "cpu"  # "gpu": planned by gpu_search.plan_graph_gpu, where peak_bytes is
+    # the host's (the pinned window buffers) and device_peak_bytes the device's
+    precision: str = "fp32"  # primitives/precision.PRECISIONS
+    device_peak_bytes: int = 0  # GPU plans: predicted device peak (gpu_search.DevicePeak)
+    compute_s: float = 0.0  # GPU plans: the batch's node seconds
+    transfer_s: float = 0.0  # GPU plans: the batch's host<->device copies (overlapped)
 
     @property
     def primitives(self) -> dict[str, str]:

@@ -43,3 +43,30 @@ def require_cuda() -> None:
     from znni.primitives.gpu.cupy_device import require_cuda as _require
 
     _require()
+
+
+# the compute capability each reduced precision needs: tf32 and bf16 tensor cores came with
+# Ampere (8.0), fp16 arithmetic with 5.3 (CUDA C++ Programming Guide, "Compute
+# Capabilities"; cuDNN's support matrix)
+MIN_CAPABILITY: dict[str, tuple[int, int]] = {"fp32": (0, 0), "tf32": (8, 0), "bf16": (8, 0),
+                                              "fp16": (5, 3)}
+
+
+def compute_capability(device_id: int = 0) -> tuple[int, int] | None:
+    """(major, minor) of CUDA device `device_id`; None without CuPy or that device."""
+    try:
+        import cupy  # optional, heavy, GPU-only dependency
+
+        cc = str(cupy.cuda.Device(device_id).compute_capability)  # e.g. "90"
+    except Exception:  # no CuPy, no driver, no such device: CuPy raises its own types
+        return None
+    return int(cc[:-1]), int(cc[-1])
+
+
+def supported_precisions(device_id: int = 0) -> tuple[str, ...]:
+    """The precisions CUDA device `device_id` computes in (MIN_CAPABILITY); () without CuPy
+    or that device. The numpy stand-in computes in all four (the engine asks it instead)."""
+    cc = compute_capability(device_id)
+    if cc is None:
+        return ()
+    return tuple(p for p, need in MIN_CAPABILITY.items() if cc >= need)
