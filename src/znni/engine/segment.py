@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from znni.engine.compute.execution import check_device, execution_for, plan_job
+from znni.engine.compute.execution import check_device, check_precision, execution_for, plan_job
 from znni.engine.compute.graph_choice import GraphChoice, choose, plan_window
 from znni.engine.compute.layout import (
     PLAN_FRACTION,
@@ -220,6 +220,7 @@ def _check_options(job: SegmentJob) -> None:
             "apply; windows are for ONNX models"
         )
     check_device(job.device)
+    check_precision(job.device, job.precision)
     for what, value in (("chunks", job.chunks), ("block", job.block), ("window", job.window)):
         if value is not None and (len(value) != 3 or min(value) < 1):
             raise ValueError(f"{what} {value!r} must be 3 positive integers z,y,x")

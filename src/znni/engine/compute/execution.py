@@ -69,6 +69,30 @@ def check_device(device: str) -> None:
         require_cuda()
 
 
+def check_precision(device: str, precision: str) -> None:
+    """One sentence where `precision` cannot run on `device`: a name not in
+    primitives/precision.PRECISIONS; anything but fp32 off the GPU (the CPU computes in fp32
+    in this version; cpu-gpu and auto would run parts there); on the GPU, a precision its
+    compute capability lacks (tf32 and bf16 need 8.0, fp16 5.3). The stand-in takes all."""
+    from znni.primitives.precision import check_precision as check_name
+
+    check_name(precision)
+    if precision == "fp32":
+        return
+    if device != "gpu":
+        raise ValueError(f"--precision {precision} needs --device gpu in this version")
+    if standin_requested():
+        return
+    check_device(device)
+    from znni.primitives.gpu import MIN_CAPABILITY, compute_capability, supported_precisions
+
+    if precision not in supported_precisions(0):
+        need, have = MIN_CAPABILITY[precision], compute_capability(0)
+        shown = "unknown" if have is None else f"{have[0]}.{have[1]}"
+        raise ValueError(f"--precision {precision} needs a GPU of compute capability "
+                         f"{need[0]}.{need[1]} or more; device 0 has {shown}")
+
+
 def planning_machine() -> MachineProfile:
     """This machine as the planner sees it: cached calibration, never measured here.
 
