@@ -232,3 +232,14 @@ def test_bad_input_is_refused_with_the_offending_values(device):
     p = host_params(case, a) | {"group": 2}
     with pytest.raises(ValueError, match="group 2 does not divide the 3 input channels"):
         device_conv(device, "cudnn", a["x"], p)
+
+
+def test_closing_the_conv_state_gives_back_its_memory(device):
+    from znni.primitives.gpu.conv_dispatch import close_conv_state
+
+    base = device.in_use_bytes
+    device.free(run(device, "cufft-keep", CASES[0]))
+    assert device.in_use_bytes > base
+    close_conv_state(device)
+    assert device.in_use_bytes == base
+    close_conv_state(device)  # twice is harmless

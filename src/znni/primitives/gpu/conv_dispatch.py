@@ -105,6 +105,19 @@ def release_conv_caches(device: Device) -> None:
     state.plans.release(device)
 
 
+def close_conv_state(device: Device) -> None:
+    """Release the conv caches' device memory and the cuDNN handle; forget the state."""
+    with _STATES_LOCK:
+        state = _STATES.pop(device, None)
+    if state is None:
+        return
+    state.spectra.clear()
+    state.plans.release(device)
+    lib = state._library
+    if lib is not None:
+        lib.close()
+
+
 def device_conv(
     device: Device,
     primitive: str,

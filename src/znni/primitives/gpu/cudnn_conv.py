@@ -68,6 +68,10 @@ class LibraryConv(ABC):
             dev.free(ws)
         return y
 
+    def close(self) -> None:
+        """Drop the built graphs (and, for real cuDNN, its handle)."""
+        self.graphs.clear()
+
     @abstractmethod
     def _build(self, spec: ConvSpec) -> Any | None:
         """The built graph for `spec`, or None where the library has no plan for it."""
@@ -187,8 +191,9 @@ class CudnnConv(LibraryConv):
             t = built["tensors"]
             pack = {t["x"]: xs.data.ptr, t["w"]: w.data.ptr, t["y"]: y.data.ptr}
             if spec.has_bias:  # the bias node reads the io dtype: a Cout-element cast
-                b = dev.adopt(cp.ascontiguousarray(params["bias"], dtype=y.dtype), "cuDNN bias")
-                held.append(b)
+                b = cp.ascontiguousarray(params["bias"], dtype=y.dtype)
+                if b is not params["bias"]:
+                    held.append(dev.adopt(b, "cuDNN bias"))
                 pack[t["b"]] = b.data.ptr
             self._bind_stream()
             built["graph"].execute(pack, ws.data.ptr, handle=self.handle)
@@ -203,7 +208,7 @@ class CudnnConv(LibraryConv):
             self._stream_ptr = ptr
 
     def close(self) -> None:
-        self.graphs.clear()
+        super().close()
         self._cudnn.destroy_handle(self.handle)
 
 

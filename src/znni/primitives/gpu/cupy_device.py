@@ -179,7 +179,10 @@ class CupyDevice(Device):
         return True
 
     def close(self) -> None:
+        from znni.primitives.gpu.conv_dispatch import close_conv_state
+
         self.synchronize()
+        close_conv_state(self)
         self._in_flight = []
         self._streams = {}
         self.pinned_pool.clear()
