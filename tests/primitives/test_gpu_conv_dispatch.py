@@ -243,3 +243,10 @@ def test_closing_the_conv_state_gives_back_its_memory(device):
     close_conv_state(device)
     assert device.in_use_bytes == base
     close_conv_state(device)  # twice is harmless
+
+
+def test_the_precision_switches_cublas_tf32_for_the_device(device):
+    run(device, "gemm-loop", CASES[0], "tf32")
+    assert device.tf32
+    run(device, "gemm-loop", CASES[0], "fp32")
+    assert not device.tf32

@@ -150,6 +150,8 @@ def device_conv(
         )
     spec = conv_spec(tuple(x.shape), params, activation=activation, precision=precision,
                      transposed=transposed)
+    if device.tf32 != (precision == "tf32"):  # cuBLAS matmuls (gemm-loop, cuFFT's products)
+        device.set_tf32(precision == "tf32")
     state = conv_state(device)
     try:
         try:

@@ -16,6 +16,7 @@ shared with the numpy stand-in (cudnn_standin.py), so CI exercises it.
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any
@@ -44,10 +45,12 @@ class LibraryConv(ABC):
         self.device = device
         self.graphs: GraphCache[Any] = GraphCache(max_graphs)
         self.last_workspace_bytes = 0
+        self._lock = threading.Lock()  # the cache and the handle's stream binding
 
     def run(self, x: Any, params: Mapping[str, Any], spec: ConvSpec) -> Any | None:
         """A new counted output array (N, Cout, ...) in x's dtype, or None if unsupported."""
-        built = self.graphs.get_or_build(spec, self._build)
+        with self._lock:
+            built = self.graphs.get_or_build(spec, self._build)
         if built is None:
             return None
         dev = self.device
@@ -195,8 +198,9 @@ class CudnnConv(LibraryConv):
                 if b is not params["bias"]:
                     held.append(dev.adopt(b, "cuDNN bias"))
                 pack[t["b"]] = b.data.ptr
-            self._bind_stream()
-            built["graph"].execute(pack, ws.data.ptr, handle=self.handle)
+            with self._lock:  # one handle: bind and enqueue together (execute is async)
+                self._bind_stream()
+                built["graph"].execute(pack, ws.data.ptr, handle=self.handle)
         finally:
             dev.free(*held)  # CuPy's pool is stream-ordered: reuse waits for this stream
 
