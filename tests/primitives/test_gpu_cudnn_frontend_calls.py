@@ -33,6 +33,9 @@ class FakeArray:
         self.nbytes = int(np.prod(self.shape)) * self.dtype.itemsize
         self.data = SimpleNamespace(ptr=next(_ptrs))
 
+    def copy(self):
+        return FakeArray(self.shape, self.dtype)
+
 
 class FakeXp:
     float32 = np.float32
@@ -43,6 +46,8 @@ class FakeXp:
         if dtype is None or np.dtype(dtype) == a.dtype:
             return a
         return FakeArray(a.shape, dtype)
+
+    asarray = ascontiguousarray
 
 
 class FakeDevice(HostDevice):
@@ -170,6 +175,19 @@ def test_a_strict_fp32_conv_graph_is_ncdhw_with_fused_bias_and_relu(lib):
     assert isinstance(ws_ptr, int) and lib.last_workspace_bytes == 12345
     assert FAKE.streams == [(77, 0xABC)]
     assert lib.device.in_use_bytes == y.nbytes  # workspace and bias cast given back
+
+
+def test_a_misaligned_view_is_copied_and_the_copy_counted_then_freed(lib):
+    x, params = fake_inputs(lib.device, CASES[0], "fp16")
+    x.data.ptr += 2  # e.g. a batch slice of an odd-sized fp16 tensor
+    spec = conv_spec(x.shape, params, activation=None, precision="fp16", transposed=False)
+    lib.device.reset_peak()
+    y = lib.run(x, params, spec)
+    pack = calls(FAKE.graphs[-1], "execute")[0][0]
+    assert x.data.ptr not in pack.values()
+    assert all(p % 16 == 0 for p in pack.values())
+    assert lib.device.peak_bytes >= y.nbytes + x.nbytes + lib.last_workspace_bytes
+    assert lib.device.in_use_bytes == y.nbytes
 
 
 def test_inputs_the_caller_counts_are_not_counted_again(lib):

@@ -23,13 +23,19 @@ from typing import Any
 
 import numpy as np
 
-from znni.primitives.gpu.conv_spec import DEFAULT_MAX_GRAPHS, ConvSpec, GraphCache
+from znni.primitives.gpu.conv_spec import (
+    DEFAULT_MAX_GRAPHS,
+    ConvSpec,
+    GraphCache,
+    contiguous_strides,
+)
 from znni.primitives.gpu.device import Device
 
 INSTALL_HINT = "pip install nvidia-cudnn-frontend nvidia-cudnn-cu12 (or -cu13 on CUDA 13)"
 # Built plans whose workspace exceeds this are deselected (the frontend's
 # deselect_workspace_greater_than); a graph with no plan left falls back to gemm-loop.
 MAX_WORKSPACE_BYTES = 1 << 30
+TENSOR_ALIGN_BYTES = 16  # the frontend's default tensor alignment
 
 
 class LibraryConv(ABC):
@@ -101,14 +107,6 @@ def import_cudnn() -> Any:
     return cudnn
 
 
-def _strides(shape: tuple[int, ...]) -> list[int]:
-    out, step = [], 1
-    for n in reversed(shape):
-        out.append(step)
-        step *= int(n)
-    return out[::-1]
-
-
 class CudnnConv(LibraryConv):
     """cuDNN frontend graphs on a CuPy device; NCDHW (C-contiguous) tensors throughout."""
 
@@ -139,8 +137,11 @@ class CudnnConv(LibraryConv):
         io, f32 = self._dtype(spec.io_dtype), c.data_type.FLOAT
         g = c.pygraph(io_data_type=io, intermediate_data_type=f32, compute_data_type=f32,
                       handle=self.handle)
-        x = g.tensor(name="x", dim=list(spec.x_shape), stride=_strides(spec.x_shape), data_type=io)
-        w = g.tensor(name="w", dim=list(spec.w_shape), stride=_strides(spec.w_shape), data_type=io)
+        def tensor(name: str, shape: tuple[int, ...]) -> Any:  # NCDHW, C-contiguous
+            return g.tensor(name=name, dim=list(shape), stride=contiguous_strides(shape),
+                            data_type=io)
+
+        x, w = tensor("x", spec.x_shape), tensor("w", spec.w_shape)
         geometry = dict(pre_padding=list(spec.pre_pads), post_padding=list(spec.post_pads),
                         stride=list(spec.strides), dilation=list(spec.dilations),
                         compute_data_type=f32)
@@ -149,17 +150,16 @@ class CudnnConv(LibraryConv):
         else:
             y = g.conv_fprop(image=x, weight=w, name="conv", **geometry)
         y.set_dim(list(spec.out_shape))  # dgrad cannot infer it; NCDHW, not the default NHWC
-        y.set_stride(_strides(spec.out_shape))
+        y.set_stride(contiguous_strides(spec.out_shape))
         tensors = {"x": x, "w": w}
         if spec.has_bias:
-            cb = spec.out_channels
-            b = g.tensor(name="b", dim=[1, cb, 1, 1, 1], stride=[cb, 1, 1, 1, 1], data_type=io)
+            b = tensor("b", (1, spec.out_channels, 1, 1, 1))
             tensors["b"] = b
             y = g.bias(input=y, bias=b, name="bias")
         y = _fused_activation(g, y, spec.activation)
         y.set_output(True)
         y.set_data_type(io)
-        y.set_stride(_strides(spec.out_shape))
+        y.set_stride(contiguous_strides(spec.out_shape))
         tensors["y"] = y
         g.validate()
         g.build_operation_graph()
@@ -184,25 +184,32 @@ class CudnnConv(LibraryConv):
     def _execute(
         self, built: Any, spec: ConvSpec, x: Any, params: Mapping[str, Any], y: Any, ws: Any
     ) -> None:
-        cp, dev = self._cupy, self.device
-        xs = cp.ascontiguousarray(x)
-        w = cp.ascontiguousarray(params["weight"])
-        held = [a for a, src in ((xs, x), (w, params["weight"])) if a is not src]
-        for a in held:
-            dev.adopt(a, "cuDNN contiguous copy")
+        counted: list[Any] = []
         try:
             t = built["tensors"]
-            pack = {t["x"]: xs.data.ptr, t["w"]: w.data.ptr, t["y"]: y.data.ptr}
+            pack = {t["x"]: self._usable(x, counted).data.ptr,
+                    t["w"]: self._usable(params["weight"], counted).data.ptr,
+                    t["y"]: y.data.ptr}
             if spec.has_bias:  # the bias node reads the io dtype: a Cout-element cast
-                b = cp.ascontiguousarray(params["bias"], dtype=y.dtype)
+                b = self._cupy.asarray(params["bias"], dtype=y.dtype)
                 if b is not params["bias"]:
-                    held.append(dev.adopt(b, "cuDNN bias"))
-                pack[t["b"]] = b.data.ptr
+                    counted.append(self.device.adopt(b, "cuDNN bias"))
+                pack[t["b"]] = self._usable(b, counted).data.ptr
             with self._lock:  # one handle: bind and enqueue together (execute is async)
                 self._bind_stream()
                 built["graph"].execute(pack, ws.data.ptr, handle=self.handle)
         finally:
-            dev.free(*held)  # CuPy's pool is stream-ordered: reuse waits for this stream
+            self.device.free(*counted)  # CuPy's pool is stream-ordered: reuse waits for it
+
+    def _usable(self, a: Any, counted: list[Any]) -> Any:
+        """`a`, or a counted C-contiguous copy 16-byte aligned as the graph's tensors are
+        described (a view at an odd offset is not); CuPy's own allocations are aligned."""
+        b = self._cupy.ascontiguousarray(a)
+        if b.data.ptr % TENSOR_ALIGN_BYTES:
+            b = b.copy()
+        if b is not a:
+            counted.append(self.device.adopt(b, "cuDNN input copy"))
+        return b
 
     def _bind_stream(self) -> None:
         """Run on CuPy's current stream, so cuDNN is ordered with the surrounding kernels."""
