@@ -89,7 +89,23 @@ def test_a_graph_cudnn_cannot_run_falls_back_to_the_gemm_loop(device):
     assert state.ran == {"gemm-loop": 1}
     assert state.fallbacks[0].startswith("cudnn-standin -> gemm-loop: no plan for ConvTranspose")
     run(device, "cudnn", case)
-    assert lib.graphs.builds == 1 and lib.graphs.hits == 1  # the refusal is cached too
+    assert lib.graphs.builds == 2 and lib.graphs.hits == 2  # fused and bare refusals cached
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_without_a_fused_plan_the_bare_conv_runs_then_bias_and_activation(device, precision):
+    lib = CudnnStandin(device)
+    lib.unsupported = lambda spec: spec.has_bias or spec.activation is not None
+    conv_state(device).set_library(lib)
+    case = CASES[3]
+    base = device.in_use_bytes
+    y = run(device, "cudnn", case, precision, activation=Activation("leaky_relu", 0.2))
+    assert not lib.fused_epilogue
+    assert conv_state(device).ran == {"cudnn-standin": 1}
+    ref = reference(case, precision, ("leaky_relu", 0.2))
+    assert normwise_error(y, ref) <= TOL[precision]
+    device.free(y)
+    assert device.in_use_bytes == base
 
 
 def test_without_the_cudnn_frontend_cudnn_runs_the_gemm_loop_and_says_so(monkeypatch):

@@ -249,5 +249,23 @@ def test_a_graph_without_a_plan_is_refused_once_and_counts_nothing(lib):
     spec = conv_spec(x.shape, params, activation=None, precision="fp16", transposed=False)
     assert lib.run(x, params, spec) is None
     assert lib.run(x, params, spec) is None
-    assert len(FAKE.graphs) == 1 and "no engine" in lib.unsupported[spec]
+    assert len(FAKE.graphs) == 2  # fused, then bare; both refusals cached
+    assert "no engine" in lib.unsupported[spec]
+    assert lib.device.in_use_bytes == 0
+
+
+def test_a_refused_fused_graph_runs_bare_with_the_bias_left_out(lib):
+    x, params = fake_inputs(lib.device, CASES[2], "fp32")
+    spec = conv_spec(x.shape, params, activation=Activation("relu"), precision="fp32",
+                     transposed=False)
+    FakeGraph.refuse = True
+    lib.graphs.get_or_build(spec, lib._build)  # the fused graph has no plan
+    FakeGraph.refuse = False
+    lib.device.xp = None  # the epilogue's element-wise ops are not faked: stop before them
+    with pytest.raises(AttributeError):
+        lib.run(x, params, spec)
+    bare = FAKE.graphs[-1]
+    assert not calls(bare, "bias") and not calls(bare, "relu")
+    pack = calls(bare, "execute")[0][0]
+    assert params["bias"].data.ptr not in pack.values() and len(pack) == 3
     assert lib.device.in_use_bytes == 0

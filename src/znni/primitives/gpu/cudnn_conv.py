@@ -19,10 +19,13 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
+from znni.primitives.activations import apply_activation
+from znni.primitives.base import Activation
 from znni.primitives.gpu.conv_spec import (
     DEFAULT_MAX_GRAPHS,
     ConvSpec,
@@ -51,14 +54,29 @@ class LibraryConv(ABC):
         self.device = device
         self.graphs: GraphCache[Any] = GraphCache(max_graphs)
         self.last_workspace_bytes = 0
+        self.fused_epilogue = True  # whether the last run fused bias and activation
         self._lock = threading.Lock()  # the cache and the handle's stream binding
 
     def run(self, x: Any, params: Mapping[str, Any], spec: ConvSpec) -> Any | None:
-        """A new counted output array (N, Cout, ...) in x's dtype, or None if unsupported."""
+        """A new counted output array (N, Cout, ...) in x's dtype, or None if unsupported.
+
+        Where the library has no plan for the conv with its bias and activation fused, the
+        bare conv runs and they follow as element-wise device ops (`fused_epilogue` False).
+        """
         with self._lock:
             built = self.graphs.get_or_build(spec, self._build)
+        self.fused_epilogue = built is not None
+        bare = replace(spec, has_bias=False, activation=None)
+        if built is None and bare != spec:
+            with self._lock:
+                built = self.graphs.get_or_build(bare, self._build)
+            if built is not None:
+                return self._run_bare_then_epilogue(built, x, params, spec, bare)
         if built is None:
             return None
+        return self._run_built(built, x, params, spec)
+
+    def _run_built(self, built: Any, x: Any, params: Mapping[str, Any], spec: ConvSpec) -> Any:
         dev = self.device
         ws_bytes = int(self._workspace_bytes(built))
         self.last_workspace_bytes = ws_bytes
@@ -75,6 +93,30 @@ class LibraryConv(ABC):
             raise
         finally:
             dev.free(ws)
+        return y
+
+    def _run_bare_then_epilogue(
+        self, built: Any, x: Any, params: Mapping[str, Any], spec: ConvSpec, bare: ConvSpec
+    ) -> Any:
+        """The bare conv, then bias and activation in float32 (a counted float32 copy)."""
+        y = self._run_built(built, x, params, bare)
+        dev, xp = self.device, self.device.xp
+        temp = int(np.prod(spec.out_shape)) * 4
+        try:
+            dev.reserve(temp, f"{self.name} epilogue")
+            try:
+                y32 = xp.asarray(y, dtype=np.float32)  # (N, Cout, Z, Y, X)
+                if spec.has_bias:
+                    y32 += xp.asarray(params["bias"], dtype=np.float32).reshape(1, -1, 1, 1, 1)
+                if spec.activation is not None:
+                    kind, slope = spec.activation
+                    y32 = apply_activation(y32, Activation(kind, slope), xp)
+                y[...] = y32
+            finally:
+                dev.release(temp)
+        except BaseException:
+            dev.free(y)
+            raise
         return y
 
     def close(self) -> None:
@@ -127,9 +169,11 @@ class CudnnConv(LibraryConv):
     def _build(self, spec: ConvSpec) -> Any | None:
         """Graph, tensors and workspace size; None (reason kept) when cuDNN has no plan."""
         c = self._cudnn
+        not_supported = getattr(c, "cudnnGraphNotSupportedError", RuntimeError)
+        except_types = (not_supported, RuntimeError, ValueError)
         try:
             return self._build_graph(c, spec)
-        except (c.cudnnGraphNotSupportedError, RuntimeError, ValueError) as e:
+        except except_types as e:
             self.unsupported[spec] = str(e)
             return None
 

@@ -43,11 +43,11 @@ def gemm_loop_workspace_bytes(spec: ConvSpec) -> int:
 
 
 def gemm_loop_arith(xp: Any, x: Any, params: Mapping[str, Any], spec: ConvSpec) -> Any:
-    """The conv, bias and activation in float32 -> a float32 (N, Cout, ...) array."""
+    """The conv, bias and activation as `spec` has them (a bare spec adds neither), in
+    float32 -> a float32 (N, Cout, ...) array."""
     p = dict(params)
     p["weight"] = xp.asarray(params["weight"], dtype=F32)
-    if params.get("bias") is not None:
-        p["bias"] = xp.asarray(params["bias"], dtype=F32)
+    p["bias"] = xp.asarray(params["bias"], dtype=F32) if spec.has_bias else None
     x32 = xp.asarray(x, dtype=F32)
     r = (conv_transpose if spec.transposed else conv)(xp, p, x32)  # (N, Cout, Z, Y, X)
     if spec.activation is not None:
