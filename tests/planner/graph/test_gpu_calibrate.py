@@ -1,0 +1,93 @@
+"""GPU calibration: rates measured through conv_dispatch.device_conv on the stand-in device,
+the model's multiplier recovered from a time, and the cache of rates by GPU name."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from znni.planner.graph import gpu_calibrate
+from znni.planner.graph.gpu_calibrate import (
+    MEASURED_FIELDS,
+    _conv_case,
+    _modelled_s,
+    _scaled,
+    calibrated_gpus,
+    fit_multiplier,
+    gpu_rates,
+)
+from znni.planner.machine import GpuProfile, MachineProfile
+
+
+def test_the_multiplier_is_the_one_the_model_needs() -> None:
+    gpu = MachineProfile.load("h100-host").gpu
+    graph = _conv_case(32, 32, 3, 48)
+    for primitive in ("cudnn", "gemm-loop", "cufft-keep"):
+        slower = _modelled_s(_scaled(gpu, primitive, 1 / 40), graph, primitive, "fp32")
+        assert fit_multiplier(gpu, graph, primitive, "fp32", slower) == pytest.approx(40, 1e-3)
+    # faster than its memory traffic alone: the rate cannot be told
+    assert fit_multiplier(gpu, graph, "cudnn", "fp32", 1e-12) is None
+
+
+def test_the_standin_is_calibrated_through_device_conv() -> None:
+    pytest.importorskip("znni.primitives.gpu.conv_dispatch")
+    from znni.primitives.gpu.device import HostDevice
+
+    default = GpuProfile("stand-in", 2**30)
+    measured = gpu_rates(default, HostDevice(2**30), ("fp32", "fp16"), quick=True)
+    assert measured.calibrated and measured.has_cudnn  # the stand-in's cuDNN
+    for name in ("memory_bytes_per_s", "transfer_bytes_per_s", "layer_overhead_s"):
+        assert getattr(measured, name) > 0 and getattr(measured, name) != getattr(default, name)
+    assert measured.cudnn_flops_per_s["bf16"] == default.cudnn_flops_per_s["bf16"]  # not asked
+
+
+def test_rates_are_cached_by_gpu_name(monkeypatch) -> None:
+    gpu = GpuProfile("NVIDIA X", 2**34)
+    fast = replace(gpu, memory_bytes_per_s=1e13, calibrated=True)
+    calls = []
+
+    def measure(g: GpuProfile, device_id: int, quick: bool) -> GpuProfile:
+        calls.append(device_id)
+        return fast
+
+    monkeypatch.setattr(gpu_calibrate, "_measure_cuda", measure)
+    cache: dict = {}
+    assert calibrated_gpus((gpu,), cache, measure=False) == (gpu,)  # never measures
+    (out,) = calibrated_gpus((gpu,), cache, measure=True)
+    assert out == fast and set(cache["NVIDIA X"]) == set(MEASURED_FIELDS) and calls == [0]
+    (again,) = calibrated_gpus((gpu,), cache, measure=True)
+    assert again == fast and calls == [0]  # from the cache
+
+
+def test_a_gpu_that_cannot_be_calibrated_keeps_its_defaults(monkeypatch, caplog) -> None:
+    def broken(g: GpuProfile, device_id: int, quick: bool) -> GpuProfile:
+        raise RuntimeError("no cuDNN here")
+
+    monkeypatch.setattr(gpu_calibrate, "_measure_cuda", broken)
+    gpu = GpuProfile("NVIDIA Y", 2**34)
+    cache: dict = {}
+    assert calibrated_gpus((gpu,), cache, measure=True) == (gpu,) and cache == {}
+    assert "could not be calibrated" in caplog.text
+
+
+def test_the_machine_cache_keeps_the_gpus_rates(monkeypatch, tmp_path) -> None:
+    import json
+
+    from znni.planner.calibrate import CACHE_VERSION, cache_path, calibrated_profile
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    machine = MachineProfile.load("ci-2core")
+    path = cache_path(machine.cores)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"version": CACHE_VERSION, "cpu_rates": machine.cpu_rates,
+                                "cpu_scaling": {}, "base_rss_bytes": 1}))
+    gpu = GpuProfile("NVIDIA Z", 2**34)
+    fast = replace(gpu, transfer_bytes_per_s=5e10, calibrated=True)
+    monkeypatch.setattr(gpu_calibrate, "_measure_cuda", lambda g, i, q: fast)
+    with_gpu = replace(machine, gpus=(gpu,))
+    assert calibrated_profile(with_gpu, measure=False).gpu == gpu  # cached CPU rates only
+    assert calibrated_profile(with_gpu, measure=True).gpu == fast
+    assert json.loads(path.read_text())["gpus"]["NVIDIA Z"]["transfer_bytes_per_s"] == 5e10
+    monkeypatch.setattr(gpu_calibrate, "_measure_cuda", None)  # never measured again
+    assert calibrated_profile(with_gpu, measure=True).gpu == fast
