@@ -108,10 +108,8 @@ def graph_summary(args: argparse.Namespace, model: Any, limit: int | None,
         raise ValueError(f"--overlap must be in [0, 1), got {args.overlap}")
     machine = MachineProfile.load(args.machine) if args.machine else None
     window = parse_triple(args.window, "--window") if args.window else None
-    if args.device not in ("auto", "cpu", "gpu"):
-        raise ValueError(f"--device {args.device} is not planned for ONNX graph models; "
-                         "use --device cpu or gpu")
-    device = "gpu" if args.device == "gpu" else "cpu"
+    # cpu-gpu runs a graph's every window on the GPU (the CPU reads, gathers and writes)
+    device = "gpu" if args.device in ("gpu", "cpu-gpu") else "cpu"
     return graph_plan(model, limit, region, args.overlap, machine, window, device=device,
                       precision=args.precision)
 

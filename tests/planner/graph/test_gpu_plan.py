@@ -127,6 +127,7 @@ def test_a_tight_cap_gives_up_kept_spectra_then_refuses(h100) -> None:
     tight = plan_graph_gpu(graph, h100, cap)
     assert tight.device_peak_bytes <= cap
     assert tight.spectra_bytes < roomy.spectra_bytes
+    assert tight.spectra_bytes <= cap // 8  # the executor's bound of its kept spectra
     with pytest.raises(ValueError, match="bytes of device memory"):
         plan_graph_gpu(graph, h100, 2**20)
 

@@ -33,6 +33,10 @@ from znni.planner.machine import MachineProfile
 from znni.primitives.precision import check_precision, storage_bytes
 
 GPU_FRACTION = 0.9  # of the device's memory (allocator slack, CUDA context): planner.search's
+# kept kernel spectra: at most 1/8 of the device cap, the executor's bound of its LRU
+# (primitives/gpu/conv_dispatch.SPECTRA_CAP_SHARE); beyond it they would be evicted and
+# recomputed, slower than planned
+SPECTRA_CAP_SHARE = 8
 STAGING_BUFFERS = 2  # double-buffered input windows: one uploading while one computes
 
 
@@ -115,6 +119,7 @@ def plan_graph_gpu(
     options = {i: sorted(conv_costs(graph, node, gpu, precision, batch), key=_seconds)
                for i, node in enumerate(graph.nodes) if conv_costs_apply(node.op)}
     picks = {i: opts[0] for i, opts in options.items()}
+    _bound_kept(picks, options, cap // SPECTRA_CAP_SHARE)
     _fit(graph, picks, options, precision, batch, accumulator_bytes, cap)
     peak = device_peak(graph, picks, precision, batch, cap, accumulator_bytes)
     readers = reader_counts(graph)
@@ -147,6 +152,19 @@ def conv_costs_apply(op: str) -> bool:
 
 def _seconds(c: ConvCost) -> float:
     return c.seconds
+
+
+def _bound_kept(picks: dict[int, ConvCost], options: dict[int, list[ConvCost]],
+                limit_bytes: int) -> None:
+    """While the kept spectra exceed `limit_bytes`, the node whose spectra cost least time
+    per byte to give up moves to its fastest option that keeps none (in `picks`)."""
+    while sum(c.kept_bytes for c in picks.values()) > limit_bytes:
+        def loss(i: int) -> float:
+            alt = next(o for o in options[i] if not o.kept_bytes)
+            return (alt.seconds - picks[i].seconds) / picks[i].kept_bytes
+
+        i = min((i for i, c in picks.items() if c.kept_bytes), key=loss)
+        picks[i] = next(o for o in options[i] if not o.kept_bytes)
 
 
 def _fit(graph: Graph, picks: dict[int, ConvCost], options: dict[int, list[ConvCost]],
