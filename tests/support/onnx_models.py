@@ -36,10 +36,39 @@ def _chain(out_channels: int) -> Any:
     return torch.nn.Sequential(torch.nn.Conv3d(1, out_channels, 3), torch.nn.ReLU())
 
 
+def valid_unet() -> Any:
+    """funkelab-style valid U-Net (seed 1): valid convs, an anisotropic pool, a transposed
+    conv, a centre crop; an exact-mode ONNX network with size factor (1, 2, 2)."""
+    import torch
+
+    nn = torch.nn
+
+    class ValidUNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c1, self.c2 = nn.Conv3d(1, 4, (1, 3, 3)), nn.Conv3d(4, 4, 3)
+            self.c3, self.c4 = nn.Conv3d(4, 6, 3), nn.Conv3d(6, 6, (1, 3, 3))
+            self.up = nn.ConvTranspose3d(6, 4, (1, 2, 2), stride=(1, 2, 2))
+            self.c5, self.out = nn.Conv3d(8, 4, 3), nn.Conv3d(4, 2, 1)
+
+        def forward(self, x):
+            a = torch.relu(self.c2(torch.relu(self.c1(x))))
+            b = torch.relu(self.c4(torch.relu(self.c3(nn.functional.max_pool3d(a, (1, 2, 2))))))
+            u = self.up(b)
+            o = [(s - t) // 2 for s, t in zip(a.shape[2:], u.shape[2:])]
+            crop = a[:, :, o[0]:o[0] + u.shape[2], o[1]:o[1] + u.shape[3],
+                     o[2]:o[2] + u.shape[4]]
+            return torch.sigmoid(self.out(torch.relu(self.c5(torch.cat([crop, u], 1)))))
+
+    torch.manual_seed(1)
+    return ValidUNet().eval()
+
+
 # name -> (the module's builder, the window it is exported at, with dynamic spatial axes)
 MODELS: dict[str, tuple[Callable[[], Any], Window]] = {
     "basicunet": (lambda: _unets()[0], (16, 32, 32)),
     "unet": (lambda: _unets()[1], (8, 16, 12)),
+    "validunet": (valid_unet, (12, 24, 24)),
     "chain": (lambda: _chain(2), (8, 8, 8)),
     "chain3": (lambda: _chain(3), (8, 8, 8)),
 }

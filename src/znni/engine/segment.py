@@ -14,7 +14,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from znni.engine.compute.execution import check_device, check_precision, execution_for, plan_job
+from znni.engine.compute.execution import (
+    check_device,
+    check_precision,
+    execution_for,
+    graph_backend_name,
+    graph_device_bytes,
+    graph_runs_on_gpu,
+    plan_job,
+)
 from znni.engine.compute.graph_choice import GraphChoice, choose, plan_window
 from znni.engine.compute.layout import (
     PLAN_FRACTION,
@@ -174,8 +182,18 @@ def _window_for(
             and recorded.get("network") == model.digest:
         window = tuple(int(v) for v in recorded["window"])  # type: ignore[assignment]
     else:
-        return choose(model, pass_budget, region.shape, job.overlap)
-    return plan_window(model, window, pass_budget, region.shape, job.overlap)
+        return choose(model, pass_budget, region.shape, job.overlap, **_graph_device(job))
+    return plan_window(model, window, pass_budget, region.shape, job.overlap,
+                       **_graph_device(job))
+
+
+def _graph_device(job: SegmentJob) -> dict[str, Any]:
+    """Where a graph network's windows run, as the graph planner takes it: the CPU, or the
+    GPU at the job's precision within the device cap (the stand-in's fixed one)."""
+    if not graph_runs_on_gpu(job.device):
+        return {}
+    cap = graph_device_bytes(job.device)
+    return {"device": "gpu", "precision": job.precision, "device_cap": cap or None}
 
 
 def _windowed_parts(parts: dict[str, Any], window: Triple, job: SegmentJob) -> dict[str, Any]:
@@ -209,11 +227,6 @@ def _check_options(job: SegmentJob) -> None:
     if isinstance(job.network, OnnxModel):
         if job.network.mode == "windowed":
             check_window_options(job.overlap, job.blend)
-        if job.device in ("gpu", "cpu-gpu"):
-            raise ValueError(
-                f"windowed model {job.network.name!r} runs on the CPU in this version; "
-                f"--device {job.device} is for exact (JSON spec) networks"
-            )
     elif job.window is not None:
         raise ValueError(
             f"network {job.network.name!r} runs in exact (MPF) mode, where --window does not "
@@ -342,13 +355,15 @@ def _blocks_and_spec(job: SegmentJob, prep: PreparedRun) -> tuple[list[Block], A
         blocks = split_blocks(prep.region, prep.block_shape, prep.chunks, Halo(none, none),
                               (1, 1, 1))
         plan = prep.choice.plan
-        planned = {"backend_name": execution_for(None, "cpu").cpu_backend,
+        planned = {"backend_name": graph_backend_name(job.device),
                    "primitives": tuple(sorted(plan.primitives.items())),
                    "spectra_bytes": plan.spectra_bytes, "input_cache_bytes": cached,
-                   "store": job.store}
+                   "store": job.store, "precision": job.precision,
+                   "device_bytes": graph_device_bytes(job.device)}
         if net.mode == "exact":
             return blocks, ExactGraphSpec(net, job.input_path, job.output_path, job.border,
-                                          job.dtype, prep.window, **planned)
+                                          job.dtype, prep.window, **planned,
+                                          batch=plan.batch)
         grid = WindowGrid.for_volume(prep.volume.shape, prep.window, job.overlap)
         # straddling windows kept: an eighth of the budget (the pass plans within 3/4)
         kept = max(WINDOW_CACHE_BYTES, budget // 8)

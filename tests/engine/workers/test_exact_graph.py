@@ -11,6 +11,7 @@ import pytest
 import zarr
 from support.engine_ref import write_volume
 from support.naive import close
+from support.onnx_models import valid_unet
 
 from znni.cli import main
 from znni.engine.context import StoreContext
@@ -22,33 +23,12 @@ from znni.model.onnx_model import OnnxModel
 CTX = StoreContext()  # store options (none) and caches for this module's calls
 
 torch = pytest.importorskip("torch")
-nn = torch.nn
-
-
-class ValidUNet(nn.Module):
-    """funkelab-style: valid convs, an anisotropic pool, a transposed conv, a centre crop."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.c1, self.c2 = nn.Conv3d(1, 4, (1, 3, 3)), nn.Conv3d(4, 4, 3)
-        self.c3, self.c4 = nn.Conv3d(4, 6, 3), nn.Conv3d(6, 6, (1, 3, 3))
-        self.up = nn.ConvTranspose3d(6, 4, (1, 2, 2), stride=(1, 2, 2))
-        self.c5, self.out = nn.Conv3d(8, 4, 3), nn.Conv3d(4, 2, 1)
-
-    def forward(self, x):
-        a = torch.relu(self.c2(torch.relu(self.c1(x))))
-        b = torch.relu(self.c4(torch.relu(self.c3(nn.functional.max_pool3d(a, (1, 2, 2))))))
-        u = self.up(b)
-        o = [(s - t) // 2 for s, t in zip(a.shape[2:], u.shape[2:])]
-        crop = a[:, :, o[0]:o[0] + u.shape[2], o[1]:o[1] + u.shape[3], o[2]:o[2] + u.shape[4]]
-        return torch.sigmoid(self.out(torch.relu(self.c5(torch.cat([crop, u], 1)))))
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("exact")
-    torch.manual_seed(1)
-    net = ValidUNet().eval()
+    net = valid_unet()
     path = tmp / "valid.onnx"
     torch.onnx.export(net, (torch.zeros(1, 1, 12, 24, 24),), path, input_names=["x"],
                       dynamo=False, dynamic_axes={"x": {2: "z", 3: "y", 4: "x"}})

@@ -189,3 +189,29 @@ def default_split_op(network: Network) -> int:
         if isinstance(op, Pool):
             return i + 1
     return 1
+
+
+def graph_runs_on_gpu(device: str) -> bool:
+    """Whether a graph (ONNX) network runs on the GPU: --device gpu, and cpu-gpu (the CPU
+    reads, gathers windows and writes while the GPU runs every window: a U-Net's skip
+    connections tie its layers together, so there is no cheap layer split), and auto
+    where a device is visible (CuPy, or the stand-in with ZNNI_GPU_STANDIN=1)."""
+    if device in ("gpu", "cpu-gpu"):
+        return True
+    return device == "auto" and gpu_available()
+
+
+def graph_backend_name(device: str) -> str:
+    """The backend a graph network's workers build for `device`."""
+    if not graph_runs_on_gpu(device):
+        return os.environ.get(BACKEND_ENV) or "cpu"
+    return "gpu-standin" if standin_requested() else "gpu"
+
+
+def graph_device_bytes(device: str) -> int:
+    """The device memory cap a graph network's GPU workers count against: the stand-in's
+    fixed cap, or 0 for a CUDA device's own (90% of its free memory, CupyDevice)."""
+    if graph_runs_on_gpu(device) and standin_requested():
+        return STANDIN_MEMORY_BYTES
+    return 0
+

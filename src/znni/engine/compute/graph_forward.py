@@ -180,12 +180,15 @@ def _read_in_place(
     return concat_read_in_parts(graph, i, readers, chosen.get(nxt))
 
 
-def make_graph_backend(name: str, spectra_bytes: int = 0) -> Backend:
-    """A backend by name; the CPU one with a spectra cache sized for the planned fft-keep convs."""
+def make_graph_backend(name: str, spectra_bytes: int = 0, device_bytes: int = 0) -> Backend:
+    """A backend by name; the CPU one with a spectra cache sized for the planned fft-keep
+    convs, a GPU one with its device memory cap (`device_bytes`; 0: the device's own)."""
     from znni.primitives.backends import make_backend
 
     if name == "cpu":
         return make_backend("cpu", spectra_cache_bytes=max(1, spectra_bytes))
+    if name in ("gpu", "gpu-standin") and device_bytes > 0:
+        return make_backend(name, memory_cap_bytes=int(device_bytes))
     return make_backend(name)
 
 

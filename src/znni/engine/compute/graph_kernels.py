@@ -58,8 +58,9 @@ INPLACE: dict[str, Callable[[dict, np.ndarray], np.ndarray]] = {
 def _slice(p: dict[str, Any], x: np.ndarray) -> np.ndarray:
     """(start, stop, step) per axis as slice.indices gives them; a stop of -1 with a
     negative step means 'through index 0', which a slice writes as None."""
-    index = tuple(slice(a, b if b >= 0 else None, c) for a, b, c in p["slices"])
-    return x[index]  # a view: its readers (concat, conv's pad) copy it once anyway
+    index = tuple(slice(a, b if b >= 0 else None, c) for a, b, c in p["slices"][1:])
+    # the whole batch (the importer refuses batch slices); a view: its readers copy it once
+    return x[(slice(None), *index)]
 
 
 def _binary(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Callable[..., np.ndarray]:

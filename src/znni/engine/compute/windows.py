@@ -192,7 +192,7 @@ def importance_map(
     return _importance_map_cached(win, mode, float(sigma_scale))
 
 
-def _overlap(
+def overlap(
     grid: WindowGrid, start: Triple, box_lo: Sequence[int], box_hi: Sequence[int]
 ) -> tuple[tuple[slice, ...], tuple[slice, ...]]:
     """Slices of the window/box intersection, in window-local and box-local indices."""
@@ -232,7 +232,7 @@ def blend_box(
         out = np.asarray(run_window(start), dtype=np.float32)
         if out.shape != expected:
             raise ValueError(f"run_window({start}) gave shape {out.shape}, expected {expected}")
-        win_sl, box_sl = _overlap(grid, start, box_lo, box_hi)
+        win_sl, box_sl = overlap(grid, start, box_lo, box_hi)
         acc[(slice(None), *box_sl)] += out[(slice(None), *win_sl)] * imp[win_sl]
         wsum[box_sl] += imp[win_sl]
     if windows:
@@ -260,3 +260,31 @@ def read_window_input(
         dst.append(slice(a - lo, b - lo))
     out[(slice(None), *dst)] = volume[(slice(None), *src)]
     return out
+
+
+def window_input(x: np.ndarray, origin: Sequence[int], start: Triple,
+                 grid: WindowGrid) -> np.ndarray:
+    """The (C, *W) input of the window at `start` (padded frame) from a block's read
+    array `x` (C, RZ, RY, RX) whose first voxel is `origin` (volume coordinates); zeros
+    where the window leaves the volume (MONAI pads volumes smaller than W with zeros)."""
+    lo = [start[i] - grid.pad_before[i] for i in range(3)]  # volume coordinates
+    vol, win = grid.volume_shape, grid.window
+    src = tuple(
+        slice(max(0, lo[i]) - origin[i], min(vol[i], lo[i] + win[i]) - origin[i]) for i in range(3)
+    )
+    part = x[(slice(None), *src)]
+    if part.shape[1:] == grid.window:
+        return part
+    out = np.zeros((x.shape[0], *grid.window), np.float32)
+    dst = tuple(slice(max(0, -lo[i]), max(0, -lo[i]) + part.shape[1 + i]) for i in range(3))
+    out[(slice(None), *dst)] = part
+    return out
+
+
+def window_inside(grid: WindowGrid, start: Triple, box_lo: Sequence[int],
+                  box_hi: Sequence[int]) -> bool:
+    """Whether the window at `start` (padded frame) lies within the volume box [lo, hi):
+    no other box blends it, so its output need not be kept."""
+    pad, win = grid.pad_before, grid.window
+    return all(box_lo[a] + pad[a] <= start[a] and start[a] + win[a] <= box_hi[a] + pad[a]
+               for a in range(3))

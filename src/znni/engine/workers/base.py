@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from znni.engine.compute.graph_device import device_graph_ops
 from znni.engine.compute.graph_forward import make_graph_backend
 from znni.engine.geometry import Block, Triple
 from znni.engine.io.volume import open_input, write_block
@@ -74,14 +75,18 @@ class VolumeWorker:
 class GraphWorker(VolumeWorker):
     """A VolumeWorker that runs an ONNX model's graph at one input size (the exact tile or
     the window) with the planner's primitives: the exact-graph and windowed workers' shared
-    set-up. `spec` also has `model`, `backend_name`, `spectra_bytes` and `primitives`."""
+    set-up. `spec` also has `model`, `backend_name`, `spectra_bytes`, `primitives`,
+    `precision` and `device_bytes` (a GPU backend's memory cap; 0: the device's own)."""
 
     def __init__(self, spec: Any, size: Triple, backend: Backend | None = None,
                  output_array: Any = None) -> None:
         super().__init__(spec, spec.model.in_channels, output_array)
-        self.backend = backend or make_graph_backend(spec.backend_name, spec.spectra_bytes)
+        self.backend = backend or make_graph_backend(spec.backend_name, spec.spectra_bytes,
+                                                     spec.device_bytes)
         self.graph = spec.model.graph(size)
         self.primitives = dict(spec.primitives)
+        # a GPU backend: the graph runs on device-resident tensors at the job's precision
+        self.device_ops = device_graph_ops(self.backend, spec.precision)
 
 
 def trace_block(block: Block) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from znni.engine.compute.device_tiles import DeviceTiles
 from znni.engine.compute.graph_forward import run_graph
 from znni.engine.compute.tiles import context_lo, tile_output, tile_starts
 from znni.engine.context import StoreContext
@@ -44,6 +45,9 @@ class ExactGraphSpec:
     input_cache_bytes: int = 0  # decoded input chunks kept between blocks (0: none)
     # store options and caches (`engine/context.py`); a Dask worker gets the options only
     store: StoreContext = field(default_factory=StoreContext)
+    batch: int = 1  # tiles run as one batch on a GPU
+    precision: str = "fp32"  # tensors' storage between ops (primitives/precision.py)
+    device_bytes: int = 0  # a GPU backend's memory cap (0: the device's own)
 
 
 class ExactGraphWorker(GraphWorker):
@@ -56,6 +60,8 @@ class ExactGraphWorker(GraphWorker):
     ) -> None:
         super().__init__(spec, spec.tile, backend, output_array)
         self.out = tile_output(spec.model, spec.tile)
+        self.on_device = None if self.device_ops is None else DeviceTiles(
+            self.device_ops, self.graph, spec.tile, self.out, self.primitives, spec.batch)
 
     def _starts(self, block: Block) -> list[list[int]]:
         f = self.spec.model.size_factor
@@ -84,6 +90,11 @@ class ExactGraphWorker(GraphWorker):
             x += np.float32(model.input_shift)
         starts = self._starts(block)
         origin = [s[0] for s in starts]
+        if self.on_device is not None:  # tiles batched and placed on the GPU
+            keep = tuple(slice(block.write.lo[a] - origin[a], block.write.hi[a] - origin[a])
+                         for a in range(3))
+            trace_block(block)
+            return encode_output(self.on_device.block(x, starts, keep), self.spec.dtype)
         extent = [starts[a][-1] + out[a] - origin[a] for a in range(3)]
         y = np.empty((model.out_channels, *extent), np.float32)  # (Cout, EZ, EY, EX)
         for pz in starts[0]:

@@ -14,12 +14,15 @@ from typing import Any
 
 import numpy as np
 
+from znni.engine.compute.device_windows import DeviceWindows
 from znni.engine.compute.graph_forward import run_graph
 from znni.engine.compute.windows import (
     BlendMode,
     WindowGrid,
     blend_box,
     window_group,
+    window_input,
+    window_inside,
     windows_touching,
 )
 from znni.engine.context import StoreContext
@@ -57,6 +60,8 @@ class WindowedSpec:
     # store options and caches (`engine/context.py`); a Dask worker gets the options only
     store: StoreContext = field(default_factory=StoreContext)
     batch: int = 1  # windows run as one batch (windows.window_group), the planner's choice
+    precision: str = "fp32"  # tensors' storage between ops (primitives/precision.py)
+    device_bytes: int = 0  # a GPU backend's memory cap (0: the device's own)
 
 
 class WindowedWorker(GraphWorker):
@@ -69,6 +74,9 @@ class WindowedWorker(GraphWorker):
     ) -> None:
         super().__init__(spec, spec.grid.window, backend, output_array)
         self._kept = BytesLRU(spec.window_cache_bytes)  # an LRU bounded in bytes
+        self.on_device = None if self.device_ops is None else DeviceWindows(
+            self.device_ops, self.graph, spec.grid, spec.blend, self.primitives,  # type: ignore[arg-type]
+            spec.batch, spec.window_cache_bytes)
 
     def read_box(self, block: Block) -> Box:
         """The input (volume coordinates) that the windows touching the block, and the
@@ -93,6 +101,10 @@ class WindowedWorker(GraphWorker):
         if model.input_shift != 0.0:
             x += np.float32(model.input_shift)
         origin = self.read_box(block).lo
+        if self.on_device is not None:  # windows batched, run and blended on the GPU
+            out = self.on_device.block(x, origin, block.write.lo, block.write.hi)
+            trace_block(block)
+            return encode_output(out, self.spec.dtype)
         ready: dict[Triple, np.ndarray] = {}  # batched with an earlier window of this block
         touching: set[Triple] = set()  # the block's windows, listed at its first group
 
@@ -118,10 +130,10 @@ class WindowedWorker(GraphWorker):
         another block will."""
         grid = self.spec.grid
         group = window_group(grid, start, self.spec.batch)
-        batch = np.stack([_window_input(x, origin, s, grid) for s in group])  # (B, C, *W)
+        batch = np.stack([window_input(x, origin, s, grid) for s in group])  # (B, C, *W)
         outs = run_graph(self.graph, batch, self.backend, self.primitives)  # (B, Cout, *W)
         for s, out in zip(group, outs, strict=True):
-            if not _inside(grid, s, block):
+            if not window_inside(grid, s, block.write.lo, block.write.hi):
                 self._keep(s, out if len(group) == 1 else out.copy())  # not the whole batch
             if s != start and s in touching:
                 ready[s] = out
@@ -130,31 +142,6 @@ class WindowedWorker(GraphWorker):
     def _keep(self, start: Triple, out: np.ndarray) -> None:
         """Keep a straddling window's output, evicting the least recently used."""
         self._kept.put(start, out)
-
-
-def _window_input(x: np.ndarray, origin: Triple, start: Triple, grid: WindowGrid) -> np.ndarray:
-    """The window's input from the block's read array; zeros where the window leaves the
-    volume (MONAI pads volumes smaller than W with zeros)."""
-    lo = [start[i] - grid.pad_before[i] for i in range(3)]  # volume coordinates
-    vol, win = grid.volume_shape, grid.window
-    src = tuple(
-        slice(max(0, lo[i]) - origin[i], min(vol[i], lo[i] + win[i]) - origin[i]) for i in range(3)
-    )
-    part = x[(slice(None), *src)]
-    if part.shape[1:] == grid.window:
-        return part
-    out = np.zeros((x.shape[0], *grid.window), np.float32)
-    dst = tuple(slice(max(0, -lo[i]), max(0, -lo[i]) + part.shape[1 + i]) for i in range(3))
-    out[(slice(None), *dst)] = part
-    return out
-
-
-def _inside(grid: WindowGrid, start: Triple, block: Block) -> bool:
-    """Whether the window at `start` (padded frame) lies within the block's write box."""
-    pad, win = grid.pad_before, grid.window
-    lo, hi = block.write.lo, block.write.hi
-    return all(lo[a] + pad[a] <= start[a] and start[a] + win[a] <= hi[a] + pad[a]
-               for a in range(3))
 
 
 def check_window_options(overlap: float, blend: str) -> None:

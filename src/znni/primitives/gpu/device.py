@@ -125,6 +125,11 @@ class Device(ABC):
                 raise ValueError("free() of an array this device did not allocate")
             self.release(size)
 
+    def counted(self, arr: Any) -> bool:
+        """Whether `arr` is counted (allocated or adopted and not yet freed)."""
+        with self._lock:
+            return id(arr) in self._live
+
     def reset_peak(self) -> None:
         with self._lock:
             self.peak_bytes = self.in_use_bytes

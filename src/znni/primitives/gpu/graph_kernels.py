@@ -253,9 +253,9 @@ def _clip(xp: ModuleType, p: dict[str, Any], x: Any) -> Any:
 
 def _slice(xp: ModuleType, p: dict[str, Any], x: Any) -> Any:
     """Each axis's (start, stop, step) as Python's slice.indices gives them: a range."""
-    rs = [range(*s) for s in p["slices"]]
+    rs = [range(*s) for s in p["slices"][1:]]  # the whole batch: batch slices are refused
     index = tuple(slice(r.start, r.stop if r.stop >= 0 else None, r.step) for r in rs)
-    return xp.ascontiguousarray(x[index])
+    return xp.ascontiguousarray(x[(slice(None), *index)])
 
 
 KERNELS: dict[str, Kernel] = {

@@ -103,8 +103,8 @@ def out_shape(op: str, p: dict[str, Any], shapes: Sequence[Shape]) -> Shape:
     if op in BINARY:
         other = shapes[1] if len(shapes) > 1 else np.shape(p["constant"])
         return tuple(np.broadcast_shapes(x, other))
-    if op == "slice":
-        return tuple(len(range(*s)) for s in p["slices"])
+    if op == "slice":  # axis 0 is the whole batch (the importer refuses batch slices)
+        return (x[0], *(len(range(*s)) for s in p["slices"][1:]))
     if op == "pad":
         choice(p["mode"], "mode", PAD_MODES)
         pads = six(p["pads"], allow_negative=True)
@@ -180,7 +180,7 @@ def chunk_inputs(
         return q, [xs[0][n[0] : n[1], ci[0] : ci[1]]]
     if op == "slice":
         sl = [range(*s) for s in p["slices"]]
-        rn, rc = sl[0][n[0] : n[1]], sl[1][c[0] : c[1]]
+        rn, rc = range(xs[0].shape[0])[n[0] : n[1]], sl[1][c[0] : c[1]]
         view = xs[0][_as_slice(rn), _as_slice(rc)]
         rest = tuple((0, m, 1) for m in view.shape[:2])
         return {**p, "slices": rest + tuple(p["slices"][2:])}, [view]
