@@ -19,7 +19,7 @@ from znni.engine.compute.execution import (
     check_precision,
     execution_for,
     graph_backend_name,
-    graph_device_bytes,
+    graph_device_cap,
     graph_runs_on_gpu,
     plan_job,
 )
@@ -192,8 +192,8 @@ def _graph_device(job: SegmentJob) -> dict[str, Any]:
     GPU at the job's precision within the device cap (the stand-in's fixed one)."""
     if not graph_runs_on_gpu(job.device):
         return {}
-    cap = graph_device_bytes(job.device)
-    return {"device": "gpu", "precision": job.precision, "device_cap": cap or None}
+    cap = graph_device_cap(job.device, job.memory_limit_bytes)
+    return {"device": "gpu", "precision": job.precision, "device_cap": cap}
 
 
 def _windowed_parts(parts: dict[str, Any], window: Triple, job: SegmentJob) -> dict[str, Any]:
@@ -359,7 +359,7 @@ def _blocks_and_spec(job: SegmentJob, prep: PreparedRun) -> tuple[list[Block], A
                    "primitives": tuple(sorted(plan.primitives.items())),
                    "spectra_bytes": plan.spectra_bytes, "input_cache_bytes": cached,
                    "store": job.store, "precision": job.precision,
-                   "device_bytes": graph_device_bytes(job.device)}
+                   "device_bytes": graph_device_cap(job.device, job.memory_limit_bytes)}
         if net.mode == "exact":
             return blocks, ExactGraphSpec(net, job.input_path, job.output_path, job.border,
                                           job.dtype, prep.window, **planned,

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
 from znni.primitives.base import Backend
 from znni.primitives.reference import ReferenceBackend
+
+# N: the stand-in device's N-th reservation fails once (tests of allocation-failure recovery)
+STANDIN_FAIL_ENV = "ZNNI_GPU_STANDIN_FAIL_AT"
 
 
 def _reference(**_: Any) -> Backend:
@@ -33,7 +37,8 @@ def _gpu_standin(**options: Any) -> Backend:
     from znni.primitives.gpu.backend import GpuBackend
     from znni.primitives.gpu.device import HostDevice
 
-    device = HostDevice(options.pop("memory_cap_bytes", 2**30))
+    fail_at = int(os.environ.get(STANDIN_FAIL_ENV) or 0)
+    device = HostDevice(options.pop("memory_cap_bytes", 2**30), fail_at=fail_at)
     return GpuBackend(device, **options)
 
 

@@ -20,7 +20,7 @@ from znni.engine.compute.windows import WindowGrid, blend_box, window_input
 from znni.model.onnx_model import load_onnx_model
 from znni.primitives.backends import make_backend
 from znni.primitives.gpu.conv_dispatch import release_conv_caches
-from znni.primitives.gpu.device import DeviceOutOfMemory, HostDevice
+from znni.primitives.gpu.device import HostDevice
 from znni.primitives.gpu.graph_device import DeviceGraphOps
 
 CONVS = ("conv", "conv_transpose")
@@ -28,21 +28,6 @@ CONVS = ("conv", "conv_transpose")
 # BasicUNet's ~20 stored tensors, normalised between convs, the errors measured 1.2e-2 and
 # 1.5e-3 of the output's range: the bounds allow about 3x that.
 REDUCED_BOUND = {"fp16": 5e-3, "bf16": 4e-2}
-
-
-class FailingDevice(HostDevice):
-    """A stand-in whose `fail_at`-th reservation fails, as a real allocator can when
-    another process takes memory: the engine must shrink the batch and succeed."""
-
-    def __init__(self, cap: int, fail_at: int) -> None:
-        super().__init__(cap)
-        self.fail_at, self.reservations = fail_at, 0
-
-    def reserve(self, nbytes: int, what: str) -> None:
-        self.reservations += 1
-        if self.reservations == self.fail_at:
-            raise DeviceOutOfMemory(f"injected failure at {what}")
-        super().reserve(nbytes, what)
 
 
 def _ops(device: HostDevice, precision: str = "fp32") -> DeviceGraphOps:
@@ -143,7 +128,7 @@ def test_a_small_cap_shrinks_the_batch_and_splits_channels(onnx_models) -> None:
 @pytest.mark.parametrize("fail_at", [5, 40, 200])
 def test_an_allocation_failure_shrinks_and_succeeds(onnx_models, fail_at) -> None:
     graph, vol, grid, host = _windowed(onnx_models)
-    device = FailingDevice(2**30, fail_at)
+    device = HostDevice(2**30, fail_at=fail_at)
     ops = _ops(device)
     run = DeviceWindows(ops, graph, grid, "gaussian", {}, 4, 2**20)
     lo, hi = BOXES[1]

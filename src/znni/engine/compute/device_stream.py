@@ -15,6 +15,7 @@ device running out of memory, which the callers answer with a smaller batch.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +23,7 @@ import numpy as np
 
 from znni.primitives.gpu.device import Device, DeviceOutOfMemory, DeviceStreamError
 
+log = logging.getLogger("znni.engine")
 Fill = Callable[[np.ndarray], None]  # writes a batch's inputs into a (B, C, *W) host buffer
 Work = Callable[[Any], None]  # runs on the compute stream with the (B, C, *W) device batch
 
@@ -36,6 +38,13 @@ def on_device_oom(error: BaseException) -> bool:
             return False
         seen = seen.__cause__
     return False
+
+
+def _root(error: BaseException) -> BaseException:
+    """The first cause that is not a stream's wrapper."""
+    while isinstance(error, DeviceStreamError) and error.__cause__ is not None:
+        error = error.__cause__
+    return error
 
 
 class InputStream:
@@ -124,6 +133,8 @@ class DeviceBlocks:
                     ) from e
                 self.batch //= 2
                 self.shrinks.append(self.batch)
+                log.warning("the device ran out of memory (%s); running %d at a time",
+                            _root(e), self.batch)
 
     def inputs(self, item_shape: tuple[int, ...]) -> InputStream:
         """The input slots for the current batch (made again after the batch shrank)."""

@@ -208,10 +208,12 @@ def graph_backend_name(device: str) -> str:
     return "gpu-standin" if standin_requested() else "gpu"
 
 
-def graph_device_bytes(device: str) -> int:
-    """The device memory cap a graph network's GPU workers count against: the stand-in's
-    fixed cap, or 0 for a CUDA device's own (90% of its free memory, CupyDevice)."""
-    if graph_runs_on_gpu(device) and standin_requested():
-        return STANDIN_MEMORY_BYTES
-    return 0
+def graph_device_cap(device: str, memory_limit_bytes: int | None) -> int:
+    """The device memory a graph network's GPU pass is planned within and its workers
+    count against (planner.graph.gpu_search.device_cap_bytes: a share of the GPU's memory,
+    within --memory-limit where given); 0 on the CPU."""
+    if not graph_runs_on_gpu(device):
+        return 0
+    from znni.planner.graph.gpu_search import device_cap_bytes
 
+    return device_cap_bytes(planning_machine(), memory_limit_bytes)

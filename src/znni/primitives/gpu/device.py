@@ -250,12 +250,23 @@ class HostDevice(Device):
     xp = np
 
     def __init__(self, memory_cap_bytes: int = 2**30, jitter_s: float = 0.0, seed: int = 0,
-                 pinned_bytes: int = DEFAULT_PINNED_BYTES) -> None:
+                 pinned_bytes: int = DEFAULT_PINNED_BYTES, fail_at: int = 0) -> None:
         super().__init__(memory_cap_bytes)
         self.pinned_pool = PinnedPool(bytearray, pinned_bytes)  # CupyDevice's pool, on RAM
         self._streams: dict[str, _HostStream] = {}
         self._jitter_s = float(jitter_s)
         self._rng = np.random.default_rng(seed)
+        # the fail_at-th reservation fails (0: none), as a real allocator does when another
+        # process takes the memory: recovery from it runs in CI (ZNNI_GPU_STANDIN_FAIL_AT)
+        self.fail_at, self.reservations = int(fail_at), 0
+
+    def reserve(self, nbytes: int, what: str) -> None:
+        with self._lock:
+            self.reservations += 1
+            injected = self.reservations == self.fail_at
+        if injected:
+            raise DeviceOutOfMemory(f"{what}: the stand-in's injected allocation failure")
+        super().reserve(nbytes, what)
 
     def _jitter(self) -> None:
         if self._jitter_s > 0:

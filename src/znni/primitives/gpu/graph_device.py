@@ -16,6 +16,7 @@ smaller batch of windows.
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from math import prod
@@ -36,6 +37,7 @@ from znni.primitives.gpu.graph_split import (
 from znni.primitives.gpu.streaming import chunk_sizes
 from znni.primitives.precision import check_precision, storage_dtype
 
+log = logging.getLogger("znni.engine")
 CONV_OPS = ("conv", "conv_transpose")
 F32 = np.float32
 
@@ -101,6 +103,7 @@ class DeviceGraphOps:
             device.memory_cap_bytes // 8
         self.params = DeviceParams(device, precision, cache)
         self.log: list[tuple[str, int]] = []
+        self._warned: set[str] = set()
 
     # -- moving tensors -------------------------------------------------------------
     def to_device(self, host: np.ndarray) -> Any:
@@ -126,7 +129,7 @@ class DeviceGraphOps:
             return y
         except DeviceOutOfMemory:
             pass  # too big whole: output channels in chunks, each with its activation
-        return self._in_channel_chunks(op, params, inputs, primitive, activation, out)
+        return self._in_channel_chunks(op, key, params, inputs, primitive, activation, out)
 
     def _whole(self, op: str, key: str, params: Mapping[str, Any], inputs: Sequence[Any],
                primitive: str | None, activation: Activation | None, out: tuple) -> Any:
@@ -166,7 +169,8 @@ class DeviceGraphOps:
             dev.release(ws + prod(out) * self.dtype.itemsize)
         return dev.adopt(y, f"graph op {op} output")
 
-    def _in_channel_chunks(self, op: str, params: Mapping[str, Any], inputs: Sequence[Any],
+    def _in_channel_chunks(self, op: str, key: str, params: Mapping[str, Any],
+                           inputs: Sequence[Any],
                            primitive: str | None, activation: Activation | None,
                            out: tuple) -> Any:
         """The op in the fewest chunks of output channels that fit (graph_split.py), each
@@ -184,6 +188,10 @@ class DeviceGraphOps:
             except DeviceOutOfMemory:
                 continue
             self.log.append((op, len(ranges)))
+            if key not in self._warned:  # once per node: it repeats for every window
+                self._warned.add(key)
+                log.warning("graph node %s (%s) did not fit the device whole; it runs in %d "
+                            "chunks of output channels", key, op, len(ranges))
             return y
         self.device.free(y)
         raise DeviceOutOfMemory(
