@@ -1,191 +1,251 @@
-"""GPU benchmark: output voxels/s of CPU-only, GPU-only, GPU + host RAM, CPU-GPU and a
-cuDNN-style direct baseline for the four ZNNi networks, all measured in one run.
+"""GPU benchmark: znni on the GPU against PyTorch/MONAI on the same GPU, in one run.
 
-- CPU-only: `make_backend("cpu")` (the reference backend where it is absent), one patch.
-- GPU-only: GpuBackend on the CUDA device, the planner-free default primitives.
-- GPU + host RAM: the same patch under a memory cap of 1/4 of GPU-only's peak, so
-  layers stream in sub-batches between host RAM and the device.
-- CPU-GPU: `run_patches_cpu_gpu` over several patches, layers before the second
-  pool on the CPU, the rest on the GPU (split_op printed).
-- cuDNN baseline: every conv "gpu-direct" (cuDNN where CuPy has it).
+    python benchmarks/gpu.py [--quick] [--standin] [--json PATH] [--nets n337 n537]
+                             [--skip-nets] [--skip-unet] [--timeout 240]
 
-Without CuPy or a CUDA device it prints so and exits 0; `--standin` then runs a
-small smoke of the same code paths on the numpy stand-in device (its figures
-are not GPU figures). Run: `python benchmarks/gpu.py [--quick] [--standin]`.
+(a) The ZNNi networks n337 and n537 (80 feature maps, random weights) on one patch:
+    znni gpu-only, gpu + host RAM, cpu-gpu and cpu-only against PyTorch's cuDNN
+    dense-equivalent network, output voxels/s (_gpu_nets.py).
+(b) MONAI BasicUNet(16,16,32,64,128,16) over a 256^3 volume, window 96^3, overlap 0.25:
+    `znni segment --device gpu --precision fp32|fp16` against MONAI
+    sliding_window_inference on torch CUDA, fp32 and fp16 (autocast) (_gpu_unet.py).
+(c) `znni plan --device gpu --json`'s predicted window time against the measured one.
+(d) fp16's max |error| against fp32, for znni and for MONAI.
+Every figure is printed with the device that produced it; rows name what really ran
+("torch cuDNN", "znni gpu-only" with its convs' primitives: cudnn, cufft, gemm-loop).
+fp32 is strict on both sides (torch's TF32 is switched off).
+
+--quick: one timed run per figure (the device check's mode). --standin: a tiny smoke of
+the same code paths on the numpy stand-in device (ZNNI_GPU_STANDIN=1) and torch on the
+CPU; its figures are not GPU figures. --json PATH: every row, saved as it is measured.
+Exit 0 when every part ran; 3 when only `znni segment --device gpu` was refused by this
+build; 1 when anything else failed; 2 without a CUDA device (and without --standin).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 import tempfile
 import time
-from math import prod
 from pathlib import Path
-
-import numpy as np
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import median_s, print_table  # noqa: E402
-from networks import NETS, load_random  # noqa: E402
+from _gpu_common import (  # noqa: E402
+    STANDIN_ENV,
+    Results,
+    cpu_name,
+    gpu_name,
+    make_device,
+    print_rows,
+    software,
+    standin,
+)
 
-# Dense output edge per network for one patch (GPU-only sized, ZNNi's best were 88-152^3).
-DEFAULT_OUTPUT = {"n337": 96, "n537": 64, "n726": 64, "n926": 48}
-
-
-def _cpu_backend():
-    from znni.primitives.backends import BACKEND_FACTORIES, make_backend
-
-    return make_backend("cpu") if "cpu" in BACKEND_FACTORIES else make_backend("reference")
-
-
-def _split_op(ops) -> int:
-    """Split just after the first pool: the big early tensors stay in host RAM (ZNNi)."""
-    from znni.primitives.base import Pool
-
-    pools = [i for i, op in enumerate(ops) if isinstance(op, Pool)]
-    return pools[0] + 1 if pools else len(ops) // 2
-
-
-def bench_net(name: str, edge: int, reps: int, patches: int, device, tmp: Path) -> list[str]:
-    from znni.engine.compute.cpu_gpu import run_patches_cpu_gpu
-    from znni.primitives import dense_forward
-    from znni.primitives.gpu.backend import GpuBackend
-
-    net, _, _ = load_random(name, tmp)
-    size = net.input_size_for((edge, edge, edge))
-    out_vox = prod(net.output_size(size))
-    x = np.random.default_rng(0).random((1, 1, *size), dtype=np.float32)
-    ops = net.ops
-    cpu = _cpu_backend()
-    cap_full = device.memory_cap_bytes
-    gpu = GpuBackend(device)
-
-    def vps(fn) -> float:
-        return out_vox / median_s(fn, reps)
-
-    device.reset_peak()
-    gpu_only = vps(lambda: dense_forward(ops, x, gpu))
-    peak = device.peak_bytes
-    ram = GpuBackend(device, memory_cap_bytes=max(1, peak // 4))
-    gpu_ram = vps(lambda: dense_forward(ops, x, ram))
-    device.memory_cap_bytes = cap_full
-    direct = ["gpu-direct" if hasattr(op, "weight") else None for op in ops]
-    baseline = vps(lambda: dense_forward(ops, x, gpu, direct))
-    cpu_only = vps(lambda: dense_forward(ops, x, cpu))
-    split_op = _split_op(ops)
-    t0 = time.perf_counter()
-    for _ in run_patches_cpu_gpu(ops, (x for _ in range(patches)), cpu, gpu, split_op):
-        pass
-    cpu_gpu = patches * out_vox / (time.perf_counter() - t0)
-    return [
-        name,
-        f"{edge}^3",
-        f"{baseline:,.0f}",
-        f"{gpu_only:,.0f}",
-        f"{cpu_only:,.0f}",
-        f"{gpu_ram:,.0f}",
-        f"{cpu_gpu:,.0f} (split_op={split_op})",
-        f"{peak / 2**20:,.0f}",
-    ]
+FEATURES = (16, 16, 32, 64, 128, 16)
+# name: (nets' width (None: 80), output edge per net, reps, cpu-gpu patches,
+#        unet features, volume edge, window edge)
+MODES: dict[str, tuple[Any, ...]] = {
+    "full": (None, {"n337": 96, "n537": 64}, 3, 4, FEATURES, 256, 96),
+    "quick": (None, {"n337": 64, "n537": 48}, 1, 2, FEATURES, 256, 96),
+    "standin": (4, {"n337": 8, "n537": 8}, 1, 2, (4, 4, 8, 8, 16, 4), 48, 32),
+}
+NET_COLUMNS = ["net", "what", "device", "input", "output", "seconds", "voxels/s", "convs",
+               "vs_znni_gpu", "vs_gpu_only", "note"]
 
 
-def _narrow(name: str, tmp: Path, width: int):
-    """The network's layout with `width` feature maps instead of 80 (a fast smoke)."""
-    import json
+def run_networks(args: argparse.Namespace, mode: tuple, device: Any, gpu: str, cpu: str,
+                 tmp: Path, results: Results) -> None:
+    from _gpu_nets import SECTION, bench_network
 
-    from znni.model import load_network
+    width, edges, reps, patches = mode[:4]
+    for name in args.nets:
+        print(f"(a) {name}: one patch, output {edges.get(name, 32)}^3", flush=True)
+        try:
+            bench_network(name, edges.get(name, 32), width, reps, patches, device, gpu, cpu,
+                          tmp, results)
+        except Exception as e:  # noqa: BLE001 - the other parts still run
+            results.problem(f"network {name}: {type(e).__name__}: {e}")
+    rows = results.rows(SECTION)
+    print_rows(f"(a) ZNNi networks, dense output voxels/s ({'stand-in' if standin() else gpu})",
+               rows, NET_COLUMNS)
+    for name in args.nets:
+        by = {r["what"]: r for r in rows if r["net"] == name and r.get("seconds")}
+        peer = next((r for w, r in by.items() if w.startswith("torch")), None)
+        for what in ("znni gpu-only", "znni gpu + host RAM", "znni cpu-gpu", "znni cpu-only"):
+            if peer and what in by:
+                ratio = peer["seconds"] / by[what]["seconds"]
+                results.add("ratios", {"what": f"{name}: {what} / {peer['what']}",
+                                       "device": f"{by[what]['device']} vs {peer['device']}",
+                                       "ratio": ratio})
 
-    spec = json.loads((Path(__file__).resolve().parent / "networks" / f"{name}.json").read_text())
-    rng = np.random.default_rng(0)
-    params, cin = {}, spec["in_channels"]
-    convs = [i for i, layer in enumerate(spec["layers"]) if layer["kind"] == "conv"]
-    for i in convs:
-        layer = spec["layers"][i]
-        if i != convs[-1]:
-            layer["out_channels"] = width
-        shape = (layer["out_channels"], cin, *layer["kernel"])
-        params[f"{i}.weight"] = (rng.standard_normal(shape) / np.sqrt(prod(shape[1:]))).astype(
-            np.float32
-        )
-        params[f"{i}.bias"] = np.zeros(shape[0], np.float32)
-        cin = shape[0]
-    (tmp / "narrow.json").write_text(json.dumps(spec))
-    np.savez(tmp / spec["weights"], **params)
-    return load_network(tmp / "narrow.json")
+
+def run_unet(args: argparse.Namespace, mode: tuple, tmp: Path, results: Results) -> bool:
+    """Parts (b)-(d); False when this build refused `znni segment --device gpu`."""
+    from _gpu_unet import build, plan_json, run_child
+
+    features, size, window = mode[4:]
+    overlap = 0.25
+    print(f"(b) BasicUNet{features} over {size}^3, window {window}^3, overlap {overlap}",
+          flush=True)
+    build(tmp, features, size, window)
+    refused, made = False, set()
+    for p in ("fp32", "fp16"):
+        plan = plan_json(tmp, window, overlap, p)
+        if "error" in plan:
+            results.problem(f"plan {p}: {plan['error']}")
+        common = {"folder": str(tmp), "window": window, "overlap": overlap, "precision": p}
+        z = run_child({**common, "kind": "znni", "batch": plan.get("batch"),
+                       "primitives": plan.get("primitives")}, args.timeout)
+        m = run_child({**common, "kind": "monai", "features": list(features)}, args.timeout)
+        refused |= bool(z.get("unsupported"))
+        for who, r, out in (("znni", z, f"znni-{p}.zarr"), ("MONAI", m, f"monai-{p}.npy")):
+            if "error" in r:
+                results.problem(f"{who} {p}: {r['error']}")
+            else:
+                made.add(out)
+        _unet_rows(results, p, plan, z, m)
+    for a, b, what in (("znni-fp32.zarr", "monai-fp32.npy", "znni vs MONAI, both fp32"),
+                       ("znni-fp16.zarr", "monai-fp16.npy", "znni vs MONAI, both fp16"),
+                       ("znni-fp16.zarr", "znni-fp32.zarr", "znni fp16 vs znni fp32"),
+                       ("monai-fp16.npy", "monai-fp32.npy", "MONAI fp16 vs MONAI fp32")):
+        _error_row(results, tmp, a, b, what, made)
+    return not refused
 
 
-def standin_smoke(tmp: Path) -> None:
-    """The same code paths on the numpy stand-in: a correctness smoke, not a GPU figure."""
-    from znni.engine.compute.cpu_gpu import run_patches_cpu_gpu
-    from znni.primitives import ReferenceBackend, dense_forward
-    from znni.primitives.gpu.backend import GpuBackend
-    from znni.primitives.gpu.device import HostDevice
+def _unet_rows(results: Results, p: str, plan: dict, z: dict, m: dict) -> None:
+    gpu = "numpy stand-in (not a GPU)" if standin() else results.data["meta"]["gpu"]
+    tname = m.get("device", "-")
+    monai = [m.get(f"sw_batch_{b}_s") for b in (1, 4)]
+    best = min((t for t in monai if t), default=None)
+    results.add("unet", {"what": "znni segment --device gpu (warm)", "precision": p,
+                         "device": gpu, "seconds": z.get("warm_s"),
+                         "convs planned": z.get("planned_convs") or _count(plan),
+                         "convs ran": z.get("convs_ran") or "not recorded",
+                         "vs_MONAI": best / z["warm_s"] if best and z.get("warm_s") else None,
+                         "note": z.get("error") or f"cold run {z.get('cold_s', 0):.2f} s"})
+    for b, t in zip((1, 4), monai):
+        autocast = ", autocast fp16" if p == "fp16" else ""
+        results.add("unet", {"what": f"MONAI sliding_window_inference, sw_batch {b}{autocast}",
+                             "precision": p, "device": tname, "seconds": t,
+                             "note": m.get("error")})
+    passes = plan.get("passes")
+    measured_window = z.get("window_s")
+    results.add("planner", {
+        "precision": p, "device": gpu, "batch": plan.get("batch"),
+        "pred window s": plan.get("predicted_window_s"), "meas window s": measured_window,
+        "meas/pred": _ratio(measured_window, plan.get("predicted_window_s")),
+        "pred total s": plan.get("predicted_seconds"), "segment s / windows":
+            z["warm_s"] / passes if z.get("warm_s") and passes else None,
+        "windows": passes, "note": z.get("window_error") or plan.get("error")})
 
-    net = _narrow("n337", tmp, width=6)
-    size = net.input_size_for((8, 8, 8))
-    x = np.random.default_rng(0).random((1, 1, *size), dtype=np.float32)
-    dev = HostDevice(2**31)
-    try:
-        t0 = time.perf_counter()
-        ref = dense_forward(net.ops, x, ReferenceBackend())
-        t_ref = time.perf_counter() - t0
-        gpu = GpuBackend(dev, memory_cap_bytes=2**31)
-        t0 = time.perf_counter()
-        (got,) = list(run_patches_cpu_gpu(net.ops, [x], _cpu_backend(), gpu, _split_op(net.ops)))
-        t_pipe = time.perf_counter() - t0
-        err = float(np.max(np.abs(got - ref)))
-        print(
-            f"stand-in smoke n337 layout, 6 maps, 8^3: CPU-GPU pipeline on HostDevice "
-            f"max|diff| vs reference "
-            f"{err:.2e}, {t_pipe:.2f} s (reference {t_ref:.2f} s); not a GPU measurement"
-        )
-    finally:
-        dev.close()
+
+def _error_row(results: Results, tmp: Path, a: str, b: str, what: str, made: set) -> None:
+    from _gpu_unet import compare
+
+    got = compare(tmp, a, b) if {a, b} <= made else None
+    device = "numpy stand-in / CPU" if standin() else results.data["meta"]["gpu"]
+    results.add("errors", {"what": what, "device": device,
+                           "max |diff|": got[0] if got else None,
+                           "/ max |ref|": got[1] if got else None,
+                           "note": None if got else "a run failed: nothing to compare"})
+
+
+def _count(plan: dict) -> str:
+    names = list((plan.get("primitives") or {}).values())
+    return ", ".join(f"{n} {names.count(n)}" for n in sorted(set(names))) or "-"
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def print_summary(results: Results) -> None:
+    meta = results.data["meta"]
+    print("=" * 72)
+    print(f"GPU benchmark ({meta['mode']}), {meta['date']}")
+    print(f"GPU: {meta['gpu']} | CPU: {meta['cpu']}")
+    print("software: " + ", ".join(f"{k} {v}" for k, v in meta["software"].items()))
+    print_rows("(a) ZNNi networks (voxels/s)", results.rows("networks"),
+               ["net", "what", "device", "voxels/s", "convs"])
+    print_rows("(a) ratios: peer seconds / znni seconds (> 1: znni faster)",
+               results.rows("ratios"), ["what", "device", "ratio"])
+    print_rows("(b) BasicUNet, whole volume", results.rows("unet"),
+               ["what", "precision", "device", "seconds", "vs_MONAI", "convs planned",
+                "convs ran", "note"])
+    print_rows("(c) planner: predicted vs measured window time", results.rows("planner"),
+               ["precision", "device", "batch", "pred window s", "meas window s",
+                "meas/pred", "pred total s", "segment s / windows", "windows", "note"])
+    print_rows("(d) output differences", results.rows("errors"),
+               ["what", "device", "max |diff|", "/ max |ref|", "note"])
+    for text in results.data["problems"]:
+        print(f"PROBLEM: {text}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smaller patches, one rep")
-    parser.add_argument("--standin", action="store_true", help="stand-in smoke without CUDA")
-    parser.add_argument("--nets", nargs="*", default=list(NETS))
-    parser.add_argument("--patches", type=int, default=4, help="patches through CPU-GPU")
+    parser.add_argument("--quick", action="store_true", help="one timed run per figure")
+    parser.add_argument("--standin", action="store_true",
+                        help="tiny smoke on the numpy stand-in device and CPU torch")
+    parser.add_argument("--nets", nargs="*", default=None,
+                        help="default n337 n537 (--standin: n337; n537's 163^3 field of view "
+                        "is minutes on the stand-in)")
+    parser.add_argument("--skip-nets", action="store_true")
+    parser.add_argument("--skip-unet", action="store_true")
+    parser.add_argument("--json", default=None, help="write every row here as it is measured")
+    parser.add_argument("--timeout", type=float, default=240.0, help="seconds per child run")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    from znni.primitives.gpu.cupy_device import require_cuda
+    if args.child:
+        from _gpu_unet import child
 
-    with tempfile.TemporaryDirectory() as d:
-        tmp = Path(d)
+        return child(json.loads(args.child))
+    if args.standin:
+        os.environ[STANDIN_ENV] = "1"  # children inherit it
+    elif standin():
+        print(f"{STANDIN_ENV} is set: use --standin for the stand-in smoke", file=sys.stderr)
+        return 2
+    else:
+        from znni.primitives.gpu.cupy_device import require_cuda
+
         try:
             require_cuda()
         except ValueError as e:
-            print(f"no CUDA device is present, GPU benchmark skipped: {e}")
-            if args.standin:
-                standin_smoke(tmp)
-            return 0
-        from znni.primitives.gpu.cupy_device import CupyDevice
-
-        device = CupyDevice()
-        reps = 1 if args.quick else 3
-        rows = []
-        for name in args.nets:
-            edge = DEFAULT_OUTPUT[name] // (2 if args.quick else 1)
-            rows.append(bench_net(name, edge, reps, args.patches, device, tmp))
-        print_table(
-            [
-                "net",
-                "output",
-                "cuDNN-direct",
-                "GPU-only",
-                "CPU-only",
-                "GPU+RAM",
-                "CPU-GPU",
-                "GPU peak MiB",
-            ],
-            rows,
-        )
-        print("output voxels/s, median of", reps, "runs; all columns measured in this run")
+            print(f"gpu.py: {e}; --standin runs the stand-in smoke", file=sys.stderr)
+            return 2
+    name = "standin" if args.standin else "quick" if args.quick else "full"
+    if args.nets is None:
+        args.nets = ["n337"] if args.standin else ["n337", "n537"]
+    mode = MODES[name]
+    t_start = time.perf_counter()
+    device = make_device()
+    meta = {"mode": name, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "gpu": gpu_name(device), "cpu": cpu_name(), "software": software(),
+            "argv": sys.argv[1:]}
+    results = Results(args.json, meta)
+    print(f"GPU: {meta['gpu']} | CPU: {meta['cpu']}", flush=True)
+    segment_ran = True
+    with tempfile.TemporaryDirectory(prefix="znni-gpu-bench-") as d:
+        if not args.skip_nets:
+            run_networks(args, mode, device, meta["gpu"], meta["cpu"], Path(d), results)
         device.close()
-    return 0
+        if not args.skip_unet:
+            try:
+                segment_ran = run_unet(args, mode, Path(d), results)
+            except Exception as e:  # noqa: BLE001 - reported, and the summary still prints
+                results.problem(f"BasicUNet: {type(e).__name__}: {e}")
+    results.data["meta"]["seconds"] = round(time.perf_counter() - t_start, 1)
+    results.add("run", {"seconds": results.data["meta"]["seconds"]})
+    print_summary(results)
+    print(f"total {results.data['meta']['seconds']} s")
+    problems = results.data["problems"]
+    if not segment_ran and all(p.startswith(("znni fp", "plan fp")) for p in problems):
+        print("znni segment --device gpu is not available for ONNX models in this build")
+        return 3
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":
