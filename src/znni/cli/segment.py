@@ -119,6 +119,8 @@ def run(args: argparse.Namespace) -> int:
     report = segment(job, quiet=args.quiet)
     if not args.quiet and report.plan is not None:
         print(plan_summary(report.plan), file=sys.stderr)
+        if "device_ran" in report.plan:
+            print(device_summary(report.plan["device_ran"]), file=sys.stderr)
     if not args.quiet:
         print(
             f"wrote {report.output_path}: {report.voxels_written:,} voxels in "
@@ -129,13 +131,26 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def device_summary(ran: dict) -> str:
+    """One line on what really ran on the device: conv primitives by their real names."""
+    convs = ", ".join(f"{name} x{n}" for name, n in sorted(ran["convs"].items())) or "none"
+    line = f"device {ran['device']}: convs {convs}; peak {ran['peak_device_bytes'] / 2**30:.2f} GiB"
+    if ran["batch_shrinks"]:
+        line += f"; out of memory, batch shrank to {ran['batch_shrinks'][-1]}"
+    if ran["fallbacks"]:
+        line += f"; fallbacks: {'; '.join(ran['fallbacks'])}"
+    return line
+
+
 def plan_summary(plan: dict) -> str:
     """One line on the plan a run followed (what `znni plan` would have chosen)."""
+    where = (f", on {plan['device']} at {plan['precision']}, batch {plan['batch']}"
+             if plan.get("device", "cpu") != "cpu" else "")
     if plan.get("mode") == "windowed":
         return (
             f"plan: windowed, window {'x'.join(str(v) for v in plan['window'])}, overlap "
             f"{plan['overlap']}, {plan['blend']} blending, {plan['windows']} "
-            f"window{'s' * (plan['windows'] != 1)}"
+            f"window{'s' * (plan['windows'] != 1)}{where}"
         )
 
     def size(triple: list[int] | tuple[int, ...]) -> str:
@@ -146,7 +161,7 @@ def plan_summary(plan: dict) -> str:
             f"plan: exact tiles {size(plan['tile'])} -> {size(plan['tile_output'])} output "
             f"on the {size(plan['size_factor'])} grid, batch {plan['batch']}, predicted "
             f"{plan['predicted_voxels_per_second']:,.0f} voxels/s (steady state) in "
-            f"{plan['peak_bytes'] / 2**30:.2f} GiB"
+            f"{plan['peak_bytes'] / 2**30:.2f} GiB{where}"
         )
     return (
         f"plan: {plan['algorithm']}, patch {size(plan['input_size'])} -> "

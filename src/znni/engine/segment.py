@@ -287,6 +287,7 @@ def segment(
     try:
         if worker is not None:
             run_local(worker, todo, on_done, timer, cancel, reads)
+            plan_dict.update(getattr(worker, "device_report", dict)())
         else:
             from znni.engine.workers.distributed import run_dask
 
@@ -387,6 +388,8 @@ def _windowed_summary(job: SegmentJob, prep: PreparedRun) -> dict[str, Any]:
     model, choice = job.network, prep.choice
     assert prep.window is not None and choice is not None and isinstance(model, OnnxModel)
     predicted = {
+        "device": graph_backend_name(job.device),
+        "precision": job.precision,
         "predicted_window_s": choice.plan.predicted_window_s,
         "predicted_voxels_per_second": choice.predicted_voxels_per_second,
         "peak_bytes": choice.plan.peak_bytes,

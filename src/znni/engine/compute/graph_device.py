@@ -32,6 +32,18 @@ def device_graph_ops(backend: Backend, precision: str) -> DeviceGraphOps | None:
     return DeviceGraphOps(device, precision)
 
 
+def device_run_report(ops: DeviceGraphOps, shrinks: list[int]) -> dict[str, Any]:
+    """What ran on the device, under real names (a GEMM loop is never called cuDNN)."""
+    from znni.primitives.gpu.conv_dispatch import conv_state
+
+    state = conv_state(ops.device)
+    return {
+        "device_ran": {"device": ops.device.name, "convs": dict(state.ran),
+                       "fallbacks": list(state.fallbacks), "batch_shrinks": list(shrinks),
+                       "peak_device_bytes": ops.device.peak_bytes},
+    }
+
+
 def run_graph_device(graph: Graph, x: Any, ops: DeviceGraphOps,
                      primitives: Mapping[str, str] | None = None) -> Any:
     """(N, C, *graph.window) device array -> (N, graph.out_channels, *graph.out_window),

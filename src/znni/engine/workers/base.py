@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from znni.engine.compute.graph_device import device_graph_ops
+from znni.engine.compute.graph_device import device_graph_ops, device_run_report
 from znni.engine.compute.graph_forward import make_graph_backend
 from znni.engine.geometry import Block, Triple
 from znni.engine.io.volume import open_input, write_block
@@ -87,6 +87,14 @@ class GraphWorker(VolumeWorker):
         self.primitives = dict(spec.primitives)
         # a GPU backend: the graph runs on device-resident tensors at the job's precision
         self.device_ops = device_graph_ops(self.backend, spec.precision)
+
+    def device_report(self) -> dict[str, Any]:
+        """On a GPU: what really ran (conv primitives by their real names, fallbacks, the
+        batch after any allocation failure, the device's peak); {} on the CPU."""
+        if self.device_ops is None:
+            return {}
+        runner = getattr(self, "on_device", None)
+        return device_run_report(self.device_ops, getattr(runner, "shrinks", []))
 
 
 def trace_block(block: Block) -> None:
