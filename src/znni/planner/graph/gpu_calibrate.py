@@ -46,9 +46,19 @@ def gpu_rates(gpu: GpuProfile, device: Any, precisions: tuple[str, ...] = ("fp32
     """`gpu` with its rates measured on `device` (a primitives/gpu Device), for
     `precisions` (the others keep their defaults); ValueError without conv_dispatch."""
     try:
-        from znni.primitives.gpu.conv_dispatch import cudnn_available, device_conv
+        from znni.primitives.gpu.conv_dispatch import release_conv_caches
     except ImportError as e:  # the GPU graph primitives are not in this build
         raise ValueError(f"the GPU conv primitives cannot be calibrated here ({e})") from e
+    try:
+        return _measured(gpu, device, precisions, quick)
+    finally:
+        release_conv_caches(device)  # the calibration's kept spectra and plan-cache bound
+
+
+def _measured(gpu: GpuProfile, device: Any, precisions: tuple[str, ...],
+              quick: bool) -> GpuProfile:
+    from znni.primitives.gpu.conv_dispatch import cudnn_available, device_conv
+
     copy = QUICK_COPY_BYTES if quick else COPY_BYTES
     gpu = replace(gpu, memory_bytes_per_s=_copy_rate(device, copy),
                   transfer_bytes_per_s=_upload_rate(device, copy))
@@ -127,14 +137,11 @@ def _time_conv(device: Any, device_conv: Callable[..., Any], primitive: str, gra
     x = xp.asarray(rng.standard_normal(graph.shapes["x"]).astype(np.float32).astype(dtype))
     params = {**node.params, "weight": xp.asarray(node.params["weight"].astype(dtype)),
               "bias": xp.asarray(node.params["bias"])}
-    out: list[Any] = []
+    key = ("calibration", primitive, precision, graph.shapes["x"])  # its kept spectra
 
     def run() -> None:
-        y = device_conv(device, primitive, x, params, precision=precision, key=("calib", k))
-        device.free(y)
-        out[:] = [y]
+        device.free(device_conv(device, primitive, x, params, precision=precision, key=key))
 
-    k = (primitive, precision, graph.shapes["x"])
     return _median_s(device, run)
 
 
