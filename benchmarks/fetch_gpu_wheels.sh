@@ -8,7 +8,7 @@
 # The device tool carries the working tree and .whl/ together in at most 64 MiB; this
 # stops if the wheels alone pass LIMIT_MIB (default 48).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 DEST=${DEST:-.whl}
 LIMIT_MIB=${LIMIT_MIB:-48}
 if [[ -x .venv/bin/python ]]; then PY=.venv/bin/python; else PY=python3; fi
@@ -28,9 +28,10 @@ rm -f "$DEST"/*.whl
   --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   --platform manylinux1_x86_64 -d "$DEST" "${WHEELS[@]}"
-ls -l "$DEST"
-total=$(du -cb "$DEST"/*.whl | tail -1 | cut -f1)
-echo "$(ls "$DEST"/*.whl | wc -l) wheels, $((total / 1048576)) MiB in $DEST"
+got=("$DEST"/*.whl)
+ls -l "${got[@]}"
+total=$(du -cb "${got[@]}" | tail -1 | cut -f1)
+echo "${#got[@]} wheels, $((total / 1048576)) MiB in $DEST"
 if (( total > LIMIT_MIB * 1048576 )); then
   echo "fetch_gpu_wheels: $DEST holds more than $LIMIT_MIB MiB; the device tool carries 64 MiB" >&2
   exit 1

@@ -1,10 +1,13 @@
-# znni job server with the CuPy GPU backend (CUDA 12), plus Dask.
+# znni job server on the GPU (CUDA 13: CuPy 14, cuDNN through its frontend), plus Dask.
 #   docker build -f docker/gpu.Dockerfile -t znni:gpu .
 #   docker run --rm --gpus all -p 127.0.0.1:8000:8000 -v "$PWD/data:/data" \
 #       -v "$PWD/models:/models:ro" -v znni-state:/state -e ZNNI_TOKEN=change-me znni:gpu
-# Needs the NVIDIA Container Toolkit on the host. cupy-cuda12x brings its own CUDA
-# libraries from PyPI wheels; the runtime base provides the driver-facing CUDA runtime.
-FROM nvidia/cuda:12.6.3-runtime-ubuntu24.04
+# Needs the NVIDIA Container Toolkit and a driver that runs CUDA 13 (nvidia-smi's header
+# says "CUDA Version: 13.x"; R580 or newer). The gpu-cuda13 extra brings the CUDA
+# libraries (cupy-cuda13x[ctk]) and cuDNN (nvidia-cudnn-cu13) as PyPI wheels, so the
+# base image needs only the driver-facing parts: `base`, not `runtime` or `cudnn`.
+# For a CUDA 12 driver: FROM nvidia/cuda:12.9.1-base-ubuntu24.04 and .[gpu-cuda12,dask].
+FROM nvidia/cuda:13.0.0-base-ubuntu24.04
 
 ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONDONTWRITEBYTECODE=1 \
@@ -21,7 +24,7 @@ RUN apt-get update \
 WORKDIR /opt/znni
 COPY pyproject.toml README.md ./
 COPY src ./src
-RUN pip install ".[gpu,dask]" \
+RUN pip install ".[gpu-cuda13,dask]" \
     && useradd --create-home --uid 1001 znni \
     && mkdir -p /data /models /state \
     && chown znni:znni /data /state
