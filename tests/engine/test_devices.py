@@ -74,7 +74,7 @@ def test_gpu_device_without_cuda_is_one_sentence(setup, monkeypatch, capsys, dev
     rc = main(["segment", str(setup["spec"]), setup["inp"], str(out), "--device", device])
     err = capsys.readouterr().err.strip()
     assert rc == 2
-    assert "pip install 'znni[gpu]'" in err and len(err.splitlines()) == 1
+    assert "pip install 'znni[gpu-cuda13]'" in err and len(err.splitlines()) == 1
     assert not out.exists()
 
 

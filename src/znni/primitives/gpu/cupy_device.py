@@ -18,7 +18,8 @@ import numpy as np
 from znni.primitives.gpu.device import Device, DeviceOutOfMemory
 from znni.primitives.gpu.pinned_pool import DEFAULT_PINNED_BYTES, PinnedPool
 
-INSTALL_HINT = "pip install 'znni[gpu]'"
+# the extra matching the driver: nvidia-smi's header shows its CUDA version (README, "GPU")
+INSTALL_HINT = "pip install 'znni[gpu-cuda13]' ('znni[gpu-cuda12]' for a CUDA 12 driver)"
 
 
 def _import_cupy() -> ModuleType:
@@ -26,7 +27,8 @@ def _import_cupy() -> ModuleType:
         import cupy  # optional, GPU-only dependency
     except ImportError as e:
         raise ValueError(
-            f"the GPU device needs CuPy, which is not installed; run: {INSTALL_HINT}"
+            f"the GPU device needs CuPy, which is not installed; run: {INSTALL_HINT}, "
+            "or use --device cpu"
         ) from e
     return cupy
 
