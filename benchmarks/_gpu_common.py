@@ -30,6 +30,19 @@ def make_device(cap: int | None = None) -> Any:
     return CupyDevice(cap)
 
 
+def release_pools() -> None:
+    """Give CuPy's cached device and pinned blocks back, so torch (or the next run) gets
+    the memory that znni's finished runs freed."""
+    if standin():
+        return
+    try:
+        import cupy
+    except ImportError:
+        return
+    cupy.get_default_memory_pool().free_all_blocks()
+    cupy.get_default_pinned_memory_pool().free_all_blocks()
+
+
 def gpu_name(device: Any) -> str:
     """The GPU's name as CUDA reports it, or what the stand-in is."""
     if standin() or getattr(device, "name", "") != "cuda":

@@ -26,7 +26,14 @@ from typing import Any
 import numpy as np
 from _common import torch_or_none
 from _dense_torch import torch_dense
-from _gpu_common import Results, engines, legacy_engines, reset_engines, timed_median
+from _gpu_common import (
+    Results,
+    engines,
+    legacy_engines,
+    release_pools,
+    reset_engines,
+    timed_median,
+)
 from networks import load_random
 
 SECTION = "networks"
@@ -146,6 +153,7 @@ def _torch_row(spec: dict, params: dict, x: np.ndarray, outs: dict, row: Any) ->
 
     tdev, tname = torch_setup(torch)
     torch.backends.cudnn.benchmark = False
+    release_pools()
     what = "torch cuDNN dense-equivalent (fp32)" if tdev == "cuda" else \
         "torch CPU dense-equivalent (fp32)"
     try:

@@ -191,7 +191,8 @@ def monai_child(args: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def plan_json(folder: Path, window: int, overlap: float, precision: str) -> dict[str, Any]:
+def plan_json(folder: Path, window: int, overlap: float, precision: str,
+              timeout_s: float) -> dict[str, Any]:
     """`znni plan MODEL --device gpu --window W --input IN.zarr --json [--precision P]`."""
     base = [sys.executable, "-m", "znni.cli", "plan", str(folder / "basicunet.onnx"),
             "--device", "gpu", "--window", f"{window},{window},{window}", "--overlap",
@@ -200,8 +201,12 @@ def plan_json(folder: Path, window: int, overlap: float, precision: str) -> dict
     for extra in (["--precision", precision], []):
         if not extra and precision != "fp32":
             break  # a plan without --precision is an fp32 plan
-        done = subprocess.run(base + extra, capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "PYTHONPATH": _pythonpath()})
+        try:
+            done = subprocess.run(base + extra, capture_output=True, text=True,
+                                  timeout=timeout_s,
+                                  env={**os.environ, "PYTHONPATH": _pythonpath()})
+        except subprocess.TimeoutExpired:
+            return {"error": f"znni plan: timed out after {timeout_s:.0f} s"}
         if done.returncode == 0 or "--precision" not in done.stderr:
             break
     if done is None or done.returncode != 0:

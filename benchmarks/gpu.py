@@ -41,6 +41,7 @@ from _gpu_common import (  # noqa: E402
     gpu_name,
     make_device,
     print_rows,
+    release_pools,
     software,
     standin,
 )
@@ -69,6 +70,8 @@ def run_networks(args: argparse.Namespace, mode: tuple, device: Any, gpu: str, c
                           tmp, results)
         except Exception as e:  # noqa: BLE001 - the other parts still run
             results.problem(f"network {name}: {type(e).__name__}: {e}")
+        finally:
+            release_pools()
     rows = results.rows(SECTION)
     print_rows(f"(a) ZNNi networks, dense output voxels/s ({'stand-in' if standin() else gpu})",
                rows, NET_COLUMNS)
@@ -94,7 +97,7 @@ def run_unet(args: argparse.Namespace, mode: tuple, tmp: Path, results: Results)
     build(tmp, features, size, window)
     refused, made = False, set()
     for p in ("fp32", "fp16"):
-        plan = plan_json(tmp, window, overlap, p)
+        plan = plan_json(tmp, window, overlap, p, args.timeout)
         if "error" in plan:
             results.problem(f"plan {p}: {plan['error']}")
         common = {"folder": str(tmp), "window": window, "overlap": overlap, "precision": p}
