@@ -61,3 +61,39 @@ def test_the_cpu_plans_in_fp32_only(model) -> None:
     with pytest.raises(ValueError, match="needs --device gpu"):
         choose(model, 2**30, (64, 64, 64), 0.25, MachineProfile.load("ci-2core"),
                precision="bf16")
+
+
+@pytest.mark.parametrize("precision, primitive", [("fp32", "gemm-loop"), ("fp16", "gemm-loop"),
+                                                  ("fp32", "cufft-keep"), ("fp16", "cufft")])
+def test_the_device_peak_is_the_executors(model, precision, primitive) -> None:
+    """The planned device peak against the stand-in executor's counted peak (one batch of
+    two 32^3 windows; the staging buffers the test does not allocate are left out), with
+    the primitives whose workspace the executor bounds itself (cuDNN's is its size query,
+    which the planner assumes: gpu_costs.CUDNN_WORKSPACE_FRACTION)."""
+    import numpy as np
+
+    graph_device = pytest.importorskip("znni.engine.compute.graph_device")
+    from znni.planner.graph.gpu_costs import conv_costs
+    from znni.planner.graph.gpu_search import device_peak
+    from znni.primitives.gpu.device import HostDevice
+    from znni.primitives.precision import storage_dtype
+
+    machine, graph, batch = small_gpu(2**32), model.graph((32, 32, 32)), 2
+    from znni.planner.graph.gpu_search import plan_graph_gpu
+
+    plan = plan_graph_gpu(graph, machine, precision=precision, batch=batch)
+    chosen = {n.name: n.primitive for n in plan.nodes if n.primitive}
+    picks = {}
+    for i, node in enumerate(graph.nodes):
+        if node.name in chosen:
+            costs = {c.primitive: c for c in conv_costs(graph, node, machine.gpu, precision,
+                                                        batch)}
+            picks[i] = costs.get(primitive, costs[chosen[node.name]])
+            chosen[node.name] = picks[i].primitive
+    peak = device_peak(graph, picks, precision, batch, int(0.9 * 2**32))
+    device = HostDevice(2**32)
+    ops = graph_device.DeviceGraphOps(device, precision)
+    x = device.adopt(np.zeros((batch, 1, 32, 32, 32), storage_dtype(precision)))
+    graph_device.run_graph_device(graph, x, ops, chosen)
+    planned = peak.total_bytes - peak.staging_bytes + x.nbytes
+    assert abs(device.peak_bytes - planned) <= 0.1 * device.peak_bytes

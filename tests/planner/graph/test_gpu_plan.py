@@ -154,3 +154,13 @@ def test_profiles_carry_rates_by_precision(h100, tmp_path) -> None:
     d["gpus"][0]["cudnn_flops_per_s"] = {"fp64": 1e12}
     with pytest.raises(ValueError, match="cudnn_flops_per_s"):
         MachineProfile.from_dict(d)
+
+
+def test_device_tensors_follow_the_device_executors_lifetimes() -> None:
+    from znni.planner.graph.gpu_costs import device_tensor_bytes
+
+    graph = conv_graph([(4, 3, 1, 1), (8, 3, 1, 1)], 16)
+    x, r0, r1 = 1 * 16**3 * 4, 4 * 16**3 * 4, 8 * 16**3 * 4  # fp32 bytes
+    # each ReLU runs in its conv's call (no buffer); r0 is freed after the second conv
+    assert device_tensor_bytes(graph, 1, 4) == x + r0 + r1
+    assert device_tensor_bytes(graph, 2, 2) == x + r0 + r1

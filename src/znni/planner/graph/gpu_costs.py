@@ -21,11 +21,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
-from znni.model.graph import Graph, Node, absorbs_next_activation, stride_one_conv
+from znni.model.graph import FUSABLE_ACTIVATIONS, Graph, Node, reader_counts, stride_one_conv
 from znni.planner.costs import pruned_kernel_flops, transform_flops
 from znni.planner.machine import GpuProfile
 from znni.primitives.fft_sizes import CUFFT_EXTRA_FACTORS, padded_shape, spectrum_points
+from znni.primitives.gpu.conv_spec import conv_spec
 from znni.primitives.gpu.fft_conv import fft_workspace_bytes
+from znni.primitives.gpu.gemm_loop import gemm_loop_workspace_bytes
+from znni.primitives.gpu.graph_split import workspace_bytes as kernel_workspace_bytes
 from znni.primitives.precision import storage_bytes
 
 GPU_CONV_PRIMITIVES: tuple[str, ...] = ("cudnn", "cufft-keep", "cufft", "gemm-loop")
@@ -51,6 +54,9 @@ FFT_CALLS = 6  # launches per FFT conv: forward, products, inverse, pad, crop, b
 # (two statistics passes and the normalising pass) and write once
 GPU_VIEWS = ("identity", "dropout", "slice")
 GPU_NORMS = ("instance_norm", "group_norm", "batch_norm")
+# nodes the device executor applies the next activation in (engine/compute/graph_device's
+# FUSES_NEXT): the activation gets no launch and no buffer of its own
+GPU_FUSES_NEXT = ("conv", "conv_transpose", *GPU_NORMS)
 
 
 @dataclass(frozen=True)
@@ -150,9 +156,9 @@ def gemm_loop_cost(graph: Graph, node: Node, gpu: GpuProfile, precision: str,
                         shifted_bytes + product_bytes, gpu)
     per_offset_s = gemm_s + (2 * shifted_bytes + 3 * product_bytes) / gpu.memory_bytes_per_s
     seconds = k3 * (per_offset_s + 2 * gpu.layer_overhead_s)
-    # 2-byte storage: fp32 copies of the input and weight first (primitives/gpu/gemm_loop)
-    copies = 0 if sb == FP32_BYTES else batch * tensor_bytes(graph, node.inputs[0], FP32_BYTES)
-    return ConvCost("gemm-loop", seconds, shifted_bytes + 2 * product_bytes + copies)
+    return ConvCost("gemm-loop", seconds, gemm_loop_workspace_bytes(
+        conv_spec((batch, *graph.shapes[node.inputs[0]][1:]), node.params, activation=None,
+                  precision=precision, transposed=node.op == "conv_transpose")))
 
 
 def fft_shape(graph: Graph, node: Node) -> tuple[int, int, int]:
@@ -184,12 +190,14 @@ def cufft_cost(graph: Graph, node: Node, gpu: GpuProfile, precision: str, batch:
                                                + 2 * tensor_bytes(graph, node.outputs[0], sb))
     seconds += moved / gpu.memory_bytes_per_s + FFT_CALLS * gpu.layer_overhead_s
     # the executor's own bound of its temporaries (spectra, transform batches, the kernel
-    # spectra of a group of output channels when recomputed), plus fp32 copies of the input
+    # spectra of a group of output channels when recomputed), plus its fp32 copies of the
+    # padded input, weight, output and bias (primitives/gpu/cufft_conv)
     size = graph.shapes[node.inputs[0]][2:]
     pads = node.params["pads"]
     padded = tuple(int(size[a]) + pads[a] + pads[a + 3] for a in range(3))
-    work = fft_workspace_bytes(batch, cin, cout, padded, keep, FFT_BATCH_BYTES) \
-        + batch * cin * prod(padded) * FP32_BYTES
+    copies = (batch * cin * prod(padded) + w.size
+              + batch * tensor_bytes(graph, node.outputs[0], 1) + cout) * FP32_BYTES
+    work = fft_workspace_bytes(batch, cin, cout, padded, keep, FFT_BATCH_BYTES) + copies
     if keep:
         return ConvCost("cufft-keep", seconds, work, kept_bytes=kernel_bytes)
     seconds += roofline_s(cin * cout * pruned_kernel_flops(tuple(w.shape[2:]), shape),
@@ -205,13 +213,60 @@ def other_gpu_seconds(graph: Graph, i: int, gpu: GpuProfile, precision: str, bat
     node = graph.nodes[i]
     if node.op in GPU_VIEWS or (node.op == "pad" and not any(node.params["pads"])):
         return 0.0
-    if i > 0 and absorbs_next_activation(graph, i - 1, readers, on_host=False):
+    if i > 0 and fuses_next_activation(graph, i - 1, readers):
         return 0.0
     sb = storage_bytes(precision)
     reads = 3 if node.op in GPU_NORMS else 1
     moved = batch * (reads * sum(tensor_bytes(graph, t, sb) for t in node.inputs)
                      + sum(tensor_bytes(graph, t, sb) for t in node.outputs))
     return moved / gpu.memory_bytes_per_s + gpu.layer_overhead_s
+
+
+def other_workspace_bytes(graph: Graph, i: int, precision: str, batch: int,
+                          readers: dict[str, int]) -> int:
+    """The temporaries the device executor reserves around node i, not a conv (its xp
+    kernel's bound, primitives/gpu/graph_split.workspace_bytes, in fp32, plus fp32 copies
+    in and out at 2-byte storage); 0 for an activation fused into the node before it."""
+    node = graph.nodes[i]
+    if i > 0 and fuses_next_activation(graph, i - 1, readers):
+        return 0
+    shapes = [(batch, *graph.shapes[t][1:]) for t in node.inputs]
+    out = (batch, *graph.shapes[node.outputs[0]][1:])
+    in_f32 = sum(prod(s) for s in shapes) * FP32_BYTES
+    work = kernel_workspace_bytes(node.op, dict(node.params), in_f32, out, shapes)
+    if storage_bytes(precision) != FP32_BYTES:
+        work += in_f32 + prod(out) * FP32_BYTES
+    return int(work)
+
+
+def fuses_next_activation(graph: Graph, i: int, readers: dict[str, int]) -> bool:
+    """Whether the device executor applies node i + 1, an activation that alone reads node
+    i's output (not the graph's), in node i's call (engine/compute/graph_device)."""
+    nodes = graph.nodes
+    if nodes[i].op not in GPU_FUSES_NEXT or i + 1 >= len(nodes):
+        return False
+    nxt, out = nodes[i + 1], nodes[i].outputs[0]
+    return (nxt.op in FUSABLE_ACTIVATIONS and nxt.inputs == nodes[i].outputs
+            and readers.get(out) == 1 and out != graph.output)
+
+
+def device_tensor_bytes(graph: Graph, batch: int, itemsize: int) -> int:
+    """Most bytes of tensors alive at once as the device executor runs the nodes in order:
+    every node writes a new array (a fused activation none of its own), a tensor is freed
+    after its last reader, the input lives through the pass."""
+    readers, last = reader_counts(graph), graph.last_use()
+    size = {t: batch * prod(shape[1:]) * itemsize for t, shape in graph.shapes.items()}
+    live = peak = size[graph.input]
+    i = 0
+    while i < len(graph.nodes):
+        end = i + 1 if fuses_next_activation(graph, i, readers) else i
+        live += sum(size[t] for t in graph.nodes[end].outputs)
+        peak = max(peak, live)
+        dying = {t for t in {*graph.nodes[i].inputs, *graph.nodes[end].inputs}
+                 if last.get(t, -1) <= end and t not in (graph.input, graph.output)}
+        live -= sum(size[t] for t in dying - set(graph.nodes[i].outputs))
+        i = end + 1
+    return peak
 
 
 def weights_bytes(graph: Graph, precision: str) -> int:

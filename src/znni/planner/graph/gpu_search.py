@@ -5,13 +5,16 @@ Each conv node gets the fastest primitive of gpu_costs.gpu_conv_primitives; whil
 device peak is over the cap, the node whose next option saves peak bytes at the least
 added time per byte moves to it (kept kernel spectra go first, then large workspaces);
 ValueError where nothing fits. The device peak (DevicePeak) counts, at the precision's
-storage bytes (primitives/precision.storage_bytes): the live tensors in the executor's
-order (Graph.peak_tensor_bytes, tensor lifetimes) for the batch, the weights, the kept
-kernel spectra, the largest conv workspace, the cuFFT plan cache's reserved work areas,
-and the double-buffered fp32 window staging buffers. A batch's time is its nodes' seconds,
-overlapped with the host->device upload of its windows and the device->host download of
-its share of the blended output: the engine streams both on a copy stream while the batch
-computes, so the batch costs the larger of the two (max, not sum).
+storage bytes (primitives/precision.storage_bytes): the live tensors in the device
+executor's order (gpu_costs.device_tensor_bytes: tensor lifetimes, Graph.last_use; every
+node a new array, fused activations none) for the batch, the weights, the kept
+kernel spectra, the largest node workspace (the executor's own bounds, but cuDNN's, whose
+size query the planner cannot ask: gpu_costs.cudnn_cost), the cuFFT plan cache's reserved
+work areas, and the double-buffered fp32 window staging buffers. A batch's time is its
+nodes' seconds, overlapped with the host->device upload of its windows and the
+device->host download of its share of the blended output: the engine streams both on a
+copy stream while the batch computes, so the batch costs the larger of the two (max, not
+sum).
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ from znni.planner.graph.gpu_costs import (
     FP32_BYTES,
     ConvCost,
     conv_costs,
+    device_tensor_bytes,
     fft_plan_bytes,
     other_gpu_seconds,
+    other_workspace_bytes,
     weights_bytes,
 )
 from znni.planner.graph.search import GraphPlan, NodePlan
@@ -83,9 +88,10 @@ def device_peak(graph: Graph, picks: dict[int, ConvCost], precision: str, batch:
                 cap_bytes: int, accumulator_bytes: int = 0) -> DevicePeak:
     """The device peak of a batch with these conv primitives (see the module's docstring)."""
     in_bytes, out_bytes = window_bytes(graph)
-    kept, workspace, plans = _pick_bytes(picks, cap_bytes)
+    other = max([0, *_other_workspaces(graph, precision, batch).values()])
+    kept, workspace, plans = _pick_bytes(picks, cap_bytes, other)
     return DevicePeak(
-        tensors_bytes=graph.peak_tensor_bytes(batch, storage_bytes(precision)),
+        tensors_bytes=device_tensor_bytes(graph, batch, storage_bytes(precision)),
         weights_bytes=weights_bytes(graph, precision),
         kept_bytes=kept, workspace_bytes=workspace, fft_plan_bytes=plans,
         staging_bytes=batch * (STAGING_BUFFERS * in_bytes + out_bytes),
@@ -93,11 +99,20 @@ def device_peak(graph: Graph, picks: dict[int, ConvCost], precision: str, batch:
     )
 
 
-def _pick_bytes(picks: dict[int, ConvCost], cap_bytes: int) -> tuple[int, int, int]:
-    """(kept spectra, the largest workspace, the cuFFT plan cache's reservation) of the
-    picks."""
+def _other_workspaces(graph: Graph, precision: str, batch: int) -> dict[int, int]:
+    """Node index -> the temporaries the executor reserves around it, for the nodes that
+    are not convs (gpu_costs.other_workspace_bytes)."""
+    readers = reader_counts(graph)
+    return {i: other_workspace_bytes(graph, i, precision, batch, readers)
+            for i, node in enumerate(graph.nodes) if not conv_costs_apply(node.op)}
+
+
+def _pick_bytes(picks: dict[int, ConvCost], cap_bytes: int,
+                other_workspace: int = 0) -> tuple[int, int, int]:
+    """(kept spectra, the largest workspace of the picks and `other_workspace`, the cuFFT
+    plan cache's reservation)."""
     return (sum(c.kept_bytes for c in picks.values()),
-            max([0, *(c.workspace_bytes for c in picks.values())]),
+            max([other_workspace, *(c.workspace_bytes for c in picks.values())]),
             fft_plan_bytes(cap_bytes) if any(c.uses_fft for c in picks.values()) else 0)
 
 
@@ -122,7 +137,7 @@ def plan_graph_gpu(
     _bound_kept(picks, options, cap // SPECTRA_CAP_SHARE)
     _fit(graph, picks, options, precision, batch, accumulator_bytes, cap)
     peak = device_peak(graph, picks, precision, batch, cap, accumulator_bytes)
-    readers = reader_counts(graph)
+    readers, others = reader_counts(graph), _other_workspaces(graph, precision, batch)
     nodes = []
     for i, node in enumerate(graph.nodes):
         if i in picks:
@@ -132,7 +147,7 @@ def plan_graph_gpu(
                 tuple((c.primitive, c.seconds, c.workspace_bytes) for c in options[i])))
         else:
             nodes.append(NodePlan(node.name, node.op, None, other_gpu_seconds(
-                graph, i, gpu, precision, batch, readers), 0))
+                graph, i, gpu, precision, batch, readers), others[i]))
     compute_s = sum(n.predicted_s for n in nodes)
     in_bytes, out_bytes = window_bytes(graph)
     down = out_bytes if download_bytes is None else download_bytes
@@ -172,10 +187,11 @@ def _fit(graph: Graph, picks: dict[int, ConvCost], options: dict[int, list[ConvC
     """While the device peak is over `cap`, move the node whose other option saves peak
     bytes at the least added seconds per byte saved (in `picks`); ValueError where no move
     saves any."""
-    fixed = device_peak(graph, {}, precision, batch, cap, accumulator_bytes).total_bytes
+    empty = device_peak(graph, {}, precision, batch, cap, accumulator_bytes)
+    fixed, other = empty.total_bytes - empty.workspace_bytes, empty.workspace_bytes
 
     def peak(p: dict[int, ConvCost]) -> int:
-        return fixed + sum(_pick_bytes(p, cap))
+        return fixed + sum(_pick_bytes(p, cap, other))
 
     need = peak(picks)
     while need > cap:
