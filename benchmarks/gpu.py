@@ -184,8 +184,37 @@ def print_summary(results: Results) -> None:
                 "meas/pred", "pred total s", "segment s / windows", "windows", "note"])
     print_rows("(d) output differences", results.rows("errors"),
                ["what", "device", "max |diff|", "/ max |ref|", "note"])
+    print_rows("issue 37's targets on hardware (one run)", targets(results),
+               ["target", "device", "measured", "met"])
     for text in results.data["problems"]:
         print(f"PROBLEM: {text}")
+
+
+def targets(results: Results) -> list[dict[str, Any]]:
+    """BasicUNet >= 1.5x MONAI at the same precision; n537 gpu-only >= 3x the cuDNN
+    dense-equivalent (n926 is not in this benchmark); planner window time within 25%."""
+    out = []
+    for r in results.rows("unet"):
+        if r["what"].startswith("znni"):
+            out.append({"target": f"BasicUNet {r['precision']}: >= 1.5x MONAI",
+                        "device": r["device"], "measured": r.get("vs_MONAI")})
+    for r in results.rows("ratios"):
+        if r["what"].startswith("n537: znni gpu-only"):
+            out.append({"target": "n537 gpu-only: >= 3x dense-equivalent",
+                        "device": r["device"], "measured": r["ratio"]})
+    for r in results.rows("planner"):
+        got = r.get("meas/pred")
+        out.append({"target": f"planner window time {r['precision']}: pred/meas 0.75-1.25",
+                     "device": r["device"], "measured": 1 / got if got else None})
+    for t in out:
+        m, goal = t["measured"], t["target"]
+        t["met"] = "-" if m is None else ("yes" if (0.75 <= m <= 1.25 if "planner" in goal
+                                                    else m >= (3 if "n537" in goal else 1.5))
+                                          else "NO")
+    if standin():
+        for t in out:
+            t["met"] = "stand-in: not a GPU figure"
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
