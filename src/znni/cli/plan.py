@@ -108,8 +108,15 @@ def graph_summary(args: argparse.Namespace, model: Any, limit: int | None,
         raise ValueError(f"--overlap must be in [0, 1), got {args.overlap}")
     machine = MachineProfile.load(args.machine) if args.machine else None
     window = parse_triple(args.window, "--window") if args.window else None
-    # cpu-gpu runs a graph's every window on the GPU (the CPU reads, gathers and writes)
-    device = "gpu" if args.device in ("gpu", "cpu-gpu") else "cpu"
+    # as segment runs it (execution.graph_runs_on_gpu): cpu-gpu runs every window on the
+    # GPU (the CPU reads, gathers and writes), auto does where a device is visible; with
+    # --machine, auto means the profile's GPU when it has one
+    from znni.engine.compute.execution import graph_runs_on_gpu
+
+    if args.device == "auto" and machine is not None:
+        device = "gpu" if machine.gpu is not None else "cpu"
+    else:
+        device = "gpu" if graph_runs_on_gpu(args.device) else "cpu"
     return graph_plan(model, limit, region, args.overlap, machine, window, device=device,
                       precision=args.precision)
 
