@@ -5,9 +5,10 @@ the planner's predicted window time against the measured one; fp16's error again
 Each run is its own child process (its own CUDA context and memory, its own timeout):
 - znni: `znni segment MODEL.onnx IN.zarr OUT.zarr --device gpu --window W --overlap O
   --precision P` run twice in one process through znni.cli.main: cold (CUDA context,
-  cuDNN plans, kernel compiles) and warm; the warm run is the figure. Then one batch of
-  the planner's windows through the device graph (compute only, input already on the
-  device) for the measured window time.
+  cuDNN plans, kernel compiles) and warm; the warm run is the figure. A third run is
+  traced (_gpu_overlap.py: how much of the uploads and downloads the compute hides).
+  Then one batch of the planner's windows through the device graph (compute only, input
+  already on the device) for the measured window time.
 - MONAI: the same weights on torch's device, `sliding_window_inference(x, W, sw_batch,
   model, overlap=O, mode="gaussian", sigma_scale=0.125)` after a warm-up run, for
   sw_batch 1 and 4 (the faster is the peer); fp16 is torch.autocast(float16). Its timed
@@ -18,6 +19,7 @@ Each run is its own child process (its own CUDA context and memory, its own time
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import subprocess
@@ -90,8 +92,6 @@ def segment_argv(args: dict[str, Any], out: Path) -> list[str]:
 
 
 def znni_child(args: dict[str, Any]) -> dict[str, Any]:
-    import io
-
     from znni.cli import main
 
     out = Path(args["folder"]) / f"znni-{args['precision']}.zarr"
@@ -108,8 +108,29 @@ def znni_child(args: dict[str, Any]) -> dict[str, Any]:
                     + (msg[-1] if msg else "no message")}
     result: dict[str, Any] = {"cold_s": times[0], "warm_s": times[1], "output": str(out)}
     result.update(provenance(out))
+    result.update(traced_run(args, out))
     result.update(window_compute(args))
     return result
+
+
+def traced_run(args: dict[str, Any], out: Path) -> dict[str, Any]:
+    """A third run with a marker on its stream before and after every upload, download and
+    launch (_gpu_overlap.py): how much of the copying the compute hides."""
+    try:
+        from _gpu_common import standin
+        from _gpu_overlap import Tracer
+
+        from znni.cli import main
+
+        if standin():
+            from znni.primitives.gpu.device import HostDevice as cls
+        else:
+            from znni.primitives.gpu.cupy_device import CupyDevice as cls
+        with Tracer(cls) as tracer, contextlib.redirect_stderr(io.StringIO()):
+            main(segment_argv(args, out))
+        return {"overlap": tracer.summary()}
+    except Exception as e:  # noqa: BLE001 - reported beside the figures, never fatal
+        return {"overlap_error": f"{type(e).__name__}: {e}"[:300]}
 
 
 def provenance(out: Path) -> dict[str, Any]:

@@ -135,6 +135,13 @@ def _unet_rows(results: Results, p: str, plan: dict, z: dict, m: dict) -> None:
         results.add("unet", {"what": f"MONAI sliding_window_inference, sw_batch {b}{autocast}",
                              "precision": p, "device": tname, "seconds": t,
                              "note": m.get("error")})
+    ov = z.get("overlap") or {}
+    results.add("overlap", {
+        "precision": p, "device": gpu, "h2d s": ov.get("h2d_s"),
+        "h2d under compute": ov.get("h2d_under_compute"), "d2h s": ov.get("d2h_s"),
+        "d2h under compute": ov.get("d2h_under_compute"), "compute s": ov.get("compute_s"),
+        "span s": ov.get("span_s"), "calls": ov.get("traced_calls"),
+        "note": z.get("overlap_error") or z.get("error")})
     passes = plan.get("passes")
     measured_window = z.get("window_s")
     results.add("planner", {
@@ -182,6 +189,10 @@ def print_summary(results: Results) -> None:
     print_rows("(c) planner: predicted vs measured window time", results.rows("planner"),
                ["precision", "device", "batch", "pred window s", "meas window s",
                 "meas/pred", "pred total s", "segment s / windows", "windows", "note"])
+    print_rows("(b) copy/compute overlap of a traced segment run (stream markers: CUDA "
+               "events; host times on the stand-in)", results.rows("overlap"),
+               ["precision", "device", "h2d s", "h2d under compute", "d2h s",
+                "d2h under compute", "compute s", "span s", "calls", "note"])
     print_rows("(d) output differences", results.rows("errors"),
                ["what", "device", "max |diff|", "/ max |ref|", "note"])
     print_rows("issue 37's targets on hardware (one run)", targets(results),

@@ -49,3 +49,16 @@ def test_gpu_benchmark_standin_smoke(tmp_path: Path) -> None:
     assert errors["znni fp16 vs znni fp32"]["/ max |ref|"] < 5e-2, log
     planner = {r["precision"]: r for r in sections["planner"]}
     assert planner["fp32"]["pred window s"] > 0 and planner["fp32"]["meas window s"] > 0, log
+    overlap = {r["precision"]: r for r in sections["overlap"]}
+    assert overlap["fp32"]["calls"] > 0 and overlap["fp32"]["compute s"] > 0, log
+
+
+def test_overlap_summary_counts_copy_time_under_compute() -> None:
+    sys.path.insert(0, str(BENCH.parent))
+    from _gpu_overlap import overlap_summary
+
+    got = overlap_summary([("compute", 0.0, 2.0), ("compute", 1.0, 3.0), ("h2d", 2.5, 4.5),
+                           ("h2d", 5.0, 6.0), ("d2h", 7.0, 8.0)])
+    assert got["compute_s"] == 3.0 and got["h2d_s"] == 3.0 and got["d2h_s"] == 1.0
+    assert got["h2d_under_compute"] == 0.5 / 3.0 and got["d2h_under_compute"] == 0.0
+    assert got["span_s"] == 8.0 and got["traced_calls"] == 5
