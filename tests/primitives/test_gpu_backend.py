@@ -166,7 +166,7 @@ def test_stand_in_backend_is_registered_and_gpu_names_the_fix_without_cuda():
     backend.device.close()
     if cuda_available():
         pytest.skip("a CUDA device is present")
-    with pytest.raises(ValueError, match=r"pip install 'znni\[gpu\]'|no CUDA device"):
+    with pytest.raises(ValueError, match=r"pip install 'znni\[gpu-cuda13\]'|no CUDA device"):
         make_backend("gpu")
 
 

@@ -16,7 +16,7 @@ GPU_GRAPH_MODULES = [
     "znni.primitives.gpu.cupy_device",
     "znni.primitives.gpu.device",
     "znni.primitives.gpu.graph_kernels",
-    "znni.primitives.gpu.graph_runner",
+    "znni.primitives.gpu.graph_device",
     "znni.primitives.gpu.backend",
 ]
 

@@ -1,5 +1,5 @@
-"""A torch-exported U-Net through run_graph on the GPU backend: every node on the device
-(the stand-in here; a real CUDA device in the @gpu test) agrees with the CPU backend."""
+"""A torch-exported U-Net on the GPU backend's device: every node on the device (the
+stand-in here; a real CUDA device in the @gpu tests) agrees with the CPU backend."""
 
 from __future__ import annotations
 
@@ -10,9 +10,13 @@ import numpy as np
 import pytest
 from support.naive import close
 
+from znni.engine.compute.device_stream import download
+from znni.engine.compute.graph_device import run_graph_device
 from znni.engine.compute.graph_forward import run_graph
 from znni.model.onnx_import import load_onnx
 from znni.primitives.backends import make_backend
+from znni.primitives.gpu.conv_dispatch import release_conv_caches
+from znni.primitives.gpu.graph_device import DeviceGraphOps
 
 WINDOW = (6, 16, 20)
 
@@ -54,34 +58,46 @@ def unet_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _unet_onnx(tmp_path_factory.mktemp("graph-gpu") / "unet.onnx")
 
 
-def _compare(unet_onnx: Path, backend_name: str, **options) -> list[tuple[str, int]]:
-    """run_graph on `backend_name` vs the CPU backend; the backend's (op tag, chunks) log."""
+def _compare(unet_onnx: Path, backend_name: str, primitive: str | None = None,
+             **options) -> list[tuple[str, int]]:
+    """The graph on `backend_name`'s device (every node there, run_graph_device) vs the
+    CPU backend's run_graph; the device ops' (op, channel chunks) log."""
     graph = load_onnx(unet_onnx)
     ops = Counter(n.op for n in graph.nodes)
     assert {"pad", "instance_norm", "conv_transpose", "resize", "concat", "softmax"} <= set(ops)
     x = np.random.default_rng(3).standard_normal((2, 2, *WINDOW)).astype(np.float32)
     want = run_graph(graph, x, make_backend("cpu"))
     backend = make_backend(backend_name, **options)
+    device = backend.device
+    prims = {n.name: primitive for n in graph.nodes if primitive and n.op == "conv"}
     try:
-        got = run_graph(graph, x, backend)
-        assert close(got, want)
-        ran = {tag.split(":")[-1] for tag, _ in backend.sub_batches if ":" in tag}
+        assert close(run_graph(graph, x, backend, prims), want)  # upload, run, download
+        dev_ops = DeviceGraphOps(device)
+        xd = dev_ops.to_device(x)
+        y = run_graph_device(graph, xd, dev_ops, prims)
+        assert close(download(device, y), want)
+        dev_ops.free(xd, y)
+        dev_ops.close()
+        release_conv_caches(device)
+        assert device.in_use_bytes == 0
+        ran = {op for op, _ in dev_ops.log}
         assert {"pad", "instance_norm", "conv_transpose", "resize", "concat", "softmax"} <= ran
-        assert backend.device.in_use_bytes == 0
-        return backend.sub_batches
+        return dev_ops.log
     finally:
-        backend.device.close()
+        device.close()
 
 
-def test_unet_on_the_standin_gpu_equals_cpu(unet_onnx: Path) -> None:
-    _compare(unet_onnx, "gpu-standin")
+@pytest.mark.parametrize("primitive", [None, "cudnn", "cufft", "gemm-loop"])
+def test_unet_on_the_standin_gpu_equals_cpu(unet_onnx: Path, primitive) -> None:
+    _compare(unet_onnx, "gpu-standin", primitive)
 
 
 def test_unet_on_a_small_standin_cap_still_equals_cpu(unet_onnx: Path) -> None:
-    log = _compare(unet_onnx, "gpu-standin", memory_cap_bytes=300_000)
-    assert max(n for tag, n in log if tag.startswith("graph:")) >= 2  # some node was split
+    log = _compare(unet_onnx, "gpu-standin", memory_cap_bytes=800000)
+    assert max(n for _, n in log) >= 2  # some node ran in channel chunks
 
 
 @pytest.mark.gpu
-def test_unet_on_the_gpu_equals_cpu(unet_onnx: Path) -> None:
-    _compare(unet_onnx, "gpu")
+@pytest.mark.parametrize("primitive", ["cudnn", "cufft", "gemm-loop"])
+def test_unet_on_the_gpu_equals_cpu(unet_onnx: Path, primitive) -> None:
+    _compare(unet_onnx, "gpu", primitive)

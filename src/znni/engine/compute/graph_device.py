@@ -14,6 +14,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
+from znni.engine.compute.device_stream import download
 from znni.model.graph import FUSABLE_ACTIVATIONS, Graph, reader_counts
 from znni.primitives.base import Activation, Backend
 from znni.primitives.gpu.graph_device import DeviceGraphOps
@@ -42,6 +45,27 @@ def device_run_report(ops: DeviceGraphOps, shrinks: list[int]) -> dict[str, Any]
                        "fallbacks": list(state.fallbacks), "batch_shrinks": list(shrinks),
                        "peak_device_bytes": ops.device.peak_bytes},
     }
+
+
+def run_graph_on_backend(graph: Graph, x: np.ndarray, backend: Backend,
+                         primitives: Mapping[str, str] | None = None) -> np.ndarray:
+    """graph_forward.run_graph's contract (host arrays in and out, float32) on a GPU
+    backend's device: one upload, every node on the device, one download. Primitives
+    that are not GPU primitives (a CPU plan's) are left to the default."""
+    from znni.primitives.gpu.conv_dispatch import GPU_CONV_PRIMITIVES
+
+    ops = DeviceGraphOps(backend.device)  # type: ignore[attr-defined]
+    gpu = {k: v for k, v in (primitives or {}).items() if v in GPU_CONV_PRIMITIVES}
+    xd = ops.to_device(np.asarray(x, np.float32))
+    try:
+        y = run_graph_device(graph, xd, ops, gpu)
+        try:
+            return download(ops.device, y).astype(np.float32, copy=False)
+        finally:
+            ops.free(y)
+    finally:
+        ops.free(xd)
+        ops.close()
 
 
 def run_graph_device(graph: Graph, x: Any, ops: DeviceGraphOps,

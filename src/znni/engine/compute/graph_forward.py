@@ -8,8 +8,8 @@ an OpenVINO conv also applies the instance norm after it (model.openvino_layers.
 and hands its output on channels-last where only OpenVINO convs read it
 (model.openvino_layers.channels_last_convs). Other convs and the
 graph-only kernels (transposed conv, interpolation, normalisations, pad) run on
-the backend's `graph_op` where it has one (the GPU backend: on the device), else
-on `primitives.cpu.graph_ops` through the kernel table (engine.graph_kernels). A
+`primitives.cpu.graph_ops` through the kernel table (engine.graph_kernels). A GPU
+backend runs the whole graph on the device instead (graph_device.run_graph_device). A
 following ReLU-family activation is fused into the conv's call where the backend
 supports it.
 """
@@ -51,6 +51,10 @@ def run_graph(
 
     `primitives`: conv node name -> CPU primitive the planner chose (planner.graph.search);
     used on the CPU backend, where a conv without one is left to the backend's choice."""
+    if getattr(backend, "device", None) is not None:  # a GPU: every node on the device
+        from znni.engine.compute.graph_device import run_graph_on_backend
+
+        return run_graph_on_backend(graph, x, backend, primitives)
     chosen = primitives if primitives is not None and backend.name == "cpu" else {}
     if x.ndim != 5 or x.shape[1] != graph.in_channels or tuple(x.shape[2:]) != graph.window:
         raise ValueError(
@@ -75,7 +79,7 @@ class _GraphPass:
         self.readers = reader_counts(graph)
         self.padded: set[str] = set()  # tensors that already carry their reading conv's pads
         self.env: dict[str, Any] = {graph.input: source}
-        self.on_host = not hasattr(backend, "graph_op")  # a device backend runs every node
+        self.on_host = True  # (run_graph hands a device backend's graphs to the device)
         self.reads_parts = self.on_host and hasattr(backend, "conv3d_parts")
         nodes = graph.nodes
 
@@ -263,10 +267,7 @@ def run_node(
     """One node on its input arrays: fast convs on `backend.conv3d` (`prepadded`: the
     input already has the conv's zero pads; `norm`: the instance norm it applies before
     `fused`, and `channels_last`: its output may stay channels-last, OpenVINO only), the
-    rest on `backend.graph_op` when it has one (a device), else on the host kernels."""
-    graph_op = getattr(backend, "graph_op", None)
-    if graph_op is not None and not stride_one_conv(node):
-        return _checked(node, lambda: graph_op(node.op, node.params, *args))
+    rest on the host kernels."""
     if node.op == "conv":
         return _conv(node, args[0], backend, fused, primitive, prepadded, norm, channels_last)
     run = KERNELS.get(node.op)

@@ -15,7 +15,7 @@ GPU + host RAM algorithm with its split layer).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from math import ceil, prod
 from typing import Any
@@ -74,7 +74,6 @@ class GpuBackend:
             fft_batch_bytes or max(4096, min(MAX_FFT_BATCH_BYTES, cap // 16))
         )
         self.sub_batches: list[tuple[str, int]] = []  # (op tag, chunks streamed), per call
-        self._graph: Any = None  # graph_runner.GraphOps, made on the first graph_op
 
     # -- the Backend protocol ------------------------------------------------
     def conv3d(
@@ -117,14 +116,6 @@ class GpuBackend:
         stream_chunks(self.device, x, out, chunks, compute, sub * nbytes_of(tail), "maxpool")
         self.sub_batches.append(("maxpool", len(chunks)))
         return out
-
-    def graph_op(self, op: str, params: Mapping[str, Any], *arrays: np.ndarray) -> np.ndarray:
-        """A graph node's op (graph_kernels.py) on the device, in chunks that fit the cap."""
-        if self._graph is None:  # lazy: the kernels share the CPU package's geometry helpers
-            from znni.primitives.gpu.graph_runner import GraphOps
-
-            self._graph = GraphOps(self.device, self.sub_batches)
-        return self._graph.run(op, params, *arrays)
 
     # -- whole ranges of a network -----------------------------------------------
     def run_ops(
