@@ -154,7 +154,7 @@ def window_compute(args: dict[str, Any]) -> dict[str, Any]:
     """Median seconds per window of one batch of the planner's windows through the device
     graph, input already on the device (compute only, as the planner predicts it)."""
     try:
-        from _gpu_common import make_device
+        from _gpu_common import make_device, release_pools
 
         from znni.engine.compute.graph_device import run_graph_device
         from znni.model.onnx_import import load_onnx
@@ -162,6 +162,7 @@ def window_compute(args: dict[str, Any]) -> dict[str, Any]:
 
         w, batch = args["window"], int(args.get("batch") or 1)
         graph = load_onnx(Path(args["folder"]) / "basicunet.onnx", (w, w, w))
+        release_pools()  # what the segment runs left in CuPy's pool
         device = make_device()
         ops = DeviceGraphOps(device, args["precision"])
         x = ops.to_device(np.random.default_rng(1).random((batch, 1, w, w, w), np.float32))
