@@ -117,6 +117,10 @@ def graph_summary(args: argparse.Namespace, model: Any, limit: int | None,
         device = "gpu" if machine.gpu is not None else "cpu"
     else:
         device = "gpu" if graph_runs_on_gpu(args.device) else "cpu"
+    if device == "gpu" and machine is None:  # this machine's GPU: its rates measured once
+        from znni.planner.detect import calibrate_gpus
+
+        calibrate_gpus()
     return graph_plan(model, limit, region, args.overlap, machine, window, device=device,
                       precision=args.precision)
 

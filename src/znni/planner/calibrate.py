@@ -70,23 +70,26 @@ def calibrated_profile(
     """`profile` with measured rates and baseline RSS, from the cache or measured now.
 
     measure=False never measures: the cached rates if there are any, else `profile` as is.
+    Its GPUs get their own cached rates (gpu_calibrate.cached_gpu_rates), measured where
+    `measure` and none are cached.
     """
-    from znni.planner.graph.gpu_calibrate import calibrated_gpus
+    from znni.planner.graph.gpu_calibrate import cached_gpu_rates
 
+    out = _cpu_calibrated(profile, quick=quick, measure=measure)
+    return replace(out, gpus=cached_gpu_rates(out.gpus, measure=measure, quick=quick))
+
+
+def _cpu_calibrated(profile: MachineProfile, *, quick: bool, measure: bool) -> MachineProfile:
+    """`profile` with its CPU rates and baseline RSS from the cache, or measured now."""
     path = cache_path(profile.cores)
     if path.is_file() and not quick:
         try:
             cached = json.loads(path.read_text())
             if cached.get("version") == CACHE_VERSION:
-                out = MachineProfile.from_dict({
+                return MachineProfile.from_dict({
                     **profile.to_dict(), "cpu_rates": cached["cpu_rates"],
                     "cpu_scaling": cached["cpu_scaling"],
                     "base_rss_bytes": int(cached["base_rss_bytes"]), "calibrated": True})
-                known = dict(cached.get("gpus", {}))
-                gpus = calibrated_gpus(out.gpus, known, measure=measure)
-                if known != cached.get("gpus", {}):  # a GPU measured now: cache it too
-                    _write_cache(path, {**cached, "gpus": known})
-                return replace(out, gpus=gpus)
             log.info("calibration cache %s is from an older znni; not using it", path)
         except (ValueError, KeyError, TypeError, OSError) as e:
             log.warning("ignoring unreadable calibration cache %s: %s", path, e)
@@ -101,19 +104,17 @@ def calibrated_profile(
     from znni.planner.graph.calibrate import graph_rates
 
     rates = graph_rates(replace(profile, cpu_rates=rates), quick)
-    gpu_entries: dict[str, Any] = {}
     out = replace(profile, cpu_rates=rates,
                   cpu_scaling={k: tuple((b, f) for b, f in v) for k, v in scaling.items()},
-                  base_rss_bytes=baseline_rss_bytes(), calibrated=True,
-                  gpus=calibrated_gpus(profile.gpus, gpu_entries, measure=True, quick=quick))
+                  base_rss_bytes=baseline_rss_bytes(), calibrated=True)
     if not quick:
         _write_cache(path, {"version": CACHE_VERSION, "cpu_rates": rates,
-                            "cpu_scaling": scaling, "base_rss_bytes": out.base_rss_bytes,
-                            "gpus": gpu_entries})
+                           "cpu_scaling": scaling, "base_rss_bytes": out.base_rss_bytes})
     return out
 
 
 def _write_cache(path: Path, payload: dict[str, Any]) -> None:
+    """`payload` as JSON at `path`, written to a temporary file and renamed."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # readers never see half
     tmp.write_text(json.dumps(payload))

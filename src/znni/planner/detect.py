@@ -37,3 +37,12 @@ def detect_machine(*, calibrate: bool | None = True) -> MachineProfile:
     if calibrate is not False:
         profile = calibrated_profile(profile, measure=bool(calibrate))
     return profile
+
+
+def calibrate_gpus() -> None:
+    """Measure this machine's GPU primitives once (a few seconds; cached by GPU name, see
+    graph/gpu_calibrate.cached_gpu_rates), as `znni plan` does before planning a graph
+    network on this machine's GPU; nothing without a CUDA device."""
+    from znni.planner.graph.gpu_calibrate import cached_gpu_rates
+
+    cached_gpu_rates(detect_machine(calibrate=False).gpus, measure=True)

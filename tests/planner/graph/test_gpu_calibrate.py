@@ -73,23 +73,49 @@ def test_a_gpu_that_cannot_be_calibrated_keeps_its_defaults(monkeypatch, caplog)
     assert "could not be calibrated" in caplog.text
 
 
-def test_the_machine_cache_keeps_the_gpus_rates(monkeypatch, tmp_path) -> None:
+def test_the_gpus_rates_are_cached_beside_the_cpus(monkeypatch, tmp_path) -> None:
     import json
 
     from znni.planner.calibrate import CACHE_VERSION, cache_path, calibrated_profile
+    from znni.planner.graph.gpu_calibrate import gpu_cache_path
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     machine = MachineProfile.load("ci-2core")
     path = cache_path(machine.cores)
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"version": CACHE_VERSION, "cpu_rates": machine.cpu_rates,
-                                "cpu_scaling": {}, "base_rss_bytes": 1}))
+    cpu_cache = {"version": CACHE_VERSION, "cpu_rates": machine.cpu_rates, "cpu_scaling": {},
+                 "base_rss_bytes": 1}
+    path.write_text(json.dumps(cpu_cache))
     gpu = GpuProfile("NVIDIA Z", 2**34)
     fast = replace(gpu, transfer_bytes_per_s=5e10, calibrated=True)
     monkeypatch.setattr(gpu_calibrate, "_measure_cuda", lambda g, i, q: fast)
     with_gpu = replace(machine, gpus=(gpu,))
-    assert calibrated_profile(with_gpu, measure=False).gpu == gpu  # cached CPU rates only
+    assert calibrated_profile(with_gpu, measure=False).gpu == gpu  # never measures
     assert calibrated_profile(with_gpu, measure=True).gpu == fast
-    assert json.loads(path.read_text())["gpus"]["NVIDIA Z"]["transfer_bytes_per_s"] == 5e10
+    cached = json.loads(gpu_cache_path().read_text())["gpus"]["NVIDIA Z"]
+    assert cached["transfer_bytes_per_s"] == 5e10
+    assert json.loads(path.read_text()) == cpu_cache  # the CPU's file is left as it was
     monkeypatch.setattr(gpu_calibrate, "_measure_cuda", None)  # never measured again
     assert calibrated_profile(with_gpu, measure=True).gpu == fast
+    path.unlink()  # no CPU rates cached: the GPU's still apply
+    assert calibrated_profile(with_gpu, measure=False).gpu == fast
+
+
+def test_znni_plan_measures_this_machines_gpu_once(monkeypatch, tmp_path) -> None:
+    from znni.planner import detect
+    from znni.planner.graph.gpu_calibrate import gpu_cache_path
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr("znni.primitives.gpu.device_info", lambda: [
+        {"name": "NVIDIA Q", "memory_bytes": 2**35, "free_bytes": 2**34}])
+    calls = []
+
+    def measure(g: GpuProfile, device_id: int, quick: bool) -> GpuProfile:
+        calls.append(g.name)
+        return replace(g, calibrated=True)
+
+    monkeypatch.setattr(gpu_calibrate, "_measure_cuda", measure)
+    detect.calibrate_gpus()
+    detect.calibrate_gpus()
+    assert calls == ["NVIDIA Q"] and "NVIDIA Q" in gpu_cache_path().read_text()
+    assert detect.detect_machine(calibrate=None).gpu.calibrated

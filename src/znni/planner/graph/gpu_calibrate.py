@@ -7,17 +7,20 @@ and per primitive the multiplier of its compute rates with which gpu_costs' mode
 the measured time at compute-bound shapes (fit_multiplier): the rates are divided by it
 (cuDNN and the GEMM loop per precision the device computes in; cuFFT's transform and
 product rates together). Where memory traffic and launches alone explain the time, the
-rate stays as it was. A few seconds on a GPU; the rates are
-cached with the CPU's (planner/calibrate.py).
+rate stays as it was. A few seconds on a GPU; the rates are cached by GPU name in their
+own file beside the CPU's (gpu_cache_path), whenever calibrate.calibrated_profile runs.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -202,6 +205,40 @@ def _multiplier(gpu: GpuProfile, device: Any, device_conv: Callable[..., Any],
 MEASURED_FIELDS = ("memory_bytes_per_s", "transfer_bytes_per_s", "layer_overhead_s",
                    "fft_flops_per_s", "madd_flops_per_s", "has_cudnn", "cudnn_flops_per_s",
                    "gemm_flops_per_s", "calibrated")
+
+
+GPU_CACHE_VERSION = 1  # bump when the GPU rates change meaning; older caches re-measured
+
+
+def gpu_cache_path() -> Path:
+    """This host's GPU rates, by GPU name, beside the CPU's (calibrate.cache_path)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "znni" / f"gpus-{os.uname().nodename}.json"
+
+
+def cached_gpu_rates(gpus: tuple[GpuProfile, ...], *, measure: bool,
+                     quick: bool = False) -> tuple[GpuProfile, ...]:
+    """`gpus` with the rates cached for them (gpu_cache_path), the first one measured now
+    where `measure` and it has none (and then cached; not in a quick calibration)."""
+    if not gpus:
+        return gpus
+    path = gpu_cache_path()
+    cached: dict[str, Any] = {}
+    if path.is_file():
+        try:
+            data = json.loads(path.read_text())
+            if data.get("version") == GPU_CACHE_VERSION and isinstance(data.get("gpus"), dict):
+                cached = data["gpus"]
+        except (ValueError, OSError) as e:
+            log.warning("ignoring unreadable GPU calibration cache %s: %s", path, e)
+    known = dict(cached)
+    out = calibrated_gpus(gpus, known, measure=measure, quick=quick)
+    if known != cached and not quick:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # readers never see half
+        tmp.write_text(json.dumps({"version": GPU_CACHE_VERSION, "gpus": known}))
+        tmp.replace(path)
+    return out
 
 
 def calibrated_gpus(gpus: tuple[GpuProfile, ...], cached: dict[str, Any], *, measure: bool,
