@@ -119,3 +119,17 @@ def test_znni_plan_measures_this_machines_gpu_once(monkeypatch, tmp_path) -> Non
     detect.calibrate_gpus()
     assert calls == ["NVIDIA Q"] and "NVIDIA Q" in gpu_cache_path().read_text()
     assert detect.detect_machine(calibrate=None).gpu.calibrated
+
+
+def test_a_fallback_is_not_timed_as_the_primitive_asked() -> None:
+    dispatch = pytest.importorskip("znni.primitives.gpu.conv_dispatch")
+    from znni.planner.graph.gpu_calibrate import _time_conv
+    from znni.primitives.gpu.device import HostDevice
+
+    device = HostDevice(2**30)
+    dispatch.conv_state(device).set_library(None)  # no cuDNN: "cudnn" runs the GEMM loop
+    graph = _conv_case(2, 2, 3, 6)
+    assert _time_conv(device, dispatch.device_conv, "cudnn", graph, "fp32") is None
+    assert _time_conv(device, dispatch.device_conv, "gemm-loop", graph, "fp32") > 0
+    measured = gpu_rates(GpuProfile("no cuDNN", 2**30), device, quick=True)
+    assert not measured.has_cudnn

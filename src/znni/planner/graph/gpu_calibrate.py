@@ -66,8 +66,9 @@ def _measured(gpu: GpuProfile, device: Any, precisions: tuple[str, ...],
     gpu = replace(gpu, memory_bytes_per_s=_copy_rate(device, copy),
                   transfer_bytes_per_s=_upload_rate(device, copy))
     tiny = _conv_case(1, 1, 1, 4)  # one kernel offset: the GEMM loop's two launches
-    gpu = replace(gpu, layer_overhead_s=_time_conv(device, device_conv, "gemm-loop", tiny,
-                                                   "fp32") / 2)
+    launches_s = _time_conv(device, device_conv, "gemm-loop", tiny, "fp32")
+    if launches_s is not None:
+        gpu = replace(gpu, layer_overhead_s=launches_s / 2)
     has_cudnn = cudnn_available(device)
     cudnn, gemm = dict(gpu.cudnn_flops_per_s), dict(gpu.gemm_flops_per_s)
     for precision in precisions:
@@ -130,8 +131,10 @@ def _conv_case(cin: int, cout: int, k: int, side: int) -> Graph:
 
 
 def _time_conv(device: Any, device_conv: Callable[..., Any], primitive: str, graph: Graph,
-               precision: str) -> float:
-    """Median seconds of one `primitive` call on the graph's conv at `precision`."""
+               precision: str) -> float | None:
+    """Median seconds of one `primitive` call on the graph's conv at `precision`; None
+    where conv_dispatch ran another primitive instead (a fallback: not this one's rate)."""
+    from znni.primitives.gpu.conv_dispatch import conv_state
     from znni.primitives.precision import storage_dtype
 
     xp, dtype = device.xp, storage_dtype(precision)
@@ -145,7 +148,11 @@ def _time_conv(device: Any, device_conv: Callable[..., Any], primitive: str, gra
     def run() -> None:
         device.free(device_conv(device, primitive, x, params, precision=precision, key=key))
 
-    return _median_s(device, run)
+    ran = conv_state(device).ran
+    before = sum(n for name, n in ran.items() if name.startswith(primitive))
+    seconds = _median_s(device, run)
+    after = sum(n for name, n in ran.items() if name.startswith(primitive))
+    return seconds if after - before == REPEATS + 1 else None  # "cudnn" or "cudnn-standin"
 
 
 def _scaled(gpu: GpuProfile, primitive: str, factor: float) -> GpuProfile:
@@ -192,6 +199,10 @@ def _multiplier(gpu: GpuProfile, device: Any, device_conv: Callable[..., Any],
     for cin, cout, k, side in shapes:
         graph = _conv_case(cin, cout, k, side)
         measured = _time_conv(device, device_conv, primitive, graph, precision)
+        if measured is None:
+            log.warning("GPU %s %s %s fell back to another primitive; not timed", primitive,
+                        precision, (cin, cout, k, side))
+            continue
         m = fit_multiplier(gpu, graph, primitive, precision, measured)
         log.info("GPU %s %s %s: %.3g s measured, %.3g s modelled, multiplier %s", primitive,
                  precision, (cin, cout, k, side), measured,
