@@ -16,12 +16,18 @@
 # summary.txt. The step limits (seconds) add up to 7.5 minutes: T_ENV, T_IMPORTS, T_TESTS,
 # T_BENCH, and T_CHILD for each of gpu.py's child runs. PYTHON picks the interpreter
 # (default python3); STEPS the steps (default "env imports tests bench"; a second call on a
-# still-warm machine can run STEPS="env bench" alone).
+# still-warm machine can run STEPS="env bench" alone); WHEELS the wheel folder (.whl).
+# A dry run of the script itself without a GPU: STANDIN=1 STEPS="env bench" WHEELS=none
+# PYTHON=.venv/bin/python bash benchmarks/device_check.sh (the bench step then runs
+# gpu.py --standin; its figures are not GPU figures).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 PY=${PYTHON:-python3}
 T_ENV=${T_ENV:-45} T_IMPORTS=${T_IMPORTS:-45} T_TESTS=${T_TESTS:-120} T_BENCH=${T_BENCH:-240}
 T_CHILD=${T_CHILD:-90}
+WHEELS=${WHEELS:-.whl}
+BENCH_MODE=(--quick)
+[[ ${STANDIN:-0} == 1 ]] && BENCH_MODE=(--standin --quick)
 STEPS=" ${STEPS:-env imports tests bench} "
 RESULTS=${OUT:-results/device-check-$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$RESULTS"
@@ -58,12 +64,12 @@ env_step() {
     --format=csv || true
   uname -a; nproc; free -g || true
   "$PY" --version
-  if compgen -G ".whl/*.whl" >/dev/null; then
-    ls -l .whl/
+  if compgen -G "$WHEELS/*.whl" >/dev/null; then
+    ls -l "$WHEELS"/
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target /tmp/site .whl/*.whl || return 1
+      --target /tmp/site "$WHEELS"/*.whl || return 1
   else
-    echo "no .whl/ wheels: using what $PY already has"
+    echo "no wheels in $WHEELS/: using what $PY already has"
   fi
   "$PY" -m pip list 2>/dev/null | grep -iE '^(cupy|nvidia-cudnn|nvidia-cufft|nvidia-cublas|cuda-toolkit|torch |numpy|monai|onnx |pytest |zarr|pyfftw)' || true
 }
@@ -99,12 +105,12 @@ tests_step() {  # what `make test-gpu` runs (Makefile), on this interpreter
     --junitxml "$RESULTS/tests.xml" $files
 }
 
-export PY RESULTS
+export PY RESULTS WHEELS
 export -f env_step imports_step tests_step
 step env "$T_ENV" "$RESULTS/env.log" env_step
 step imports "$T_IMPORTS" "$RESULTS/env.log" imports_step
 step tests "$T_TESTS" "$RESULTS/tests.log" tests_step
-step bench "$T_BENCH" "$RESULTS/bench.log" "$PY" benchmarks/gpu.py --quick \
+step bench "$T_BENCH" "$RESULTS/bench.log" "$PY" benchmarks/gpu.py "${BENCH_MODE[@]}" \
   --json "$RESULTS/bench.json" --timeout "$T_CHILD"
 
 echo
