@@ -13,7 +13,7 @@
 # Every step runs under `timeout`; a failed step does not stop the later ones, and the
 # script exits 1 if any failed. Logs go to $OUT when it is set (the device tool), else to
 # results/device-check-DATE/: env.log, tests.log, tests.xml, bench.log, bench.json,
-# summary.txt. The step limits (seconds) add up to 7.5 minutes: T_ENV, T_IMPORTS, T_TESTS,
+# summary.txt. The step limits (seconds) add up to 7.7 minutes: T_ENV, T_IMPORTS, T_TESTS,
 # T_BENCH, and T_CHILD for each of gpu.py's child runs. PYTHON picks the interpreter
 # (default python3); STEPS the steps (default "env imports tests bench"; a second call on a
 # still-warm machine can run STEPS="env bench" alone); WHEELS the wheel folder (.whl).
@@ -23,8 +23,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 PY=${PYTHON:-python3}
-T_ENV=${T_ENV:-45} T_IMPORTS=${T_IMPORTS:-45} T_TESTS=${T_TESTS:-120} T_BENCH=${T_BENCH:-240}
-T_CHILD=${T_CHILD:-90}
+T_ENV=${T_ENV:-45} T_IMPORTS=${T_IMPORTS:-45} T_TESTS=${T_TESTS:-100} T_BENCH=${T_BENCH:-270}
+T_CHILD=${T_CHILD:-120}
 WHEELS=${WHEELS:-.whl}
 BENCH_MODE=(--quick)
 [[ ${STANDIN:-0} == 1 ]] && BENCH_MODE=(--standin --quick)
