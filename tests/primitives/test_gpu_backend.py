@@ -12,7 +12,7 @@ from support.naive import close, naive_dense, naive_dense_at, random_network
 
 from znni.primitives import ReferenceBackend, dense_forward
 from znni.primitives.backends import make_backend
-from znni.primitives.base import Activation
+from znni.primitives.base import Activation, Conv
 from znni.primitives.gpu.backend import GpuBackend
 from znni.primitives.gpu.cupy_device import cuda_available
 from znni.primitives.gpu.device import HostDevice
@@ -51,13 +51,17 @@ def test_random_networks_match_brute_force_and_reference(device_factory, seed):
     size = [valid_size(layers, int(rng.integers(1, 8)), d) for d in range(3)]
     x = rng.standard_normal((2, cin, *size)).astype(np.float32)
     dev = device_factory(2**28)
-    out = dense_forward(ops, x, GpuBackend(dev))
+    backend = GpuBackend(dev)
+    out = dense_forward(ops, x, backend)
     assert close(out, dense_forward(ops, x, ReferenceBackend()))
     positions = list(np.ndindex(*out.shape[2:]))[:20]
     for b in range(2):
         got = np.array([out[b, :, i, j, k] for i, j, k in positions])
         assert close(got, naive_dense_at(layers, params, x[b], positions))
-    assert dev.in_use_bytes == 0 and dev.peak_bytes <= dev.memory_cap_bytes
+    # only the conv parameters stay, kept for the next call
+    assert dev.in_use_bytes == backend.kept.nbytes and dev.peak_bytes <= dev.memory_cap_bytes
+    backend.kept.clear()
+    assert dev.in_use_bytes == 0
 
 
 @pytest.mark.parametrize(
@@ -81,7 +85,7 @@ def test_memory_cap_forces_four_sub_batches_and_output_stays_exact(device_factor
             counts[e.tag.split("#")[0]] += 1
     assert max(counts.values()) >= 4, counts
     assert 0 < dev.peak_bytes <= cap
-    assert dev.in_use_bytes == 0
+    assert dev.in_use_bytes == backend.kept.nbytes  # the last layer's parameters, kept
 
 
 def test_large_cap_runs_the_whole_network_gpu_only_in_one_pass(device_factory):
@@ -182,3 +186,18 @@ def test_planner_primitive_names_are_accepted(device_factory):
     ]
     out = dense_forward(ops, x, GpuBackend(device_factory(2**26)), prims)
     assert close(out[0], naive_dense(layers, params, x[0]))
+
+
+def test_conv_parameters_are_uploaded_once_per_run(device_factory):
+    """A dense run calls the backend once per patch batch; the weights go up once."""
+    rng = np.random.default_rng(9)
+    layers, params = net_layers(2, rng)
+    ops = ops_from_layers(layers, params)
+    size = [valid_size(layers, 9, d) for d in range(3)]
+    backend = GpuBackend(device_factory(2**28))
+    for seed in range(3):
+        x = np.random.default_rng(seed).standard_normal((1, 2, *size)).astype(np.float32)
+        primitives = ["fft-keep" if isinstance(op, Conv) else None for op in ops]
+        out = dense_forward(ops, x, backend, primitives)
+        assert close(out, dense_forward(ops, x, ReferenceBackend()))
+    assert backend.kept.uploads == sum(isinstance(op, Conv) for op in ops)

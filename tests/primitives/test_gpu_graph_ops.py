@@ -1,7 +1,8 @@
-"""GpuBackend.graph_op on the stand-in device against the CPU graph_ops kernels (themselves
-checked against brute force in test_graph_ops.py): every op, odd sizes, anisotropic
-kernels and strides; channel splits under a small memory cap, checked from the device's
-log; one sentence when an op cannot be split; the kernels' workspace model."""
+"""Graph ops on device-resident tensors (DeviceGraphOps, the stand-in device) against the
+CPU graph_ops kernels (themselves checked against brute force in test_graph_ops.py):
+every op, odd sizes, anisotropic kernels and strides; output-channel chunks under a cap
+just below the whole op's peak; a clear error when an op cannot be split; the kernels'
+workspace model."""
 
 from __future__ import annotations
 
@@ -14,11 +15,11 @@ from support.naive import close
 
 from znni.engine.compute.graph_forward import KERNELS
 from znni.primitives.cpu import graph_ops as g
-from znni.primitives.gpu.backend import GpuBackend
-from znni.primitives.gpu.device import HostDevice
+from znni.primitives.gpu.conv_dispatch import release_conv_caches
+from znni.primitives.gpu.device import DeviceOutOfMemory, HostDevice
+from znni.primitives.gpu.graph_device import DeviceGraphOps
 from znni.primitives.gpu.graph_kernels import KERNELS as XP_KERNELS
-from znni.primitives.gpu.graph_runner import GraphOps
-from znni.primitives.gpu.graph_split import chunk_inputs, out_shape, workspace_bytes
+from znni.primitives.gpu.graph_split import out_shape, workspace_bytes
 
 RNG = np.random.default_rng(15)
 Case = tuple[str, dict, list[np.ndarray]]
@@ -115,41 +116,51 @@ def cpu(op: str, p: dict, xs: list[np.ndarray]) -> np.ndarray:
 
 
 @pytest.fixture
-def backend_for() -> Callable[[int], GpuBackend]:
+def device_for() -> Callable[[int], HostDevice]:
     made: list[HostDevice] = []
 
-    def make(cap: int = 2**28) -> GpuBackend:
+    def make(cap: int = 2**28) -> HostDevice:
         made.append(HostDevice(cap, jitter_s=0.0002))
-        return GpuBackend(made[-1])
+        return made[-1]
 
     yield make
     for dev in made:
         dev.close()
 
 
-def launches(dev: HostDevice, op: str) -> int:
-    tag = f"graph:{op}#"
-    return sum(1 for e in dev.log if e.phase == "issue" and e.kind == "launch" and tag in e.tag)
+def run_op(device: HostDevice, op: str, p: dict, xs: list[np.ndarray]) -> tuple[np.ndarray, int]:
+    """The op on device-resident inputs through DeviceGraphOps: (host result, the output
+    channel chunks it ran in); every device array freed afterwards."""
+    ops = DeviceGraphOps(device)
+    dx = [ops.to_device(x) for x in xs]
+    try:
+        y = ops.run(op, "node", p, dx)
+        got = np.array(y, np.float32)
+        ops.free(y)
+        return got, ops.log[-1][1]
+    finally:
+        ops.free(*dx)
+        ops.close()
+        release_conv_caches(device)
+
+
+def _whole_peak(op: str, p: dict, xs: list[np.ndarray]) -> int:
+    """Device bytes at the peak of the op run whole (inputs and parameters included)."""
+    dev = HostDevice(2**30)
+    try:
+        assert run_op(dev, op, p, xs)[1] == 1
+        return dev.peak_bytes
+    finally:
+        dev.close()
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_every_op_matches_the_cpu_kernel(backend_for, name):
+def test_every_op_matches_the_cpu_kernel(device_for, name):
     op, p, xs = CASES[name]
-    backend = backend_for()
-    got = backend.graph_op(op, p, *xs)
-    want = cpu(op, p, xs)
-    assert got.dtype == np.float32
-    assert close(got, want)
-    dev = backend.device
-    assert dev.in_use_bytes == 0 and dev.peak_bytes <= dev.memory_cap_bytes
-    assert op == "identity" or launches(dev, op) == 1
-
-
-def _full_bytes(op: str, p: dict, xs: list[np.ndarray]) -> int:
-    """Device bytes of the whole op as one chunk."""
-    out = out_shape(op, p, [x.shape for x in xs])
-    q, views = chunk_inputs(op, p, xs, (0, out[0]), (0, out[1]))
-    return GraphOps(HostDevice(1))._bytes(op, q, views)[0]
+    dev = device_for()
+    got, chunks = run_op(dev, op, p, xs)
+    assert close(got, cpu(op, p, xs))
+    assert chunks == 1 and dev.in_use_bytes == 0 and dev.peak_bytes <= dev.memory_cap_bytes
 
 
 SPLITTABLE = [
@@ -161,62 +172,36 @@ SPLITTABLE = [
 
 
 @pytest.mark.parametrize("name", SPLITTABLE)
-def test_a_small_cap_splits_along_channels_and_still_agrees(backend_for, name):
+def test_a_small_cap_splits_along_channels_and_still_agrees(device_for, name):
     op, p, xs = CASES[name]
-    xs = [x[:1] for x in xs]  # one sample: only channels are left to split
-    if op == "slice":
-        p = {**p, "slices": ((0, 1, 1), *p["slices"][1:])}
-    cap = _full_bytes(op, p, xs) - 1
-    backend = backend_for(cap)
-    got = backend.graph_op(op, p, *xs)
+    cap = _whole_peak(op, p, xs) - 1
+    dev = device_for(cap)
+    got, chunks = run_op(dev, op, p, xs)
     assert close(got, cpu(op, p, xs))
-    dev = backend.device
-    assert launches(dev, op) >= 2 and backend.sub_batches[-1] == (f"graph:{op}", launches(dev, op))
-    assert dev.in_use_bytes == 0 and 0 < dev.peak_bytes <= cap
+    assert chunks >= 2 and dev.in_use_bytes == 0 and 0 < dev.peak_bytes <= cap
 
 
-@pytest.mark.parametrize(
-    "name,per_chunk,chunks", [("conv_grouped", 1, 4), ("convt_general", 2, 4), ("group_norm", 2, 3)]
-)
-def test_grouped_ops_split_within_or_by_whole_groups(backend_for, name, per_chunk, chunks):
-    """A cap that fits `per_chunk` output channels: convs cut inside a group, group norm
-    by whole groups (convt_general: 2 groups of 3 channels -> 2 + 1 per group)."""
+@pytest.mark.parametrize("name", ["softmax"])
+def test_an_op_that_cannot_be_split_names_op_shape_and_cap(device_for, name):
     op, p, xs = CASES[name]
     xs = [x[:1] for x in xs]
-    chunk = chunk_inputs(op, p, xs, (0, 1), (0, per_chunk))
-    backend = backend_for(GraphOps(HostDevice(1))._bytes(op, *chunk)[0])
-    assert close(backend.graph_op(op, p, *xs), cpu(op, p, xs))
-    assert launches(backend.device, op) == chunks
+    cap = _whole_peak(op, p, xs) - 1
+    dev = device_for(cap)
+    with pytest.raises(DeviceOutOfMemory, match=rf"'{op}' on input \(1, 6, 5, 7, 9\).* {cap}-byte"):
+        run_op(dev, op, p, xs)
+    assert dev.in_use_bytes == 0
 
 
-def test_samples_split_before_channels(backend_for):
-    op, p, xs = CASES["softmax"]
-    backend = backend_for(_full_bytes(op, p, xs) - 1)  # two samples: one at a time fits
-    assert close(backend.graph_op(op, p, *xs), cpu(op, p, xs))
-    assert launches(backend.device, op) == 2
-
-
-@pytest.mark.parametrize("name", ["softmax", "group_norm"])
-def test_an_op_that_cannot_be_split_names_op_shape_and_cap(backend_for, name):
-    op, p, xs = CASES[name]
-    xs = [x[:1] for x in xs]
-    cap = _full_bytes(op, p, xs) // (2 if op == "softmax" else 5)
-    backend = backend_for(cap)
-    with pytest.raises(ValueError, match=rf"'{op}' on input \(1, 6, 5, 7, 9\).* {cap}-byte"):
-        backend.graph_op(op, p, *xs)
-    assert backend.device.in_use_bytes == 0
-
-
-def test_bad_parameters_are_refused_before_any_upload(backend_for):
-    backend = backend_for()
+def test_bad_parameters_are_refused_before_any_work(device_for):
+    dev = device_for()
     x = _r(1, 4, 5, 5, 5)
     with pytest.raises(ValueError, match="mode must be one of"):
-        backend.graph_op("resize", _resize((6, 6, 6), "cubic", "half_pixel"), x)
+        run_op(dev, "resize", _resize((6, 6, 6), "cubic", "half_pixel"), [x])
     with pytest.raises(ValueError, match="num_groups=3"):
-        backend.graph_op("group_norm", dict(groups=3, scale=None, bias=None, epsilon=1e-5), x)
+        run_op(dev, "group_norm", dict(groups=3, scale=None, bias=None, epsilon=1e-5), [x])
     with pytest.raises(ValueError, match="no kernel for graph op 'gelu'"):
-        backend.graph_op("gelu", {}, x)
-    assert not backend.device.log
+        run_op(dev, "gelu", {}, [x])
+    assert not dev.log and dev.in_use_bytes == 0
 
 
 @pytest.mark.parametrize("name", sorted(n for n in CASES if CASES[n][0] != "identity"))

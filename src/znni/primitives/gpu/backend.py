@@ -25,6 +25,7 @@ import numpy as np
 from znni.primitives.base import Activation, Conv, Op, Pool, Triple
 from znni.primitives.dense import fuse_activations
 from znni.primitives.gpu.device import Device, nbytes_of
+from znni.primitives.gpu.kept_params import KeptParams
 from znni.primitives.gpu.layers import (
     DeviceOp,
     Params,
@@ -32,7 +33,6 @@ from znni.primitives.gpu.layers import (
     apply_op,
     fill_spectra,
     resolve_primitive,
-    upload_params,
 )
 from znni.primitives.gpu.streaming import (
     Chunk,
@@ -74,6 +74,7 @@ class GpuBackend:
             fft_batch_bytes or max(4096, min(MAX_FFT_BATCH_BYTES, cap // 16))
         )
         self.sub_batches: list[tuple[str, int]] = []  # (op tag, chunks streamed), per call
+        self.kept = KeptParams(device)  # conv parameters uploaded once per run, not per call
 
     # -- the Backend protocol ------------------------------------------------
     def conv3d(
@@ -156,7 +157,9 @@ class GpuBackend:
         return np.ascontiguousarray(x, dtype=np.float32)
 
     def _free_bytes(self) -> int:
-        return self.device.memory_cap_bytes - self.device.in_use_bytes
+        """Free device memory, counting kept parameters as free: a call's fit counts its
+        own parameters, and it gives back the others before it allocates."""
+        return self.device.memory_cap_bytes - self.device.in_use_bytes + self.kept.nbytes
 
     def _largest_fit(self, total: int, need: Any) -> int | None:
         """Largest sub-batch `sub` with need(sub, chunks) within the free device memory."""
@@ -209,19 +212,13 @@ class GpuBackend:
         ws_bytes = max(
             d.workspace_bytes(sub_shapes[i], self.fft_batch_bytes) for i, d in enumerate(dops)
         )
-        params: list[Params | None] = []
-        try:
-            for i, d in enumerate(dops):
-                params.append(upload_params(self.device, d, sub_shapes[i]))
-            compute = self._chain(dops, params)
-            tag = "+".join(d.tag for d in dops)
-            stream_chunks(
-                self.device, x, out, chunks, compute, ws_bytes, tag, self._prologue(params)
-            )
-        finally:
-            for p in params:
-                if p is not None:
-                    self.device.free(*p.arrays())
+        self.kept.retain(self.kept.key(d, sub_shapes[i], 0, None) for i, d in enumerate(dops))
+        got = [self.kept.get(d, sub_shapes[i]) for i, d in enumerate(dops)]
+        params = [p for p, _ in got]
+        compute = self._chain(dops, params)
+        tag = "+".join(d.tag for d in dops)
+        fill = [p for p, f in got if f]
+        stream_chunks(self.device, x, out, chunks, compute, ws_bytes, tag, self._prologue(fill))
         self.sub_batches.append((tag, len(chunks)))
         return out
 
@@ -346,14 +343,11 @@ class GpuBackend:
         o0: int,
         o1: int,
     ) -> None:
-        params = upload_params(self.device, dop, sub_shape, o0, o1)
+        self.kept.retain([self.kept.key(dop, sub_shape, o0, o1)])
+        params, fill = self.kept.get(dop, sub_shape, o0, o1)
         assert params is not None  # dop is a conv
-        try:
-            ws_bytes = dop.workspace_bytes(sub_shape, self.fft_batch_bytes, o1 - o0)
-            compute = self._chain([dop], [params])
-            tag = f"{dop.tag}[{o0}:{o1}]"
-            stream_chunks(
-                self.device, x, out, chunks, compute, ws_bytes, tag, self._prologue([params])
-            )
-        finally:
-            self.device.free(*params.arrays())
+        ws_bytes = dop.workspace_bytes(sub_shape, self.fft_batch_bytes, o1 - o0)
+        compute = self._chain([dop], [params])
+        tag = f"{dop.tag}[{o0}:{o1}]"
+        prologue = self._prologue([params] if fill else [])
+        stream_chunks(self.device, x, out, chunks, compute, ws_bytes, tag, prologue)

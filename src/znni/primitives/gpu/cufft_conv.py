@@ -207,7 +207,7 @@ def _make_kept(
     device.reserve(temps + nbytes, "kernel spectra transform")
     try:
         w32 = xp.ascontiguousarray(w, dtype=F32)
-        arr = xp.empty((spectrum_points(fshape), cout, cin), dtype=xp.complex64)  # (F, Cout, Cin)
+        arr = xp.empty((spectrum_points(fshape), cin, cout), dtype=xp.complex64)  # (F, Cin, Cout)
         spectra = kernel_spectra(xp, w32, fshape, batch_bytes, Workspace(temps, "spectra"), arr)
     finally:
         device.release(temps + nbytes)

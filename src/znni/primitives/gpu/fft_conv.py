@@ -96,23 +96,27 @@ def _inverse_pruned(xp: ModuleType, t: Any, fshape: Triple, out_size: Triple, ws
 def kernel_spectra(
     xp: ModuleType, w: Any, fshape: Triple, batch_bytes: int, ws: Workspace, out: Any = None
 ) -> Any:
-    """conj(FFT(w)) laid out (F, Cout, Cin) complex64, transformed in bounded batches.
+    """conj(FFT(w)) laid out (F, Cin, Cout) complex64, transformed in bounded batches.
 
     Written into `out` (kept spectra, owned by the caller) or a new workspace array.
     """
     cout, cin = w.shape[:2]
     nf = spectrum_points(fshape)
     if out is None:
-        spec = ws.take(xp.empty((nf, cout * cin), dtype=xp.complex64))  # (F, Cout*Cin)
+        spec = ws.take(xp.empty((nf, cin * cout), dtype=xp.complex64))  # (F, Cin*Cout)
     else:
-        spec = out.reshape(nf, cout * cin)  # (F, Cout*Cin), a view of out
-    images = w.reshape(cout * cin, *w.shape[2:])
+        spec = out.reshape(nf, cin * cout)  # (F, Cin*Cout), a view of out
+    # Cin-major images, so the spectra are the right-hand operand of the per-frequency
+    # products as they lie: (F, S, Cin) @ (F, Cin, Cout), no transposed copy per call
+    wt = ws.take(xp.ascontiguousarray(w.transpose(1, 0, 2, 3, 4)))  # (Cin, Cout, k)
+    images = wt.reshape(cin * cout, *w.shape[2:])
     step = batch_images(fshape, batch_bytes)
-    for i0 in range(0, cout * cin, step):
+    for i0 in range(0, cin * cout, step):
         t = _forward_pruned(xp, images[i0 : i0 + step], fshape, ws)
         spec[:, i0 : i0 + t.shape[0]] = xp.conj(t.reshape(t.shape[0], nf)).T
         ws.give(t)
-    return spec.reshape(nf, cout, cin)  # (F, Cout, Cin)
+    ws.give(wt)
+    return spec.reshape(nf, cin, cout)  # (F, Cin, Cout)
 
 
 def fft_conv(
@@ -146,12 +150,12 @@ def fft_conv(
     ys = ws.take(xp.empty((nf, s, cout), dtype=xp.complex64))  # (F, S, Cout)
     x3 = xs.reshape(nf, s, cin)  # (F, S, Cin)
     if spectra is not None:
-        xp.matmul(x3, spectra.transpose(0, 2, 1), out=ys)
+        xp.matmul(x3, spectra, out=ys)  # (F, S, Cin) @ (F, Cin, Cout)
     else:
         g = kernel_group(cin, cout, s, fshape, batch_bytes)
         for o0 in range(0, cout, g):
-            spec = kernel_spectra(xp, w[o0 : o0 + g], fshape, batch_bytes, ws)  # (F, g, Cin)
-            part = ws.take(xp.matmul(x3, spec.transpose(0, 2, 1)))  # (F, S, g)
+            spec = kernel_spectra(xp, w[o0 : o0 + g], fshape, batch_bytes, ws)  # (F, Cin, g)
+            part = ws.take(xp.matmul(x3, spec))  # (F, S, g)
             ys[:, :, o0 : o0 + g] = part
             ws.give(spec, part)
             del spec, part

@@ -154,7 +154,7 @@ def upload_params(
     if dop.primitive == "fft-keep":
         params.fshape = fft_shape(shape[2:])  # type: ignore[arg-type]
         nf = spectrum_points(params.fshape)
-        params.spectra = device.alloc((nf, o1 - o0, w_host.shape[1]), np.complex64, "spectra")
+        params.spectra = device.alloc((nf, w_host.shape[1], o1 - o0), np.complex64, "spectra")
     return params
 
 
