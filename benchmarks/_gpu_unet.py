@@ -108,7 +108,7 @@ def znni_child(args: dict[str, Any]) -> dict[str, Any]:
                     + (msg[-1] if msg else "no message")}
     result: dict[str, Any] = {"cold_s": times[0], "warm_s": times[1], "output": str(out)}
     result.update(provenance(out))
-    result.update(traced_run(args, out))
+    result.update({k: v for k, v in traced_run(args, out).items() if v is not None})
     result.update(window_compute(args))
     return result
 
@@ -126,11 +126,22 @@ def traced_run(args: dict[str, Any], out: Path) -> dict[str, Any]:
             from znni.primitives.gpu.device import HostDevice as cls
         else:
             from znni.primitives.gpu.cupy_device import CupyDevice as cls
-        with Tracer(cls) as tracer, contextlib.redirect_stderr(io.StringIO()):
-            main(segment_argv(args, out))
-        return {"overlap": tracer.summary()}
+        err = io.StringIO()
+        with Tracer(cls) as tracer, contextlib.redirect_stderr(err):
+            main([a for a in segment_argv(args, out) if a != "--quiet"])
+        return {"overlap": tracer.summary(), **ran_line(err.getvalue())}
     except Exception as e:  # noqa: BLE001 - reported beside the figures, never fatal
         return {"overlap_error": f"{type(e).__name__}: {e}"[:300]}
+
+
+def ran_line(stderr: str) -> dict[str, Any]:
+    """What `znni segment` (without --quiet) says really ran on the device: its line
+    "device NAME: convs cudnn x46, ...; peak ... [; out of memory ...][; fallbacks: ...]"."""
+    for line in stderr.splitlines():
+        if line.startswith("device ") and ": convs " in line:
+            convs = line.split(": convs ", 1)[1].split(";", 1)[0]
+            return {"convs_ran": convs, "device_line": line.strip()}
+    return {}
 
 
 def provenance(out: Path) -> dict[str, Any]:

@@ -129,7 +129,8 @@ def _unet_rows(results: Results, p: str, plan: dict, z: dict, m: dict) -> None:
                          "convs planned": z.get("planned_convs") or _count(plan),
                          "convs ran": z.get("convs_ran") or "not recorded",
                          "vs_MONAI": best / z["warm_s"] if best and z.get("warm_s") else None,
-                         "note": z.get("error") or f"cold run {z.get('cold_s', 0):.2f} s"})
+                         "note": z.get("error") or f"cold run {z.get('cold_s', 0):.2f} s",
+                         "device says": z.get("device_line")})
     for b, t in zip((1, 4), monai):
         autocast = ", autocast fp16" if p == "fp16" else ""
         results.add("unet", {"what": f"MONAI sliding_window_inference, sw_batch {b}{autocast}",

@@ -44,6 +44,8 @@ def test_gpu_benchmark_standin_smoke(tmp_path: Path) -> None:
     assert {(r["precision"], r["what"].split(",")[0]) for r in unet if r.get("seconds")} >= {
         (p, w) for p in ("fp32", "fp16")
         for w in ("znni segment --device gpu (warm)", "MONAI sliding_window_inference")}, log
+    ran = [r["convs ran"] for r in unet if r["what"].startswith("znni")]
+    assert ran and all("cudnn-standin" in r for r in ran), ran  # what ran, by its own name
     errors = {r["what"]: r for r in sections["errors"]}
     assert errors["znni vs MONAI, both fp32"]["/ max |ref|"] < 1e-4, log
     assert errors["znni fp16 vs znni fp32"]["/ max |ref|"] < 5e-2, log
