@@ -232,6 +232,11 @@ def _check_options(job: SegmentJob) -> None:
             f"network {job.network.name!r} runs in exact (MPF) mode, where --window does not "
             "apply; windows are for ONNX models"
         )
+    elif job.precision != "fp32":
+        raise ValueError(
+            f"precision {job.precision} applies to ONNX graph models in this version; "
+            f"network {job.network.name!r} runs in exact (MPF) mode in fp32"
+        )
     check_device(job.device)
     check_precision(job.device, job.precision)
     for what, value in (("chunks", job.chunks), ("block", job.block), ("window", job.window)):

@@ -97,3 +97,15 @@ def test_precision_on_the_cpu_is_one_sentence(onnx_models, volume, tmp_path, cap
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and "bf16" in err and not out.exists()
+
+
+def test_precision_of_a_sequential_network_is_one_sentence(onnx_models, volume, tmp_path,
+                                                           capsys, standin) -> None:
+    """A plain chain imports as a sequential network: its MPF path computes in fp32 only."""
+    out = tmp_path / "never.zarr"
+    args = ["segment", str(onnx_models.path("chain")), volume, str(out), "--device", "gpu",
+            "--precision", "fp16"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "applies to ONNX graph models" in err and "Traceback" not in err
+    assert not out.exists()
