@@ -20,7 +20,7 @@ from znni.engine.compute.execution import (
     execution_for,
     graph_backend_name,
     graph_device_cap,
-    graph_runs_on_gpu,
+    graph_pass_device,
     plan_job,
 )
 from znni.engine.compute.graph_choice import GraphChoice, choose, plan_window
@@ -29,6 +29,7 @@ from znni.engine.compute.layout import (
     choose_block_shape,
     input_cache_bytes,
     memory_budget_bytes,
+    windowed_block_shape,
 )
 from znni.engine.compute.tiles import tile_output
 from znni.engine.compute.windows import WindowGrid
@@ -182,34 +183,15 @@ def _window_for(
             and recorded.get("network") == model.digest:
         window = tuple(int(v) for v in recorded["window"])  # type: ignore[assignment]
     else:
-        return choose(model, pass_budget, region.shape, job.overlap, **_graph_device(job))
+        where = graph_pass_device(job.device, job.precision, job.memory_limit_bytes)
+        return choose(model, pass_budget, region.shape, job.overlap, **where)
     return plan_window(model, window, pass_budget, region.shape, job.overlap,
-                       **_graph_device(job))
-
-
-def _graph_device(job: SegmentJob) -> dict[str, Any]:
-    """Where a graph network's windows run, as the graph planner takes it: the CPU, or the
-    GPU at the job's precision within the device cap (the stand-in's fixed one)."""
-    if not graph_runs_on_gpu(job.device):
-        return {}
-    cap = graph_device_cap(job.device, job.memory_limit_bytes)
-    return {"device": "gpu", "precision": job.precision, "device_cap": cap}
+                       **graph_pass_device(job.device, job.precision, job.memory_limit_bytes))
 
 
 def _windowed_parts(parts: dict[str, Any], window: Triple, job: SegmentJob) -> dict[str, Any]:
     return {**parts, "mode": "windowed", "window": list(window), "overlap": job.overlap,
             "blend": job.blend}
-
-
-def windowed_block_shape(chunks: Triple, window: Triple, region: Triple) -> Triple:
-    """Whole chunks, about two windows wide per axis (within the region): windows that
-    touch two blocks are blended into both (and kept by the worker for the next block), so
-    blocks should be several windows wide."""
-    out = []
-    for c, w, r in zip(chunks, window, region, strict=True):
-        want = min(max(2 * w, c), max(r, c))
-        out.append(-(-want // c) * c)
-    return (out[0], out[1], out[2])
 
 
 def _check_options(job: SegmentJob) -> None:

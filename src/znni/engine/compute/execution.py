@@ -217,3 +217,13 @@ def graph_device_cap(device: str, memory_limit_bytes: int | None) -> int:
     from znni.planner.graph.gpu_search import device_cap_bytes
 
     return device_cap_bytes(planning_machine(), memory_limit_bytes)
+
+
+def graph_pass_device(device: str, precision: str,
+                      memory_limit_bytes: int | None) -> dict[str, Any]:
+    """Where a graph network's windows run, as the graph planner's choose/plan_window take
+    it: {} for the CPU, or the GPU at `precision` within the device cap."""
+    if not graph_runs_on_gpu(device):
+        return {}
+    cap = graph_device_cap(device, memory_limit_bytes)
+    return {"device": "gpu", "precision": precision, "device_cap": cap}

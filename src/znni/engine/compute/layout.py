@@ -120,3 +120,14 @@ def _tiled(extent: int, patch: int, lo: int, hi: int) -> int:
     ceil(n / patch) patches of min(patch, n) (engine.geometry.patch_tiling; a patch is
     clipped to its block)."""
     return sum(-(-(b - a) // patch) * min(patch, b - a) for a, b in grid_spans(lo, hi, extent))
+
+
+def windowed_block_shape(chunks: Triple, window: Triple, region: Triple) -> Triple:
+    """Whole chunks, about two windows wide per axis (within the region): windows that
+    touch two blocks are blended into both (and kept by the worker for the next block), so
+    blocks should be several windows wide."""
+    out = []
+    for c, w, r in zip(chunks, window, region, strict=True):
+        want = min(max(2 * w, c), max(r, c))
+        out.append(-(-want // c) * c)
+    return (out[0], out[1], out[2])
