@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -89,8 +90,35 @@ def software() -> dict[str, str]:
     return out
 
 
+_LEGACY: Counter[str] = Counter()  # GpuBackend's per-layer convs that conv_dispatch misses
+
+
+def count_layer_convs() -> None:
+    """Count what GpuBackend's per-layer path (primitives/gpu/layers.apply_op) runs besides
+    cuDNN, which conv_dispatch counts itself: its per-offset GEMM loop (`direct_conv`) and
+    its FFT conv (`fft_conv`), by wrapping the two functions where apply_op looks them up.
+    Once per process; a layers module without them is left alone."""
+    try:
+        from znni.primitives.gpu import layers
+    except ImportError:
+        return
+    for attr, name in (("direct_conv", "gemm-loop"), ("fft_conv", "cufft")):
+        fn = getattr(layers, attr, None)
+        if fn is None or getattr(fn, "_counted", False):
+            continue
+
+        def counted(*args: Any, _fn: Any = fn, _name: str = name, **kwargs: Any) -> Any:
+            _LEGACY[_name] += 1
+            return _fn(*args, **kwargs)
+
+        counted._counted = True  # type: ignore[attr-defined]
+        setattr(layers, attr, counted)
+
+
 def reset_engines(device: Any) -> None:
-    """Forget which conv primitives ran on `device` (conv_dispatch.ConvState.ran)."""
+    """Forget which conv primitives ran on `device` (conv_dispatch.ConvState.ran, and the
+    per-layer path's counts from count_layer_convs)."""
+    _LEGACY.clear()
     try:
         from znni.primitives.gpu.conv_dispatch import conv_state
     except ImportError:
@@ -98,37 +126,25 @@ def reset_engines(device: Any) -> None:
     conv_state(device).ran.clear()
 
 
-def engines(device: Any, fallback: str = "") -> str:
+def engines(device: Any, fallback: str = "-") -> str:
     """What the convs on `device` really ran since reset_engines, by the primitive's own
-    name ("cudnn 7", "gemm-loop 2", "cufft 1"), with any fallbacks noted; `fallback` when
-    nothing was counted (a path that does not go through conv_dispatch)."""
+    name ("cudnn 7", "gemm-loop 2", "cufft 1"; counted per call, so sub-batches and
+    channel chunks count apiece), with the number of distinct fallbacks; `fallback` when
+    nothing was counted."""
+    ran: Counter[str] = Counter(_LEGACY)
+    fallbacks = 0
     try:
         from znni.primitives.gpu.conv_dispatch import conv_state
+
+        state = conv_state(device)
+        ran.update(state.ran)
+        fallbacks = len(state.fallbacks)
     except ImportError:
+        pass
+    if not ran:
         return fallback
-    state = conv_state(device)
-    if not state.ran:
-        return fallback
-    ran = ", ".join(f"{k} {v}" for k, v in sorted(state.ran.items()))
-    return ran + (f"; fell back: {len(state.fallbacks)}" if state.fallbacks else "")
-
-
-def legacy_engines(device: Any, ops: Any) -> str:
-    """What GpuBackend's per-layer path runs for each conv when conv_dispatch does not count
-    it: its "direct" kernel is the per-offset GEMM loop unless CuPy itself has cuDNN (CuPy 14
-    does not), and large kernels go to cuFFT."""
-    from znni.primitives.base import Conv
-    from znni.primitives.gpu.layers import resolve_primitive
-
-    cupy_cudnn = bool(getattr(getattr(device, "_cuda", None), "cudnn_enabled", False))
-    names = []
-    for op in ops:
-        if isinstance(op, Conv):
-            kind = resolve_primitive(None, tuple(op.weight.shape[2:]))
-            names.append("cufft" if kind.startswith("fft") else
-                         ("cupy-cudnn" if cupy_cudnn else "gemm-loop"))
-    counts = {n: names.count(n) for n in sorted(set(names))}
-    return ", ".join(f"{k} {v}" for k, v in counts.items())
+    text = ", ".join(f"{k} {v}" for k, v in sorted(ran.items()))
+    return text + (f"; fallbacks noted: {fallbacks}" if fallbacks else "")
 
 
 def torch_setup(torch: Any) -> tuple[str, str]:
@@ -143,10 +159,13 @@ def torch_setup(torch: Any) -> tuple[str, str]:
     return "cpu", f"CPU: {cpu_name()}"
 
 
-def timed_median(fn: Callable[[], Any], reps: int, warmup: int = 1) -> float:
+def timed_median(fn: Callable[[], Any], reps: int, warmup: int = 1,
+                 after_warmup: Callable[[], Any] | None = None) -> float:
     """Median wall seconds of `reps` calls after `warmup`; `fn` must synchronise itself."""
     for _ in range(warmup):
         fn()
+    if after_warmup is not None:
+        after_warmup()
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()

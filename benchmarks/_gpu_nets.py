@@ -28,8 +28,8 @@ from _common import torch_or_none
 from _dense_torch import torch_dense
 from _gpu_common import (
     Results,
+    count_layer_convs,
     engines,
-    legacy_engines,
     release_pools,
     reset_engines,
     timed_median,
@@ -88,7 +88,7 @@ def bench_network(name: str, edge: int, width: int | None, reps: int, patches: i
     out_vox = prod(net.output_size(size))
     x = np.random.default_rng(0).random((1, 1, *size), dtype=np.float32)
     base = {"net": name, "width": width or 80, "input": f"{size[0]}^3", "output": f"{edge}^3"}
-    legacy = legacy_engines(device, ops)
+    count_layer_convs()
     outs: dict[str, np.ndarray] = {}
 
     def row(what: str, dev: str, seconds: float | None, **extra: Any) -> None:
@@ -108,17 +108,19 @@ def bench_network(name: str, edge: int, width: int | None, reps: int, patches: i
     gpu = GpuBackend(device)
     reset_engines(device)
     device.reset_peak()
-    t = timed_median(run_into("gpu", lambda: dense_forward(ops, x, gpu)), reps)
+    t = timed_median(run_into("gpu", lambda: dense_forward(ops, x, gpu)), reps,
+                     after_warmup=lambda: reset_engines(device))
     peak = device.peak_bytes
-    row("znni gpu-only", gpu_label, t, convs=engines(device, legacy),
+    row("znni gpu-only", gpu_label, t, convs=engines(device),
         gpu_peak_mib=round(peak / 2**20))
     note = ""
     for share in (4, 3, 2):  # the smallest cap (of 1/4, 1/3, 1/2 of the peak) that runs
         try:
             ram = GpuBackend(device, memory_cap_bytes=max(1, peak // share))
             reset_engines(device)
-            t = timed_median(run_into("ram", lambda b=ram: dense_forward(ops, x, b)), reps)
-            row("znni gpu + host RAM", gpu_label, t, convs=engines(device, legacy),
+            t = timed_median(run_into("ram", lambda b=ram: dense_forward(ops, x, b)), reps,
+                             after_warmup=lambda: reset_engines(device))
+            row("znni gpu + host RAM", gpu_label, t, convs=engines(device),
                 gpu_cap=f"1/{share} of gpu-only's peak",
                 vs_gpu_only=_rel(outs["ram"], outs["gpu"]))
             break
@@ -140,7 +142,7 @@ def bench_network(name: str, edge: int, width: int | None, reps: int, patches: i
 
     t = timed_median(pipeline, 1, warmup=0) / patches
     row("znni cpu-gpu", f"{cpu_label} + {gpu_label}", t, split_after_op=split - 1,
-        patches=patches, convs=engines(device, legacy))
+        patches=patches, convs=engines(device))
     _torch_row(spec, params, x, outs, row)
 
 
