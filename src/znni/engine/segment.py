@@ -214,13 +214,14 @@ def _check_options(job: SegmentJob) -> None:
             f"network {job.network.name!r} runs in exact (MPF) mode, where --window does not "
             "apply; windows are for ONNX models"
         )
-    elif job.precision != "fp32":
+
+    check_device(job.device)
+    check_precision(job.device, job.precision)
+    if job.precision != "fp32" and not isinstance(job.network, OnnxModel):
         raise ValueError(
             f"precision {job.precision} applies to ONNX graph models in this version; "
             f"network {job.network.name!r} runs in exact (MPF) mode in fp32"
         )
-    check_device(job.device)
-    check_precision(job.device, job.precision)
     for what, value in (("chunks", job.chunks), ("block", job.block), ("window", job.window)):
         if value is not None and (len(value) != 3 or min(value) < 1):
             raise ValueError(f"{what} {value!r} must be 3 positive integers z,y,x")

@@ -37,13 +37,18 @@ def device_graph_ops(backend: Backend, precision: str) -> DeviceGraphOps | None:
 
 def device_run_report(ops: DeviceGraphOps, shrinks: list[int]) -> dict[str, Any]:
     """What ran on the device, under real names (a GEMM loop is never called cuDNN)."""
+    return conv_run_report(ops.device, shrinks)
+
+
+def conv_run_report(device: Any, shrinks: list[int] | None = None) -> dict[str, Any]:
+    """The device's conv tally (conv_dispatch.conv_state), fallbacks, batch shrinks, peak."""
     from znni.primitives.gpu.conv_dispatch import conv_state
 
-    state = conv_state(ops.device)
+    state = conv_state(device)
     return {
-        "device_ran": {"device": ops.device.name, "convs": dict(state.ran),
-                       "fallbacks": list(state.fallbacks), "batch_shrinks": list(shrinks),
-                       "peak_device_bytes": ops.device.peak_bytes},
+        "device_ran": {"device": device.name, "convs": dict(state.ran),
+                       "fallbacks": list(state.fallbacks), "batch_shrinks": list(shrinks or []),
+                       "peak_device_bytes": device.peak_bytes},
     }
 
 

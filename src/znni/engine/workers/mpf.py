@@ -14,6 +14,7 @@ import numpy as np
 
 from znni.engine.compute.cpu_gpu import run_patches_cpu_gpu
 from znni.engine.compute.execution import Execution, build_backends, default_split_op, execution_for
+from znni.engine.compute.graph_device import conv_run_report
 from znni.engine.context import StoreContext
 from znni.engine.geometry import Block, Box, Triple, patch_tiling
 from znni.engine.io.borders import read_with_border
@@ -64,6 +65,11 @@ class BlockWorker(VolumeWorker):
             self.execution = Execution("cpu", backend.name)
         else:
             self.backend, self.gpu_backend = build_backends(execution)
+
+    def device_report(self) -> dict[str, Any]:
+        """On a GPU: the convs that really ran there, by name (graph workers say the same)."""
+        device = getattr(self.gpu_backend, "device", None)
+        return {} if device is None else conv_run_report(device)
 
     def read(self, block: Block) -> np.ndarray:
         """Raw (C, *block.read.shape) input of the block, border mode applied."""

@@ -34,7 +34,8 @@ from znni.primitives.gpu.conv_spec import (
 )
 from znni.primitives.gpu.device import Device
 
-INSTALL_HINT = "pip install nvidia-cudnn-frontend nvidia-cudnn-cu12 (or -cu13 on CUDA 13)"
+# the extras pin a frontend that matches the runtime (1.29+ pulls CUDA 13 libraries)
+INSTALL_HINT = "pip install 'znni[gpu-cuda13]' ('znni[gpu-cuda12]' for a CUDA 12 driver)"
 # Built plans whose workspace exceeds this are deselected (the frontend's
 # deselect_workspace_greater_than); a graph with no plan left falls back to gemm-loop.
 MAX_WORKSPACE_BYTES = 1 << 30
