@@ -124,7 +124,7 @@ def test_without_the_cudnn_frontend_cudnn_runs_the_gemm_loop_and_says_so(monkeyp
     state = conv_state(dev)
     assert state.ran == {"gemm-loop": 1}
     assert "cuDNN frontend is not installed" in state.fallbacks[0]
-    assert "nvidia-cudnn-frontend" in state.fallbacks[0]
+    assert "znni[gpu-cuda13]" in state.fallbacks[0]
 
 
 def test_the_cudnn_workspace_is_allocated_from_the_device_and_counted(device):
