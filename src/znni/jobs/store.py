@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from znni.jobs import throughput
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -121,7 +123,7 @@ class JobStore:
         self._write_lock = _write_lock(self.path)
         con = self._connection()
         con.execute("PRAGMA journal_mode=WAL")
-        con.executescript(SCHEMA)
+        con.executescript(SCHEMA + throughput.SCHEMA)  # new tables: fresh and old files
 
     def _connection(self) -> sqlite3.Connection:
         """One connection per thread, kept open: opening one per request parses the schema
@@ -299,26 +301,24 @@ class JobStore:
         elapsed_s: float,
         voxels_per_second: float,
     ) -> bool:
-        """Store one progress event (and its ledger-mirror row); returns cancel_requested."""
+        """Store one progress event (its ledger-mirror row and throughput sample too);
+        returns cancel_requested."""
+        now = time.time()
         with self._write() as con:
             con.execute(
                 "UPDATE jobs SET blocks_done = ?, blocks_total = ?, voxels_done = ?,"
                 " voxels_total = ?, elapsed_s = ?, voxels_per_second = ? WHERE id = ?",
-                (
-                    blocks_done,
-                    blocks_total,
-                    voxels_done,
-                    voxels_total,
-                    elapsed_s,
-                    voxels_per_second,
-                    job_id,
-                ),
+                (blocks_done, blocks_total, voxels_done, voxels_total, elapsed_s,
+                 voxels_per_second, job_id),
             )
             con.execute(
                 "INSERT INTO job_blocks (job_id, attempt, blocks_done, voxels_done, elapsed_s, at)"
                 " VALUES (?, ?, ?, ?, ?, ?)",
-                (job_id, attempt, blocks_done, voxels_done, elapsed_s, time.time()),
+                (job_id, attempt, blocks_done, voxels_done, elapsed_s, now),
             )
+            throughput.record(con, job_id, attempt, now, blocks_done=blocks_done,
+                              voxels_done=voxels_done, elapsed_s=elapsed_s,
+                              average=voxels_per_second)
             flag = con.execute(
                 "SELECT cancel_requested FROM jobs WHERE id = ?", (job_id,)
             ).fetchone()[0]
@@ -365,17 +365,9 @@ class JobStore:
                 " blocks_done = ?, blocks_total = ?, voxels_done = MAX(voxels_done, ?),"
                 " voxels_total = MAX(voxels_total, ?), elapsed_s = ?, voxels_per_second = ?"
                 " WHERE id = ?",
-                (
-                    json.dumps(report),
-                    time.time(),
-                    report["blocks_total"],
-                    report["blocks_total"],
-                    report["voxels_written"],
-                    report["voxels_written"],
-                    report["elapsed_s"],
-                    report["voxels_per_second"],
-                    job_id,
-                ),
+                (json.dumps(report), time.time(), report["blocks_total"], report["blocks_total"],
+                 report["voxels_written"], report["voxels_written"], report["elapsed_s"],
+                 report["voxels_per_second"], job_id),
             )
 
     def ledger(self, job_id: int) -> list[dict[str, Any]]:
@@ -386,6 +378,11 @@ class JobStore:
                 (job_id,),
             ).fetchall()
         return [dict(r) for r in rows]
+
+    def throughput(self, job_id: int) -> list[dict[str, Any]]:
+        """The job's bounded throughput history (`throughput.py`), oldest first."""
+        with self._read() as con:
+            return throughput.history(con, job_id)
 
 
 class OutputBusyError(ValueError):
