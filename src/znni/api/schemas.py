@@ -156,3 +156,61 @@ class Health(BaseModel):
     status: Literal["ok"]
     workers_alive: int
     workers: int
+
+
+class ThroughputPoint(BaseModel):
+    attempt: int  # the worker's attempt (a resumed job starts its rates again)
+    t: float  # unix time of the progress event
+    blocks_done: int
+    voxels_done: int
+    rate: float  # output voxels/s now: a moving average over the last events
+    average: float  # output voxels/s averaged over the attempt so far
+
+
+class ThroughputRead(BaseModel):
+    """A job's throughput history, bounded and evenly spread over its life (oldest first)."""
+
+    job: int
+    max_points: int
+    points: list[ThroughputPoint]
+
+
+class BlockMapRead(BaseModel):
+    """The job's block grid over its region, from the output's ledger: `state` holds one
+    character per block in z, y, x order, '1' finished and '0' not yet (null above
+    `max_blocks`, when only the counts are given)."""
+
+    job: int
+    region: tuple[tuple[int, int], tuple[int, int], tuple[int, int]]
+    step: Triple  # the block shape on the chunk grid (edge blocks are clipped)
+    grid: Triple  # blocks along z, y, x
+    total: int
+    done: int
+    max_blocks: int
+    state: str | None
+
+
+class GpuRead(BaseModel):
+    index: int
+    name: str
+    memory_total_bytes: int
+    memory_used_bytes: int
+    utilization_percent: float | None
+
+
+class MachineRead(BaseModel):
+    """The server's machine now: what the dashboard's machine panel shows."""
+
+    hostname: str
+    cpu_model: str | None
+    cores: int
+    load_1m: float | None
+    memory_total_bytes: int | None
+    memory_available_bytes: int | None
+    server_rss_bytes: int | None  # the API process
+    workers_rss_bytes: int | None  # the job worker processes together
+    gpus: list[GpuRead]  # from nvidia-smi; empty without one
+    workers_alive: int
+    workers: int
+    jobs_queued: int
+    jobs_running: int

@@ -1,0 +1,91 @@
+// The job's plan: device algorithm, patch or window, batch, per-layer primitives, and the
+// planner's predicted voxels/s beside the measured ones.
+
+import { el, fill } from "./dom.js";
+import { bytes, rate, si, triple } from "./format.js";
+
+// Fields shown as facts (label, how), in this order; the rest of a plan's plain values follow.
+const FACTS = [
+  ["mode", "mode", String],
+  ["algorithm", "device algorithm", String],
+  ["device", "device", String],
+  ["precision", "precision", String],
+  ["input_size", "patch input", triple],
+  ["output_size", "patch output", triple],
+  ["window", "window", triple],
+  ["tile", "tile", triple],
+  ["tile_output", "tile output", triple],
+  ["overlap", "overlap", String],
+  ["blend", "blend", String],
+  ["windows", "windows", String],
+  ["batch", "batch", String],
+  ["split_op", "first op after the split", String],
+  ["block_shape", "block", triple],
+  ["peak_bytes", "host memory peak", bytes],
+  ["gpu_peak_bytes", "GPU memory peak", bytes],
+  ["machine", "machine profile", String],
+];
+const SKIP = new Set(["network", "layers", "primitives", "alternatives",
+  "predicted_voxels_per_second", "memory_limit_bytes", "gpu_memory_limit_bytes",
+  "predicted_patch_s", "predicted_window_s", "spectra_cache_bytes", "workspace_cache_bytes",
+  "gpu_sub_batches"]);
+
+function facts(plan) {
+  const list = el("dl", { class: "facts" });
+  const shown = new Set();
+  for (const [key, label, how] of FACTS) {
+    if (plan[key] === undefined || plan[key] === null) continue;
+    list.append(el("dt", {}, label), el("dd", {}, how(plan[key])));
+    shown.add(key);
+  }
+  for (const [key, value] of Object.entries(plan)) {
+    if (shown.has(key) || SKIP.has(key) || value === null || typeof value === "object") continue;
+    list.append(el("dt", {}, key.replaceAll("_", " ")), el("dd", {}, String(value)));
+  }
+  return list;
+}
+
+// Predicted against measured voxels/s, and their ratio.
+function speeds(plan, job) {
+  const predicted = plan.predicted_voxels_per_second;
+  const measured = job.voxels_per_second;
+  const ratio = predicted > 0 && measured > 0
+    ? ` (${Number(((measured / predicted) * 100).toPrecision(2))}% of predicted)` : "";
+  return el("dl", { class: "facts speeds" },
+    el("dt", {}, "predicted"), el("dd", { class: "predicted" }, rate(predicted)),
+    el("dt", {}, "measured"), el("dd", { class: "measured" }, `${rate(measured)}${ratio}`));
+}
+
+function layerTable(layers) {
+  const head = el("tr", {}, ...["op", "kind", "device", "primitive", "predicted s", "bytes"]
+    .map((h) => el("th", {}, h)));
+  const rows = layers.map((l) => el("tr", {},
+    el("td", {}, l.index), el("td", {}, l.kind), el("td", {}, l.device || "–"),
+    el("td", { class: "primitive" }, l.primitive || "–"),
+    el("td", {}, l.predicted_s ? si(l.predicted_s) : "–"),
+    el("td", {}, l.predicted_bytes ? bytes(l.predicted_bytes) : "–")));
+  return el("table", { class: "layers" }, el("thead", {}, head), el("tbody", {}, ...rows));
+}
+
+// Graph plans list primitives as a list or a mapping of node to primitive.
+function primitiveList(primitives) {
+  const entries = Array.isArray(primitives)
+    ? primitives.map((p, i) => [i, p]).filter(([, p]) => p !== null)
+    : Object.entries(primitives);
+  return el("p", { class: "primitives" }, "primitives: ",
+    entries.map(([k, p]) => `${k}: ${typeof p === "object" ? JSON.stringify(p) : p}`).join(", "));
+}
+
+export function renderPlan(host, job) {
+  const plan = job.plan || (job.report && job.report.plan);
+  if (!plan) {
+    fill(host, el("p", { class: "muted" }, job.status === "queued"
+      ? "Planned when a worker starts the job."
+      : "No plan stored: a windowed model's window is chosen as it runs and shown here when it finishes."));
+    return;
+  }
+  const parts = [speeds(plan, job), facts(plan)];
+  if (Array.isArray(plan.layers) && plan.layers.length) parts.push(layerTable(plan.layers));
+  else if (plan.primitives) parts.push(primitiveList(plan.primitives));
+  fill(host, ...parts);
+}

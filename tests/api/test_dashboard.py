@@ -1,0 +1,120 @@
+"""The dashboard over plain HTTP: its files and headers, and the /v1 routes it reads
+(throughput history, block map, machine) after a real job on a real server."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from support.server_util import wait_job
+
+JOB = {"network": "tiny", "input": "small.zarr", "chunks": [4, 4, 4], "block": [4, 8, 4]}
+ASSETS = {
+    "app.js": "text/javascript",
+    "style.css": "text/css",
+    "favicon.svg": "image/svg+xml",
+}
+
+
+@pytest.fixture(scope="module")
+def done_job(server) -> dict:
+    """A finished job of 24 blocks on this module's server."""
+    with server.client() as client:
+        r = client.post("/v1/jobs", json={**JOB, "output": "dash/http.zarr"})
+        assert r.status_code == 201, r.text
+        return wait_job(client, r.json()["id"], ("succeeded",))
+
+
+def test_page_has_a_strict_csp_and_no_job_data(server, done_job) -> None:
+    with server.client() as client:
+        r = client.get("/")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    csp = r.headers["content-security-policy"]
+    for rule in ("script-src 'self'", "style-src 'self'", "object-src 'none'",
+                 "base-uri 'none'", "frame-ancestors 'none'", "default-src 'none'"):
+        assert rule in csp
+    assert "unsafe" not in csp
+    assert r.headers["x-content-type-options"] == "nosniff"
+    html = r.text
+    assert done_job["output"] not in html and "small.zarr" not in html
+    assert re.search(r"<script(?![^>]*\ssrc=)", html) is None, "inline script"
+    assert "<style" not in html and re.search(r"<[^>]*\s(style|on[a-z]+)=", html) is None
+
+
+def test_static_files_have_their_types_and_the_csp(server) -> None:
+    with server.client() as client:
+        for name, kind in ASSETS.items():
+            r = client.get(f"/static/{name}")
+            assert r.status_code == 200, name
+            assert r.headers["content-type"].startswith(kind), (name, r.headers["content-type"])
+            assert "script-src 'self'" in r.headers["content-security-policy"]
+        for bad in ("app.py", "../pages.py", "..%2Fpages.py", "nothing.js", ".hidden.js"):
+            r = client.get(f"/static/{bad}")
+            assert r.status_code == 404, bad
+            assert "def " not in r.text
+
+
+def test_every_module_the_page_imports_is_served(server) -> None:
+    """app.js and the modules it imports, transitively, as the browser will ask for them."""
+    seen: set[str] = set()
+    todo = ["app.js"]
+    with server.client() as client:
+        while todo:
+            name = todo.pop()
+            seen.add(name)
+            r = client.get(f"/static/{name}")
+            assert r.status_code == 200, name
+            assert r.headers["content-type"].startswith("text/javascript")
+            assert "innerHTML" not in r.text and "eval(" not in r.text, name
+            for dep in re.findall(r'from "\./([a-z]+\.js)"', r.text):
+                if dep not in seen:
+                    todo.append(dep)
+    assert {"api.js", "jobs.js", "job.js", "chart.js", "blocks.js", "token.js"} <= seen
+
+
+def test_throughput_history_after_a_job(server, done_job) -> None:
+    job_id = done_job["id"]
+    with server.client() as client:
+        body = client.get(f"/v1/jobs/{job_id}/throughput").json()
+        last = client.get(f"/v1/jobs/{job_id}/throughput", params={"last": 1}).json()
+        missing = client.get("/v1/jobs/987654/throughput")
+        bad = client.get(f"/v1/jobs/{job_id}/throughput", params={"last": 0})
+    points = body["points"]
+    assert body["job"] == job_id and 1 <= len(points) <= body["max_points"]
+    assert points[-1]["blocks_done"] == done_job["progress"]["total"]
+    assert points[-1]["voxels_done"] == done_job["progress"]["voxels_total"]
+    assert all(a["t"] <= b["t"] for a, b in zip(points, points[1:]))
+    assert all(p["rate"] >= 0 and p["average"] > 0 for p in points)
+    assert last["points"] == points[-1:]
+    assert missing.status_code == 404 and "987654" in missing.json()["detail"]
+    assert bad.status_code == 422
+
+
+def test_block_map_after_a_job(server, done_job) -> None:
+    with server.client() as client:
+        body = client.get(f"/v1/jobs/{done_job['id']}/blocks").json()
+    total = done_job["progress"]["total"]
+    assert body["region"] == [[0, 14], [0, 13], [0, 11]]
+    assert body["step"] == [4, 8, 4] and body["grid"] == [4, 2, 3]
+    assert body["total"] == total == 24 and body["done"] == total
+    assert body["state"] == "1" * total
+
+
+def test_machine(server) -> None:
+    with server.client() as client:
+        m = client.get("/v1/machine").json()
+    assert m["cores"] >= 1 and m["workers"] == 1 and m["workers_alive"] == 1
+    assert m["memory_total_bytes"] > m["memory_available_bytes"] > 0
+    assert m["server_rss_bytes"] > 0 and m["workers_rss_bytes"] > 0
+    assert isinstance(m["gpus"], list)
+    assert m["jobs_queued"] >= 0 and m["jobs_running"] >= 0
+
+
+def test_new_routes_need_the_token(token_server) -> None:
+    import httpx
+
+    for path in ("/v1/machine", "/v1/jobs/1/throughput", "/v1/jobs/1/blocks"):
+        r = httpx.get(f"{token_server.url}{path}")
+        assert r.status_code == 401, path
+    page = httpx.get(f"{token_server.url}/")
+    assert page.status_code == 200  # the page itself holds nothing; its script asks for the token

@@ -1,0 +1,135 @@
+"""The dashboard in a real headless Chromium against a real `znni serve` running real jobs.
+
+Skipped, with the reason, only where no chromium is installed (`make test` installs
+Debian's where apt works). The job page's screenshot is written to this run's temporary
+directory (its path is printed); ZNNI_DASHBOARD_SCREENSHOT=PATH copies it there too
+(docs/dashboard.png is made so).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from support.browser import Browser, dump_dom, find_chromium
+from support.server_util import wait_job, write_volume
+
+pytestmark = pytest.mark.skipif(
+    find_chromium() is None,
+    reason="no chromium on this machine: `make test` installs Debian's chromium where apt "
+    "can (as root or with sudo); install it to run the browser tests",
+)
+
+SMALL = {"network": "tiny", "input": "small.zarr", "chunks": [4, 4, 4], "block": [4, 8, 4]}
+MID_SHAPE = (2, 20, 20, 32)  # 400 blocks of (2, 4, 4): a chart and a block map worth a look
+MID = {"network": "tiny", "input": "mid.zarr", "chunks": [2, 4, 4], "block": [2, 4, 4]}
+LONG_SHAPE = (2, 40, 40, 64)  # 3200 blocks: seconds of work, time to click
+LONG = {**MID, "input": "long.zarr"}
+SHOT_SIZE = (1400, 1000)
+
+
+def _no_page_errors(browser: Browser, refused_ok: bool = False) -> None:
+    """No script exception, CSP violation or failed load (but the 401s of a refused token)."""
+    bad = [m for m in browser.console
+           if "exception" in m or "Content Security Policy" in m or "log error" in m]
+    if refused_ok:
+        bad = [m for m in bad if "status of 401" not in m]
+    assert not bad, bad
+
+
+def _row(job_id: int, cell: str) -> str:
+    return f"(document.querySelector('#job-{job_id} .c-{cell}') || {{}}).textContent"
+
+
+@pytest.fixture(scope="module")
+def volumes(site: dict) -> None:
+    write_volume(site["root"] / "mid.zarr", MID_SHAPE, seed=10, chunks=(2, 8, 8, 8))
+    write_volume(site["root"] / "long.zarr", LONG_SHAPE, seed=11, chunks=(2, 8, 8, 8))
+
+
+def test_jobs_table_names_the_job_and_reaches_100_percent(server, tmp_path_factory) -> None:
+    with server.client() as client:
+        r = client.post("/v1/jobs", json={**SMALL, "output": "dash/first.zarr"})
+        assert r.status_code == 201, r.text
+        job_id = r.json()["id"]
+        with Browser(*SHOT_SIZE) as browser:
+            browser.goto(f"{server.url}/")
+            browser.wait_for(f"{_row(job_id, 'progress')} === '100% · 24/24 blocks'")
+            assert browser.js(_row(job_id, "network")) == "tiny"
+            assert browser.js(_row(job_id, "paths")) == "small.zarr → dash/first.zarr"
+            assert browser.js(_row(job_id, "status")) == "succeeded"
+            assert browser.js(_row(job_id, "device")) == "auto → cpu · fp32"
+            browser.wait_for("document.querySelector('#machine').dataset.loaded === '1'")
+            assert "1 of 1 alive" in browser.text()
+            shot = browser.screenshot(tmp_path_factory.mktemp("dashboard") / "jobs.png")
+            _no_page_errors(browser)
+        assert wait_job(client, job_id, ("succeeded",))["status"] == "succeeded"
+    print(f"\ndashboard screenshot (jobs): {shot}")
+
+
+def test_job_page_shows_chart_blocks_plan_and_preview(server, volumes, tmp_path_factory) -> None:
+    with server.client() as client:
+        r = client.post("/v1/jobs", json={**MID, "output": "dash/page.zarr"})
+        job = wait_job(client, r.json()["id"], ("succeeded",))
+    with Browser(*SHOT_SIZE) as browser:
+        browser.goto(f"{server.url}/#job={job['id']}")
+        browser.wait_for("document.querySelectorAll('.blockmap rect.done').length === 400")
+        browser.wait_for("document.querySelector('img.preview').naturalWidth > 0")
+        browser.wait_for("document.querySelector('.chart polyline.line-now') !== null")
+        text = browser.text()
+        assert f"Job {job['id']} · tiny" in text and "dash/page.zarr" in text
+        assert "100% · 400/400 blocks" in text and "400 of 400 blocks finished" in text
+        assert "direct" in browser.js("document.querySelector('.layers').textContent")
+        assert browser.js("document.querySelector('.speeds .predicted').textContent").endswith("vox/s")
+        assert browser.js("document.querySelector('img.preview').src").startswith("blob:")
+        shot = browser.screenshot(tmp_path_factory.mktemp("dashboard") / "job.png")
+        _no_page_errors(browser)
+    if target := os.environ.get("ZNNI_DASHBOARD_SCREENSHOT"):
+        shutil.copyfile(shot, Path(target))
+    print(f"\ndashboard screenshot (job page): {shot}")
+
+
+def test_cancel_button_cancels_a_running_job(server, volumes) -> None:
+    with server.client() as client:
+        r = client.post("/v1/jobs", json={**LONG, "output": "dash/long.zarr"})
+        assert r.status_code == 201, r.text
+        job_id = r.json()["id"]
+        with Browser(*SHOT_SIZE) as browser:
+            browser.goto(f"{server.url}/")
+            button = f"document.querySelector('#job-{job_id} button.cancel')"
+            browser.wait_for(f"{_row(job_id, 'status')} === 'running' && {button} !== null")
+            browser.js(f"{button}.click()")
+            browser.wait_for(f"{_row(job_id, 'status')} === 'cancelled'")
+            assert browser.js(button) is None  # no cancel button on a cancelled job
+            assert "cancel" in browser.js("document.querySelector('#notice').textContent")
+            _no_page_errors(browser)
+        job = client.get(f"/v1/jobs/{job_id}").json()
+    assert job["status"] == "cancelled" and job["cancel_requested"] is True
+    assert job["progress"]["done"] < job["progress"]["total"]
+
+
+def test_without_the_token_the_page_shows_no_job(token_server) -> None:
+    with token_server.client() as client:
+        r = client.post("/v1/jobs", json={**SMALL, "output": "dash/secret-out.zarr"})
+        assert r.status_code == 201, r.text
+        job_id = r.json()["id"]
+        wait_job(client, job_id, ("succeeded",))
+    dom = dump_dom(f"{token_server.url}/", budget_ms=3000)
+    assert 'id="token-form"' in dom
+    for secret in ("secret-out", "small.zarr", "tiny", f"job-{job_id}"):
+        assert secret not in dom, secret
+    assert '<main id="app" hidden="">' in dom
+    with Browser(*SHOT_SIZE) as browser:
+        browser.goto(f"{token_server.url}/#token=wrong")
+        browser.wait_for("document.querySelector('#login-error').textContent.includes('refused')")
+        assert "secret-out" not in browser.html()
+        browser.goto(f"{token_server.url}/#token=s3cret&job={job_id}")
+        browser.wait_for("document.body.innerText.includes('dash/secret-out.zarr')")
+        assert browser.js("location.hash") == f"#job={job_id}"  # the token left the URL
+        assert browser.js("sessionStorage.getItem('znni-token')") == "s3cret"
+        browser.js("document.querySelector('#forget').click()")
+        browser.wait_for("!document.querySelector('#login').hidden")
+        assert "secret-out" not in browser.html()
+        _no_page_errors(browser, refused_ok=True)
