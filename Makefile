@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test test-gpu lint bench clean
+.PHONY: demo test test-gpu lint bench clean browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,20 @@ $(VENV)/.installed-test: $(BIN)/python pyproject.toml
 demo: $(VENV)/.installed
 	$(BIN)/znni demo
 
-test: $(VENV)/.installed-test
+# Debian's chromium for the dashboard's browser tests (tests/api/test_dashboard_browser.py),
+# installed with apt where there is apt and root or password-less sudo; elsewhere those tests
+# skip and say why. Nothing is done where a chromium is already on the PATH.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if ! command -v apt-get >/dev/null 2>&1; then echo "make test: no chromium and no apt-get: the browser tests will skip"; exit 0; fi; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO="sudo -n"; \
+	  else echo "make test: no chromium, and apt-get needs root: the browser tests will skip"; exit 0; fi; \
+	  echo "make test: installing Debian's chromium for the browser tests"; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
+	    --no-install-recommends chromium fonts-dejavu-core >/dev/null \
+	    || echo "make test: apt-get could not install chromium: the browser tests will skip"; }
+
+test: $(VENV)/.installed-test browser
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --durations=15 -m "not gpu"
