@@ -100,6 +100,42 @@ def test_block_map_after_a_job(server, done_job) -> None:
     assert body["state"] == "1" * total
 
 
+def test_block_map_of_an_roi_job_covers_the_roi(server) -> None:
+    roi = [[3, 12], [0, 9], [2, 11]]
+    with server.client() as client:
+        r = client.post("/v1/jobs", json={**JOB, "output": "dash/roi.zarr", "roi": roi,
+                                          "chunks": [3, 5, 4], "block": None})
+        assert r.status_code == 201, r.text
+        job = wait_job(client, r.json()["id"], ("succeeded",))
+        body = client.get(f"/v1/jobs/{job['id']}/blocks").json()
+    assert body["region"] == roi
+    assert body["total"] == body["done"] == job["progress"]["total"]
+    assert body["state"] == "1" * body["total"]
+    assert all(s % c == 0 for s, c in zip(body["step"], [3, 5, 4]))  # whole chunks
+
+
+def test_block_map_of_a_queued_job_is_409(server, site) -> None:
+    from support.server_util import write_volume
+
+    write_volume(site["root"] / "slow.zarr", (2, 40, 40, 64), seed=5, chunks=(2, 8, 8, 8))
+    slow = {**JOB, "input": "slow.zarr", "chunks": [2, 4, 4], "block": [2, 4, 4]}
+    with server.client() as client:
+        first = client.post("/v1/jobs", json={**slow, "output": "dash/slow1.zarr"}).json()["id"]
+        second = client.post("/v1/jobs", json={**slow, "output": "dash/slow2.zarr"}).json()["id"]
+        r = client.get(f"/v1/jobs/{second}/blocks")
+        wait_job(client, first, ("succeeded",), min_done=2)
+        partial = client.get(f"/v1/jobs/{first}/blocks").json()
+        for job_id in (second, first):
+            client.post(f"/v1/jobs/{job_id}/cancel")
+        cancelled = wait_job(client, first, ("cancelled", "succeeded"))
+        final = client.get(f"/v1/jobs/{first}/blocks").json()
+    assert r.status_code == 409 and "not started" in r.json()["detail"]
+    assert partial["grid"] == [20, 10, 16] and partial["done"] >= 2
+    assert partial["state"].count("1") == partial["done"]
+    assert final["done"] == cancelled["progress"]["done"] == final["state"].count("1")
+    assert final["state"].startswith("1" * final["done"])  # blocks run in grid order
+
+
 def test_machine(server) -> None:
     with server.client() as client:
         m = client.get("/v1/machine").json()
