@@ -57,9 +57,10 @@ def test_jobs_table_names_the_job_and_reaches_100_percent(server, tmp_path_facto
         with Browser(*SHOT_SIZE) as browser:
             browser.goto(f"{server.url}/")
             browser.wait_for(f"{_row(job_id, 'progress')} === '100% · 24/24 blocks'")
+            # the last block's progress lands a moment before the job's success
+            browser.wait_for(f"{_row(job_id, 'status')} === 'succeeded'")
             assert browser.js(_row(job_id, "network")) == "tiny"
             assert browser.js(_row(job_id, "paths")) == "small.zarr → dash/first.zarr"
-            assert browser.js(_row(job_id, "status")) == "succeeded"
             assert browser.js(_row(job_id, "device")) == "auto → cpu · fp32"
             browser.wait_for("document.querySelector('#machine').dataset.loaded === '1'")
             assert "1 of 1 alive" in browser.text()
