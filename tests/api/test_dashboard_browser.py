@@ -30,12 +30,11 @@ LONG = {**MID, "input": "long.zarr"}
 SHOT_SIZE = (1400, 1000)
 
 
-def _no_page_errors(browser: Browser, refused_ok: bool = False) -> None:
-    """No script exception, CSP violation or failed load (but the 401s of a refused token)."""
+def _no_page_errors(browser: Browser, allow: tuple[int, ...] = ()) -> None:
+    """No script exception, CSP violation or failed load (but answers with `allow` status)."""
     bad = [m for m in browser.console
            if "exception" in m or "Content Security Policy" in m or "log error" in m]
-    if refused_ok:
-        bad = [m for m in bad if "status of 401" not in m]
+    bad = [m for m in bad if not any(f"status of {code}" in m for code in allow)]
     assert not bad, bad
 
 
@@ -133,4 +132,32 @@ def test_without_the_token_the_page_shows_no_job(token_server) -> None:
         browser.js("document.querySelector('#forget').click()")
         browser.wait_for("!document.querySelector('#login').hidden")
         assert "secret-out" not in browser.html()
-        _no_page_errors(browser, refused_ok=True)
+        _no_page_errors(browser, allow=(401,))
+
+
+def test_failed_job_shows_its_error_and_paths_stay_text(server, site, volumes) -> None:
+    """A job whose input vanished while it waited: its page shows the error; an output path
+    that looks like markup is shown as text, never parsed."""
+    write_volume(site["root"] / "gone.zarr", (2, 14, 13, 11), seed=3, chunks=(2, 8, 8, 8))
+    odd = "dash/<img src=x onerror=alert(1)>.zarr"
+    with server.client() as client:
+        blocker = client.post("/v1/jobs", json={**LONG, "output": "dash/blocker.zarr"}).json()
+        r = client.post("/v1/jobs", json={**SMALL, "input": "gone.zarr", "output": odd})
+        assert r.status_code == 201, r.text
+        job_id = r.json()["id"]
+        shutil.rmtree(site["root"] / "gone.zarr")
+        client.post(f"/v1/jobs/{blocker['id']}/cancel")
+        failed = wait_job(client, job_id, ("failed",))
+    with Browser(*SHOT_SIZE) as browser:
+        browser.goto(f"{server.url}/#job={job_id}")
+        browser.wait_for("!document.querySelector('#app').hidden"
+                         " && !document.querySelector('.error-panel').hidden")
+        shown = browser.js("document.querySelector('.error-text').textContent")
+        assert shown == failed["error"] and "gone.zarr" in shown
+        assert odd in browser.text()
+        assert browser.js("document.querySelectorAll('img[src=\"x\"]').length") == 0
+        browser.goto(f"{server.url}/")
+        browser.wait_for(f"{_row(job_id, 'status')} === 'failed'")
+        assert browser.js(_row(job_id, "paths")) == f"gone.zarr → {odd}"
+        assert browser.js("document.querySelectorAll('img').length") == 0
+        _no_page_errors(browser)

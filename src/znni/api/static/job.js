@@ -13,6 +13,11 @@ const FINISHED = new Set(["succeeded", "failed", "cancelled"]);
 const SUMMARY = ["input", "output", "device · precision", "progress", "voxels", "voxels/s now",
   "average", "ETA", "elapsed", "submitted", "started", "finished", "attempts"];
 
+// A finished job that ended before its first block (its output may not exist).
+function neverWrote(job) {
+  return FINISHED.has(job.status) && job.progress.done === 0;
+}
+
 function panel(title, cls, ...body) {
   return el("section", { class: `panel ${cls}` }, el("h3", {}, title), ...body);
 }
@@ -116,6 +121,10 @@ export class JobPage {
   }
 
   async blocks(job) {
+    if (neverWrote(job)) {
+      fill(this.refs.blocks, el("p", { class: "muted" }, "No block was written."));
+      return;
+    }
     try {
       drawBlocks(this.refs.blocks, await getJson(`/v1/jobs/${this.id}/blocks`));
     } catch (e) {
@@ -130,6 +139,11 @@ export class JobPage {
     const stamp = `${job.progress.done}/${job.status}`;
     const due = Date.now() - this.previewAt >= PREVIEW_EVERY_MS || FINISHED.has(job.status);
     if (!job.started_at || stamp === this.previewStamp || !due) return;
+    if (neverWrote(job)) {
+      setText(this.refs.previewNote, "No output was written.");
+      this.previewStamp = stamp;
+      return;
+    }
     this.previewAt = Date.now();
     try {
       this.showPreview(await getBlob(`/v1/jobs/${this.id}/preview.png`), job);
