@@ -154,3 +154,28 @@ def test_new_routes_need_the_token(token_server) -> None:
         assert r.status_code == 401, path
     page = httpx.get(f"{token_server.url}/")
     assert page.status_code == 200  # the page itself holds nothing; its script asks for the token
+
+
+def test_windowed_job_has_a_block_map_and_a_history(server, site, onnx_models) -> None:
+    """An ONNX U-Net run in overlapping windows: its blocks are on the same chunk grid."""
+    import numpy as np
+    import zarr
+
+    onnx_models.copy("basicunet", site["models"] / "dash-unet.onnx")
+    shape = (19, 41, 36)
+    vol = np.random.default_rng(9).integers(0, 256, size=shape).astype(np.uint8)
+    zarr.create_array(str(site["root"] / "dash-em.zarr"), shape=shape, chunks=(8, 16, 16),
+                      dtype="uint8")[...] = vol
+    job = {"network": "dash-unet", "input": "dash-em.zarr", "output": "dash/unet.zarr",
+           "window": [16, 32, 32], "chunks": [8, 16, 16], "block": [16, 32, 32],
+           "scale": 1 / 255}
+    with server.client() as client:
+        r = client.post("/v1/jobs", json=job)
+        assert r.status_code == 201, r.text
+        done = wait_job(client, r.json()["id"], ("succeeded",), timeout_s=300)
+        blocks = client.get(f"/v1/jobs/{done['id']}/blocks").json()
+        history = client.get(f"/v1/jobs/{done['id']}/throughput").json()
+    assert done["report"]["plan"]["mode"] == "windowed"
+    assert blocks["region"] == [[0, 19], [0, 41], [0, 36]] and blocks["step"] == [16, 32, 32]
+    assert blocks["total"] == blocks["done"] == done["progress"]["total"] == 2 * 2 * 2
+    assert history["points"][-1]["blocks_done"] == 8

@@ -9,7 +9,8 @@ const ACTIVE = new Set(["queued", "running"]);
 export function deviceText(job) {
   const params = job.parameters || {};
   const plan = job.plan || (job.report && job.report.plan) || {};
-  const algorithm = plan.algorithm ? ` → ${plan.algorithm}` : "";
+  const ran = plan.algorithm || plan.device;  // a planner's plan, or a windowed run's report
+  const algorithm = ran ? ` → ${ran}` : "";
   return `${params.device || "auto"}${algorithm} · ${params.precision || "fp32"}`;
 }
 

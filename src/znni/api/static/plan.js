@@ -67,13 +67,16 @@ function layerTable(layers) {
   return el("table", { class: "layers" }, el("thead", {}, head), el("tbody", {}, ...rows));
 }
 
-// Graph plans list primitives as a list or a mapping of node to primitive.
-function primitiveList(primitives) {
+// Graph plans list primitives by op index or as a mapping of node to primitive.
+function primitiveTable(primitives) {
   const entries = Array.isArray(primitives)
     ? primitives.map((p, i) => [i, p]).filter(([, p]) => p !== null)
     : Object.entries(primitives);
-  return el("p", { class: "primitives" }, "primitives: ",
-    entries.map(([k, p]) => `${k}: ${typeof p === "object" ? JSON.stringify(p) : p}`).join(", "));
+  const rows = entries.map(([node, p]) => el("tr", {}, el("td", {}, node),
+    el("td", { class: "primitive" }, typeof p === "object" ? JSON.stringify(p) : String(p))));
+  return el("table", { class: "layers" },
+    el("thead", {}, el("tr", {}, el("th", {}, "conv"), el("th", {}, "primitive"))),
+    el("tbody", {}, ...rows));
 }
 
 export function renderPlan(host, job) {
@@ -86,6 +89,6 @@ export function renderPlan(host, job) {
   }
   const parts = [speeds(plan, job), facts(plan)];
   if (Array.isArray(plan.layers) && plan.layers.length) parts.push(layerTable(plan.layers));
-  else if (plan.primitives) parts.push(primitiveList(plan.primitives));
+  else if (plan.primitives) parts.push(primitiveTable(plan.primitives));
   fill(host, ...parts);
 }
