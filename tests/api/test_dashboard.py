@@ -179,3 +179,21 @@ def test_windowed_job_has_a_block_map_and_a_history(server, site, onnx_models) -
     assert blocks["region"] == [[0, 19], [0, 41], [0, 36]] and blocks["step"] == [16, 32, 32]
     assert blocks["total"] == blocks["done"] == done["progress"]["total"] == 2 * 2 * 2
     assert history["points"][-1]["blocks_done"] == 8
+
+
+def test_history_survives_a_server_restart(site, tmp_path) -> None:
+    from support.server_util import Server
+
+    server = Server(site["root"], site["models"], tmp_path / "jobs.sqlite").start()
+    try:
+        with server.client() as client:
+            r = client.post("/v1/jobs", json={**JOB, "output": "dash/restart.zarr"})
+            job_id = wait_job(client, r.json()["id"], ("succeeded",))["id"]
+            before = client.get(f"/v1/jobs/{job_id}/throughput").json()
+        server.stop()
+        server.start()
+        with server.client() as client:
+            after = client.get(f"/v1/jobs/{job_id}/throughput").json()
+    finally:
+        server.stop()
+    assert before["points"] and after == before
