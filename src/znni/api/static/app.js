@@ -8,11 +8,10 @@ import { renderMachine } from "./machine.js";
 import { forgetToken, getToken, setToken, takeTokenFromFragment } from "./token.js";
 
 const POLL_MS = 1500;
-const MACHINE_MS = 5000;
 const LIST_LIMIT = 200;
 
-const state = { table: null, page: null, pageId: null, total: 0, timer: null, machineAt: 0,
-  live: false, gen: 0 };
+const state = { table: null, page: null, pageId: null, total: 0, timer: null, live: false,
+  gen: 0 };
 
 // The job id of `#job=ID`, or null for the list.
 function route() {
@@ -94,16 +93,14 @@ async function refreshJob(id) {
   await state.page.refresh();
 }
 
+// The machine panel: cheap to answer (/proc, a cached nvidia-smi), so on every poll.
 async function refreshMachine() {
   renderMachine(byId("machine"), await getJson("/v1/machine"));
-  state.machineAt = Date.now();
 }
 
 async function refresh() {
   const id = route();
-  const work = [id === null ? refreshList() : refreshJob(id)];
-  if (Date.now() - state.machineAt >= MACHINE_MS) work.push(refreshMachine());
-  await Promise.all(work);
+  await Promise.all([id === null ? refreshList() : refreshJob(id), refreshMachine()]);
   if (id === null) closePage();
   byId("jobs-view").hidden = id !== null;
   byId("job-view").hidden = id === null;

@@ -101,3 +101,18 @@ export function drawBlocks(host, map) {
     fill(host, projected(map), caption(map, " · projected over z: greener = more finished"));
   }
 }
+
+// The z index through the middle of the layer of blocks that holds the last finished block
+// (blocks run in z, y, x order): where the output is landing now; null before any.
+export function landingZ(map) {
+  const last = map.state === null ? -1 : map.state.lastIndexOf("1");
+  if (last < 0) return null;
+  const [, ny, nx] = map.grid;
+  const layer = Math.floor(last / (ny * nx));
+  const [lo, hi] = map.region[0];
+  const step = map.step[0];
+  const starts = [lo];  // the cuts of the engine's grid: lo, then multiples of step
+  for (let c = (Math.floor(lo / step) + 1) * step; c < hi; c += step) starts.push(c);
+  const top = layer + 1 < starts.length ? starts[layer + 1] : hi;
+  return Math.floor((starts[layer] + top - 1) / 2);
+}

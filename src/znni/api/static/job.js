@@ -1,14 +1,14 @@
 // One job's page: summary, error, throughput chart, block map, preview and plan.
 
 import { ApiError, getBlob, getJson } from "./api.js";
-import { drawBlocks } from "./blocks.js";
+import { drawBlocks, landingZ } from "./blocks.js";
 import { drawChart } from "./chart.js";
 import { el, fill, progressBar, setProgress, setText } from "./dom.js";
 import { duration, rate, when } from "./format.js";
 import { cancelButton, deviceText, fraction, progressText, statusText } from "./jobs.js";
 import { renderPlan } from "./plan.js";
 
-const PREVIEW_EVERY_MS = 4000;  // a preview is drawn by the server (matplotlib): not per poll
+const PREVIEW_EVERY_MS = 2500;  // a preview is drawn by the server (matplotlib): not per poll
 const FINISHED = new Set(["succeeded", "failed", "cancelled"]);
 const SUMMARY = ["input", "output", "device · precision", "progress", "voxels", "voxels/s now",
   "average", "ETA", "elapsed", "submitted", "started", "finished", "attempts"];
@@ -70,8 +70,8 @@ export class JobPage {
     await this.preview(job);
     this.seen.done = job.progress.done;
     this.seen.status = job.status;
-    const stamp = `${job.progress.done}/${job.status}`;
-    this.seen.final = FINISHED.has(job.status) && (!job.started_at || this.previewStamp === stamp);
+    this.seen.final = FINISHED.has(job.status)
+      && this.previewStamp === `${job.progress.done}/${job.status}`;
   }
 
   async throughput(job, changed) {
@@ -126,7 +126,9 @@ export class JobPage {
       return;
     }
     try {
-      drawBlocks(this.refs.blocks, await getJson(`/v1/jobs/${this.id}/blocks`));
+      const map = await getJson(`/v1/jobs/${this.id}/blocks`);
+      drawBlocks(this.refs.blocks, map);
+      this.landing = landingZ(map);
     } catch (e) {
       if (!(e instanceof ApiError)) throw e;
       fill(this.refs.blocks, el("p", { class: "muted" }, job.started_at ? e.message
@@ -137,16 +139,19 @@ export class JobPage {
   // The preview again when blocks landed since the last one, at most every PREVIEW_EVERY_MS.
   async preview(job) {
     const stamp = `${job.progress.done}/${job.status}`;
-    const due = Date.now() - this.previewAt >= PREVIEW_EVERY_MS || FINISHED.has(job.status);
-    if (!job.started_at || stamp === this.previewStamp || !due) return;
+    if (stamp === this.previewStamp) return;
     if (neverWrote(job)) {
       setText(this.refs.previewNote, "No output was written.");
       this.previewStamp = stamp;
       return;
     }
+    const due = Date.now() - this.previewAt >= PREVIEW_EVERY_MS || FINISHED.has(job.status);
+    if (job.progress.done === 0 || !due) return;  // nothing to see yet, or drawn just now
     this.previewAt = Date.now();
+    const z = job.status === "running" ? this.landing : null;  // else the middle slice
+    const query = z === null || z === undefined ? "" : `?axis=z&index=${z}`;
     try {
-      this.showPreview(await getBlob(`/v1/jobs/${this.id}/preview.png`), job);
+      this.showPreview(await getBlob(`/v1/jobs/${this.id}/preview.png${query}`), job, z);
     } catch (e) {
       if (!(e instanceof ApiError)) throw e;
       setText(this.refs.previewNote, e.message);
@@ -155,12 +160,14 @@ export class JobPage {
     this.previewStamp = stamp;
   }
 
-  showPreview(blob, job) {
+  showPreview(blob, job, z) {
     const old = this.previewUrl;
     this.previewUrl = URL.createObjectURL(blob);
     this.refs.preview.src = this.previewUrl;
     if (old) URL.revokeObjectURL(old);
-    setText(this.refs.previewNote, `middle z slice, ${job.progress.done} of ` +
+    const where = z === null || z === undefined ? "the middle z slice"
+      : `z slice ${z}, through the latest blocks`;
+    setText(this.refs.previewNote, `${where}; ${job.progress.done} of ` +
       `${job.progress.total} blocks written (refreshed as blocks land)`);
   }
 
