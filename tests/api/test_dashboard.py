@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -197,3 +198,27 @@ def test_history_survives_a_server_restart(site, tmp_path) -> None:
     finally:
         server.stop()
     assert before["points"] and after == before
+
+
+def test_machine_lists_the_gpus_nvidia_smi_reports(site, tmp_path, monkeypatch) -> None:
+    """No GPU here: a stand-in `nvidia-smi` first on the server's PATH answers the query the
+    way the real one does (CSV, no header, no units)."""
+    from support.server_util import Server
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho '0, NVIDIA H100 80GB HBM3, 81559, 2048, 37'\n"
+                   "echo '1, NVIDIA H100 80GB HBM3, 81559, 0, [N/A]'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    server = Server(site["root"], site["models"], tmp_path / "jobs.sqlite").start()
+    try:
+        with server.client() as client:
+            gpus = client.get("/v1/machine").json()["gpus"]
+    finally:
+        server.stop()
+    assert [g["index"] for g in gpus] == [0, 1]
+    assert gpus[0]["name"] == "NVIDIA H100 80GB HBM3"
+    assert gpus[0]["memory_used_bytes"] == 2048 * 2**20
+    assert gpus[0]["utilization_percent"] == 37.0 and gpus[1]["utilization_percent"] is None

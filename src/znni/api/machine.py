@@ -1,8 +1,10 @@
 """What `GET /v1/machine` reports: CPU, memory, GPUs, worker processes, from /proc and
 nvidia-smi (never CuPy: the API process stays free of the GPU stack).
 
-nvidia-smi takes tens of milliseconds, so its answer is kept for `GPU_TTL_S`; a dashboard
-polling every few seconds from several tabs then costs one call per period.
+nvidia-smi takes tens of milliseconds (seconds on a busy GPU), so it runs in a thread of its
+own and its answer is kept for `GPU_TTL_S`: a dashboard polling from several tabs costs one
+call per period, and a request never waits for it but the first (a stale answer is served
+while the next is read).
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from pathlib import Path
 from typing import Any
 
 GPU_TTL_S = 5.0
+GPU_QUERY_TIMEOUT_S = 5.0
 GPU_QUERY = "index,name,memory.total,memory.used,utilization.gpu"
 MIB = 1024 * 1024
 
 _gpu_lock = threading.Lock()
 _gpu_cache: tuple[float, list[dict[str, Any]]] = (-1e9, [])
+_gpu_reading: threading.Event | None = None  # set when the read in flight has finished
 
 
 def machine_info(worker_pids: list[int]) -> dict[str, Any]:
@@ -83,15 +87,29 @@ def _rss(pid: int) -> int | None:
 
 
 def gpus() -> list[dict[str, Any]]:
-    """The CUDA devices as nvidia-smi sees them, cached for GPU_TTL_S ([] without one)."""
-    global _gpu_cache
+    """The CUDA devices as nvidia-smi sees them ([] without one): the last answer, read
+    again in the background once it is GPU_TTL_S old; the first call waits for it."""
+    global _gpu_reading
     with _gpu_lock:
         at, found = _gpu_cache
-        if time.monotonic() - at < GPU_TTL_S:
-            return found
-        found = _query_gpus()
+        reading = _gpu_reading
+        if time.monotonic() - at >= GPU_TTL_S and reading is None:
+            reading = _gpu_reading = threading.Event()
+            threading.Thread(target=_read_gpus, args=(reading,), daemon=True).start()
+    if at < 0 and reading is not None:  # nothing read yet: wait for the first answer
+        reading.wait(GPU_QUERY_TIMEOUT_S + 1.0)
+        with _gpu_lock:
+            found = _gpu_cache[1]
+    return found
+
+
+def _read_gpus(done: threading.Event) -> None:
+    global _gpu_cache, _gpu_reading
+    found = _query_gpus()
+    with _gpu_lock:
         _gpu_cache = (time.monotonic(), found)
-        return found
+        _gpu_reading = None
+    done.set()
 
 
 def _query_gpus() -> list[dict[str, Any]]:
@@ -101,7 +119,7 @@ def _query_gpus() -> list[dict[str, Any]]:
     try:
         run = subprocess.run(
             [exe, f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=5.0, check=False,
+            capture_output=True, text=True, timeout=GPU_QUERY_TIMEOUT_S, check=False,
         )
     except (OSError, subprocess.SubprocessError):
         return []
