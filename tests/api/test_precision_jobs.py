@@ -10,7 +10,8 @@ OK = {"network": "tiny", "input": "small.zarr", "output": "new.zarr"}
 
 @pytest.mark.parametrize("changes, words", [
     ({"precision": "fp64"}, ("precision",)),
-    ({"precision": "bf16", "device": "cpu"}, ("precision bf16 needs device gpu",)),
+    ({"precision": "fp16", "device": "cpu"}, ("precision fp16 needs device gpu",)),
+    ({"precision": "bf16", "device": "cpu"}, ("precision bf16 applies to ONNX graph models",)),
     ({"precision": "fp16"}, ("precision fp16 needs device gpu",)),  # device auto
 ])
 def test_a_bad_precision_is_refused(server, changes, words) -> None:

@@ -146,6 +146,9 @@ def plan_summary(plan: dict) -> str:
     """One line on the plan a run followed (what `znni plan` would have chosen)."""
     where = (f", on {plan['device']} at {plan['precision']}, batch {plan['batch']}"
              if plan.get("device", "cpu") != "cpu" else "")
+    if plan.get("compiled"):
+        where += (f", the whole window as one OpenVINO network at {plan['precision']}, "
+                  f"batch {plan['batch']}")
     if plan.get("mode") == "windowed":
         return (
             f"plan: windowed, window {'x'.join(str(v) for v in plan['window'])}, overlap "

@@ -347,7 +347,7 @@ def _blocks_and_spec(job: SegmentJob, prep: PreparedRun) -> tuple[list[Block], A
         planned = {"backend_name": graph_backend_name(job.device),
                    "primitives": tuple(sorted(plan.primitives.items())),
                    "spectra_bytes": plan.spectra_bytes, "input_cache_bytes": cached,
-                   "store": job.store, "precision": job.precision,
+                   "store": job.store, "precision": plan.precision, "compiled": plan.compiled,
                    "device_bytes": graph_device_cap(job.device, job.memory_limit_bytes)}
         if net.mode == "exact":
             return blocks, ExactGraphSpec(net, job.input_path, job.output_path, job.border,
@@ -377,7 +377,8 @@ def _windowed_summary(job: SegmentJob, prep: PreparedRun) -> dict[str, Any]:
     assert prep.window is not None and choice is not None and isinstance(model, OnnxModel)
     predicted = {
         "device": graph_backend_name(job.device),
-        "precision": job.precision,
+        "precision": choice.plan.precision,  # what runs: our CPU kernels stay fp32
+        "compiled": choice.plan.compiled,  # "openvino-network": the whole window compiled
         "predicted_window_s": choice.plan.predicted_window_s,
         "predicted_voxels_per_second": choice.predicted_voxels_per_second,
         "peak_bytes": choice.plan.peak_bytes,

@@ -149,12 +149,12 @@ def _batched(monkeypatch, batch: int) -> list[int]:
     import dataclasses
 
     import znni.engine.segment as seg
-    import znni.engine.workers.windowed as windowed
+    from znni.engine.workers.base import GraphWorker
 
     sizes: list[int] = []
-    real_run, real_spec = windowed.run_graph, seg._blocks_and_spec
-    monkeypatch.setattr(windowed, "run_graph",
-                        lambda g, x, *a: sizes.append(x.shape[0]) or real_run(g, x, *a))
+    real_run, real_spec = GraphWorker.forward, seg._blocks_and_spec
+    monkeypatch.setattr(GraphWorker, "forward",
+                        lambda self, x: sizes.append(x.shape[0]) or real_run(self, x))
     monkeypatch.setattr(seg, "_blocks_and_spec", lambda job, prep: (
         lambda blocks, spec: (blocks, dataclasses.replace(spec, batch=batch)))(
         *real_spec(job, prep)))

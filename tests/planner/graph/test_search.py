@@ -156,6 +156,7 @@ def test_the_first_pass_is_counted_once_per_run(model, monkeypatch) -> None:
     """A fresh run pays once for the pages of its peak: weighed against the passes, it
     moves a small region's choice to a window with a smaller peak when it is costly."""
     monkeypatch.setattr("znni.planner.graph.search.openvino_ready", lambda: False)
+    monkeypatch.setattr("znni.planner.graph.network_costs.openvino_ready", lambda: False)
     budget, region = 2**32, (64, 64, 64)
     free = choose(model, budget, region)
     run_s = free.passes * free.plan.predicted_window_s + first_pass_seconds(free.plan)

@@ -71,16 +71,22 @@ def check_device(device: str) -> None:
 
 def check_precision(device: str, precision: str) -> None:
     """One sentence where `precision` cannot run on `device`: a name not in
-    primitives/precision.PRECISIONS; anything but fp32 off the GPU (the CPU computes in fp32
-    in this version; cpu-gpu and auto would run parts there); on the GPU, a precision its
-    compute capability lacks (tf32 and bf16 need 8.0, fp16 5.3). The stand-in takes all."""
+    primitives/precision.PRECISIONS; on the CPU anything but fp32 and bf16 (bf16 runs in
+    OpenVINO's compiled networks; a CPU without bf16 units computes it in fp32, with a
+    warning); on the GPU (gpu, or cpu-gpu and auto where a graph network runs there), a
+    precision its compute capability lacks (tf32 and bf16 need 8.0, fp16 5.3). The
+    stand-in takes all."""
     from znni.primitives.precision import check_precision as check_name
 
     check_name(precision)
     if precision == "fp32":
         return
-    if device != "gpu":
-        raise ValueError(f"--precision {precision} needs --device gpu in this version")
+    on_gpu = device == "gpu" or (device != "cpu" and graph_runs_on_gpu(device))
+    if not on_gpu:  # the CPU: bf16 in OpenVINO's compiled networks, nothing else
+        if precision == "bf16":
+            return
+        raise ValueError(f"--precision {precision} needs --device gpu; the CPU runs fp32 "
+                         "or bf16")
     if standin_requested():
         return
     check_device(device)
@@ -222,8 +228,9 @@ def graph_device_cap(device: str, memory_limit_bytes: int | None) -> int:
 def graph_pass_device(device: str, precision: str,
                       memory_limit_bytes: int | None) -> dict[str, Any]:
     """Where a graph network's windows run, as the graph planner's choose/plan_window take
-    it: {} for the CPU, or the GPU at `precision` within the device cap."""
+    it: the CPU at `precision` (fp32, or bf16 in compiled networks), or the GPU at
+    `precision` within the device cap."""
     if not graph_runs_on_gpu(device):
-        return {}
+        return {"precision": precision}
     cap = graph_device_cap(device, memory_limit_bytes)
     return {"device": "gpu", "precision": precision, "device_cap": cap}

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from znni.engine.compute.graph_device import device_graph_ops, device_run_report
-from znni.engine.compute.graph_forward import make_graph_backend
+from znni.engine.compute.graph_forward import CompiledForward, make_graph_backend, run_graph
 from znni.engine.geometry import Block, Triple
 from znni.engine.io.volume import open_input, write_block
 from znni.primitives.base import Backend
@@ -76,7 +76,8 @@ class GraphWorker(VolumeWorker):
     """A VolumeWorker that runs an ONNX model's graph at one input size (the exact tile or
     the window) with the planner's primitives: the exact-graph and windowed workers' shared
     set-up. `spec` also has `model`, `backend_name`, `spectra_bytes`, `primitives`,
-    `precision` and `device_bytes` (a GPU backend's memory cap; 0: the device's own)."""
+    `precision`, `device_bytes` (a GPU backend's memory cap; 0: the device's own), `batch`
+    and `compiled` ("openvino-network": the whole window on OpenVINO)."""
 
     def __init__(self, spec: Any, size: Triple, backend: Backend | None = None,
                  output_array: Any = None) -> None:
@@ -86,7 +87,18 @@ class GraphWorker(VolumeWorker):
         self.graph = spec.model.graph(size)
         self.primitives = dict(spec.primitives)
         # a GPU backend: the graph runs on device-resident tensors at the job's precision
-        self.device_ops = device_graph_ops(self.backend, spec.precision)
+        self.device_ops = None if spec.compiled else device_graph_ops(self.backend,
+                                                                      spec.precision)
+        # the planner's "openvino-network": the whole window compiled (begins compiling now)
+        self.compiled = CompiledForward(spec.model.path, self.graph, spec.batch,
+                                        spec.precision) if spec.compiled else None
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """(N, C, *size) windows or tiles -> their outputs, on the host: the compiled
+        network where the plan says so, else our executor with the planned primitives."""
+        if self.compiled is not None:
+            return self.compiled(x)
+        return run_graph(self.graph, x, self.backend, self.primitives)
 
     def device_report(self) -> dict[str, Any]:
         """On a GPU: what really ran (conv primitives by their real names, fallbacks, the

@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 
 from znni.engine.compute.device_tiles import DeviceTiles
-from znni.engine.compute.graph_forward import run_graph
 from znni.engine.compute.tiles import context_lo, tile_output, tile_starts
 from znni.engine.context import StoreContext
 from znni.engine.geometry import Block, Box, Triple
@@ -48,6 +47,7 @@ class ExactGraphSpec:
     batch: int = 1  # tiles run as one batch on a GPU
     precision: str = "fp32"  # tensors' storage between ops (primitives/precision.py)
     device_bytes: int = 0  # a GPU backend's memory cap (0: the device's own)
+    compiled: str = ""  # "openvino-network": the planner compiles the whole window
 
 
 class ExactGraphWorker(GraphWorker):
@@ -113,4 +113,4 @@ class ExactGraphWorker(GraphWorker):
 
     def _run(self, window: np.ndarray) -> np.ndarray:
         """(1, C, *tile) -> (Cout, *tile output) with the planned primitives."""
-        return run_graph(self.graph, window, self.backend, self.primitives)[0]
+        return self.forward(window)[0]

@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 
 from znni.engine.compute.device_windows import DeviceWindows
-from znni.engine.compute.graph_forward import run_graph
 from znni.engine.compute.windows import (
     BlendMode,
     WindowGrid,
@@ -62,6 +61,7 @@ class WindowedSpec:
     batch: int = 1  # windows run as one batch (windows.window_group), the planner's choice
     precision: str = "fp32"  # tensors' storage between ops (primitives/precision.py)
     device_bytes: int = 0  # a GPU backend's memory cap (0: the device's own)
+    compiled: str = ""  # "openvino-network": the planner compiles the whole window
 
 
 class WindowedWorker(GraphWorker):
@@ -131,7 +131,7 @@ class WindowedWorker(GraphWorker):
         grid = self.spec.grid
         group = window_group(grid, start, self.spec.batch)
         batch = np.stack([window_input(x, origin, s, grid) for s in group])  # (B, C, *W)
-        outs = run_graph(self.graph, batch, self.backend, self.primitives)  # (B, Cout, *W)
+        outs = self.forward(batch)  # (B, Cout, *W)
         for s, out in zip(group, outs, strict=True):
             if not window_inside(grid, s, block.write.lo, block.write.hi):
                 self._keep(s, out if len(group) == 1 else out.copy())  # not the whole batch

@@ -60,7 +60,10 @@ from znni.planner.graph.winograd_costs import winograd_bytes, winograd_primitive
 from znni.planner.machine import MachineProfile
 from znni.planner.memory import conv_workspace_bytes, kernel_spectra_bytes
 
-GEMM_OPS = ("conv", "conv_transpose")  # general convs run as GEMMs over kernel offsets
+GEMM_OPS = ("conv", "conv_transpose")
+# compiling a whole window's network on OpenVINO (network_costs.py, which cites it): 0.08-0.18 s
+# for BasicUNet 64^3, begun while the first block is read
+NETWORK_COMPILE_S = 0.15  # general convs run as GEMMs over kernel offsets
 PASS_THROUGH = ("identity", "dropout", "slice")  # views (engine/graph_forward): no traffic
 REFERENCE_WINDOW_VOXELS, LARGE_WINDOW_EXPONENT = 64**3, 0.06  # see large_window_factor
 # op -> (passes over its inputs, over its outputs, split over the cores, seconds per call):
@@ -120,6 +123,10 @@ class GraphPlan:
     device_peak_bytes: int = 0  # GPU plans: predicted device peak (gpu_search.DevicePeak)
     compute_s: float = 0.0  # GPU plans: the batch's node seconds
     transfer_s: float = 0.0  # GPU plans: the batch's host<->device copies (overlapped)
+    # "openvino-network": the whole window runs as one OpenVINO compiled network
+    # (network_costs.py), else "" (our executor, node by node)
+    compiled: str = ""
+    alternative_s: float = 0.0  # compiled plans: the node-by-node plan's window seconds
 
     @property
     def primitives(self) -> dict[str, str]:
@@ -210,6 +217,8 @@ def first_pass_seconds(plan: GraphPlan) -> float:
     """What a run's first pass costs beyond the steady-state prediction (once per run):
     the pages of its peak but OpenVINO's (each layer's first call pays for its own,
     openvino_costs.openvino_terms), and the import of openvino where a conv runs on it."""
+    if plan.compiled:  # openvino's import and the network's compile (network_costs.py)
+        return OPENVINO_IMPORT_S + NETWORK_COMPILE_S
     uses_openvino = any(n.primitive == "openvino" for n in plan.nodes)
     own_bytes = plan.peak_bytes - plan.openvino_bytes
     return FIRST_PASS_S_PER_PEAK_BYTE * own_bytes + OPENVINO_IMPORT_S * uses_openvino
