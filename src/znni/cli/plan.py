@@ -221,6 +221,14 @@ def format_graph_plan(s: dict) -> str:
         f"{what[1] if s['passes'] != 1 else what[1][:-1]}, about "
         f"{_seconds(s['predicted_seconds'])} s in all",
     ]
+    if s.get("compiled"):
+        lines.append(
+            f"compiled: every node in one OpenVINO network ({s['compiled']}) at "
+            f"{s['precision']}, {s['predicted_window_s']:.3f} s per {what[1][:-1]} against "
+            f"{s['node_by_node_window_s']:.3f} s node by node on our kernels")
+    elif s.get("device") == "cpu" and s.get("precision") == "fp32":
+        lines.append(f"node by node on our kernels and OpenVINO layers (primitives per conv: "
+                     f"{', '.join(sorted(set(s['primitives'].values()))) or 'none'})")
     return "\n".join(lines + (gpu_lines(s) if s.get("device") == "gpu" else []))
 
 

@@ -71,6 +71,10 @@ def graph_plan(
         "primitives": choice.plan.primitives,
         "device": choice.plan.device,
         "precision": choice.plan.precision,
+        # "openvino-network": every node in one OpenVINO compiled piece; why: its window time
+        # against our node-by-node plan's
+        "compiled": choice.plan.compiled,
+        "node_by_node_window_s": choice.plan.alternative_s or choice.plan.predicted_window_s,
         **gpu,
     }
     if model.mode == "exact":
