@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import peak_rss_bytes  # noqa: E402
 
 RUNTIMES = ("onnxruntime", "openvino")
+RUNTIME_CHILDREN = ("onnxruntime", "openvino", "openvino-bf16")
 
 
 def build(folder: Path, features: tuple[int, ...], window: int):  # type: ignore[no-untyped-def]
@@ -57,7 +58,8 @@ def build(folder: Path, features: tuple[int, ...], window: int):  # type: ignore
     return model, path
 
 
-def run_znni(folder: Path, window: int | None, overlap: float, limit: int) -> dict:
+def run_znni(folder: Path, window: int | None, overlap: float, limit: int,
+             precision: str = "fp32") -> dict:
     import zarr
 
     from znni.engine.job import SegmentJob
@@ -65,14 +67,16 @@ def run_znni(folder: Path, window: int | None, overlap: float, limit: int) -> di
     from znni.model.loading import load_model
 
     model = load_model(folder / "basicunet.onnx", scale=1 / 255)
-    out = folder / f"znni-{window or 'auto'}.zarr"
+    tag = f"znni-{window or 'auto'}" + ("" if precision == "fp32" else f"-{precision}")
+    out = folder / f"{tag}.zarr"
     job = SegmentJob(model, str(folder / "in.zarr"), str(out), overwrite=True, overlap=overlap,
-                     window=(window,) * 3 if window else None, memory_limit_bytes=limit)
+                     window=(window,) * 3 if window else None, memory_limit_bytes=limit,
+                     precision=precision)
     t0 = time.perf_counter()
     segment(job, quiet=True)
     seconds = time.perf_counter() - t0
     arr = zarr.open_array(str(out), mode="r")
-    np.save(folder / f"znni-{window or 'auto'}.npy", arr[:])
+    np.save(folder / f"{tag}.npy", arr[:])
     chosen = arr.attrs["znni"]["window"]["window"]
     return {"seconds": seconds, "window": chosen}
 
@@ -97,7 +101,7 @@ def run_monai(folder: Path, features: tuple[int, ...], window: int, overlap: flo
 
 
 def runtime_predictor(name: str, onnx_path: Path):  # type: ignore[no-untyped-def]
-    """One whole window through onnxruntime or OpenVINO (f32)."""
+    """One whole window through onnxruntime or OpenVINO (f32; "openvino-bf16": bf16)."""
     if name == "onnxruntime":
         import onnxruntime as ort
 
@@ -106,7 +110,8 @@ def runtime_predictor(name: str, onnx_path: Path):  # type: ignore[no-untyped-de
     import openvino as ov
 
     # f32: OpenVINO's CPU default may compute in bf16 (relative errors ~2e-3 here)
-    compiled = ov.Core().compile_model(str(onnx_path), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    hint = "bf16" if name == "openvino-bf16" else "f32"
+    compiled = ov.Core().compile_model(str(onnx_path), "CPU", {"INFERENCE_PRECISION_HINT": hint})
     return lambda x: compiled(x)[0]
 
 
@@ -137,6 +142,10 @@ def child(args: argparse.Namespace) -> None:
         result = run_znni(folder, args.window, args.overlap, args.memory_limit_bytes)
     elif args.child == "znni-auto":
         result = run_znni(folder, None, args.overlap, args.memory_limit_bytes)
+    elif args.child == "znni-bf16":
+        result = run_znni(folder, args.window, args.overlap, args.memory_limit_bytes, "bf16")
+    elif args.child == "znni-auto-bf16":
+        result = run_znni(folder, None, args.overlap, args.memory_limit_bytes, "bf16")
     elif args.child == "monai":
         result = run_monai(folder, features, args.window, args.overlap)
     else:
@@ -203,8 +212,24 @@ def _installed(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-def _rel(a: np.ndarray, ref: np.ndarray) -> float:
-    return float(np.abs(a - ref).max() / max(1.0, float(np.abs(ref).max())))
+def _errors(a: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
+    """(max, mean) absolute difference over the reference's range."""
+    diff, span = np.abs(a - ref), max(1e-12, float(ref.max() - ref.min()))
+    return float(diff.max()) / span, float(diff.mean()) / span
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
+    except (OSError, StopIteration):
+        return "unknown CPU"
+
+
+def cpu_has_bf16() -> bool:
+    from znni.primitives.cpu.openvino_network import cpu_has_bf16 as has
+
+    return has()
 
 
 def measure(args: argparse.Namespace, folder: Path) -> tuple[dict, dict, object, Path]:
@@ -217,13 +242,16 @@ def measure(args: argparse.Namespace, folder: Path) -> tuple[dict, dict, object,
     names = ["znni", "monai", *(n for n in RUNTIMES if _installed(n))]
     if args.auto:
         names.append("znni-auto")
+    if args.bf16 and cpu_has_bf16():  # bf16 units: OpenVINO's and znni's bf16 runs too
+        names += ["openvino-bf16", "znni-bf16", *(["znni-auto-bf16"] if args.auto else [])]
     runs: dict[str, list[dict]] = {n: [] for n in names}
     for _ in range(args.reps):
         for name in names:
             runs[name].append(spawn(name, folder, args))
     ref = np.load(folder / "monai.npy")
-    files = {"znni": f"znni-{args.window}.npy", "znni-auto": "znni-auto.npy"}
-    errors = {n: _rel(np.load(folder / files.get(n, f"{n}.npy")), ref) for n in names}
+    files = {"znni": f"znni-{args.window}.npy", "znni-auto": "znni-auto.npy",
+             "znni-bf16": f"znni-{args.window}-bf16.npy", "znni-auto-bf16": "znni-auto-bf16.npy"}
+    errors = {n: _errors(np.load(folder / files.get(n, f"{n}.npy")), ref) for n in names}
     return runs, errors, model, onnx_path
 
 
@@ -232,21 +260,27 @@ def report(args: argparse.Namespace, runs: dict, errors: dict, window: dict) -> 
     med = {n: statistics.median(r["seconds"] for r in rs) for n, rs in runs.items()}
     rss = {n: max(r["rss_bytes"] for r in rs) for n, rs in runs.items()}
     print(f"BasicUNet{_features(args.features)}, {args.size}^3 uint8, window {args.window}^3, "
-          f"overlap {args.overlap}, gaussian; {os.cpu_count()} cores; medians of {args.reps}; "
-          f"znni memory limit {args.memory_limit_bytes / gib:.1f} GiB")
+          f"overlap {args.overlap}, gaussian; {cpu_model()}, {os.cpu_count()} cores; medians "
+          f"of {args.reps}; znni memory limit {args.memory_limit_bytes / gib:.1f} GiB")
     print(f"{'run':32s} {'seconds':>8s} {'voxels/s':>12s} {'peak RSS':>9s} {'MONAI/run':>9s} "
-          f"{'max rel. diff vs MONAI':>22s}")
+          f"{'max / mean diff vs MONAI fp32':>30s}")
     auto = runs.get("znni-auto", [{}])[0].get("window")
     labels = {"znni": "znni segment (same window)", "monai": "MONAI sliding_window_inference",
               "onnxruntime": "onnxruntime (same windows)",
-              "openvino": "OpenVINO f32 (same windows)", "znni-auto": f"znni (planner: {auto})"}
+              "openvino": "OpenVINO f32 (same windows)", "znni-auto": f"znni (planner: {auto})",
+              "openvino-bf16": "OpenVINO bf16 (same windows)",
+              "znni-bf16": "znni bf16 (same window)", "znni-auto-bf16": "znni bf16 (planner)"}
     for name, t in med.items():
         print(f"{labels[name]:32s} {t:8.2f} {vox / t:12,.0f} {rss[name] / gib:7.2f}Gi "
-              f"{med['monai'] / t:8.2f}x {errors[name]:22.1e}")
-    for name in (n for n in RUNTIMES if n in med):
+              f"{med['monai'] / t:8.2f}x {errors[name][0]:20.1e} / {errors[name][1]:.1e}")
+    for name, ours in (("onnxruntime", "znni"), ("openvino", "znni"),
+                       ("openvino", "znni-auto"), ("openvino-bf16", "znni-bf16"),
+                       ("openvino-bf16", "znni-auto-bf16")):
+        if name not in med or ours not in med:
+            continue
         setup = statistics.median(r["setup_seconds"] for r in runs[name])
-        print(f"znni / {name}: {med[name] / med['znni']:.2f}x (same windows); "
-              f"{(med[name] + setup) / med['znni']:.2f}x with its import and compile "
+        print(f"{labels[ours]} / {name}: {med[name] / med[ours]:.2f}x; "
+              f"{(med[name] + setup) / med[ours]:.2f}x with its import and compile "
               f"({setup:.2f} s), which znni's whole run includes")
     print(f"one {args.window}^3 window: " + ", ".join(
         f"{k} {v:.3f} s" for k, v in window.items()) +
@@ -263,6 +297,8 @@ def main() -> None:
     ap.add_argument("--memory-limit", default="8GiB", help="znni's --memory-limit")
     ap.add_argument("--no-auto", dest="auto", action="store_false",
                     help="skip the run with the planner's window")
+    ap.add_argument("--no-bf16", dest="bf16", action="store_false",
+                    help="skip the bf16 runs (they run only where the CPU has bf16 units)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--folder", help=argparse.SUPPRESS)
     args = ap.parse_args()

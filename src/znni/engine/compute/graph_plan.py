@@ -36,10 +36,8 @@ def graph_plan(
     budget = pass_budget_bytes(limit_bytes, machine.memory_bytes if machine else None)
     shape = region or UNBOUNDED
     common = {
-        "network": model.name,
-        "in_channels": model.in_channels,
-        "out_channels": model.out_channels,
-        "size_factor": list(model.size_factor),
+        "network": model.name, "in_channels": model.in_channels,
+        "out_channels": model.out_channels, "size_factor": list(model.size_factor),
         "min_window": list(model.min_window),
         "fixed_window": list(model.fixed_window) if model.fixed_window else None,
         "memory_budget_bytes": budget,
@@ -71,9 +69,7 @@ def graph_plan(
         "primitives": choice.plan.primitives,
         "device": choice.plan.device,
         "precision": choice.plan.precision,
-        # "openvino-network": every node in one OpenVINO compiled piece; why: its window time
-        # against our node-by-node plan's
-        "compiled": choice.plan.compiled,
+        "compiled": choice.plan.compiled,  # why: against our node-by-node plan's time
         "node_by_node_window_s": choice.plan.alternative_s or choice.plan.predicted_window_s,
         **gpu,
     }
