@@ -14,6 +14,7 @@ import itertools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -55,14 +56,37 @@ def dump_dom(url: str, budget_ms: int = 5000, size: str = "1280,900") -> str:
     """The DOM after the page's scripts ran for `budget_ms` of virtual time."""
     exe = find_chromium()
     assert exe is not None
-    with tempfile.TemporaryDirectory(prefix="znni-chromium-") as profile:
-        run = subprocess.run(
+    with tempfile.TemporaryDirectory(prefix="znni-chromium-", ignore_cleanup_errors=True) as profile:
+        proc = subprocess.Popen(
             [exe, *_flags(), f"--user-data-dir={profile}", f"--window-size={size}",
              f"--virtual-time-budget={budget_ms}", "--dump-dom", url],
-            capture_output=True, text=True, timeout=120, check=False,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
         )
-    assert run.returncode == 0, run.stderr[-2000:]
-    return run.stdout
+        try:
+            out, err = proc.communicate(timeout=120)
+        finally:
+            _end_group(proc)
+    assert proc.returncode == 0, err[-2000:]
+    return out
+
+
+def _end_group(proc: subprocess.Popen) -> None:
+    """Stop a Chromium started in a session of its own, and wait for its helper processes
+    too (they still write into the profile for a moment after the browser exits)."""
+    for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break  # the whole group is gone
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            proc.poll()
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.05)
+    proc.wait()
 
 
 class Browser:
@@ -76,12 +100,13 @@ class Browser:
     def __enter__(self) -> Browser:
         exe = find_chromium()
         assert exe is not None, "no chromium"
-        self._profile = tempfile.TemporaryDirectory(prefix="znni-chromium-")
+        self._profile = tempfile.TemporaryDirectory(prefix="znni-chromium-",
+                                                    ignore_cleanup_errors=True)
         self.proc = subprocess.Popen(
             [exe, *_flags(), f"--user-data-dir={self._profile.name}",
              f"--window-size={self.width},{self.height}", "--remote-debugging-port=0",
              "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )
         try:
             self._stack = contextlib.ExitStack()
@@ -102,12 +127,7 @@ class Browser:
         self._stop()
 
     def _stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        _end_group(self.proc)
         self._profile.cleanup()
 
     def _page_socket(self) -> str:
