@@ -9,6 +9,7 @@ import { cancelButton, deviceText, fraction, progressText, statusText } from "./
 import { renderPlan } from "./plan.js";
 
 const PREVIEW_EVERY_MS = 2500;  // a preview is drawn by the server (matplotlib): not per poll
+const BLOCKS_EVERY_MS = 3000;  // the block map reads the output's whole ledger
 const FINISHED = new Set(["succeeded", "failed", "cancelled"]);
 const SUMMARY = ["input", "output", "device · precision", "progress", "voxels", "voxels/s now",
   "average", "ETA", "elapsed", "submitted", "started", "finished", "attempts"];
@@ -55,6 +56,8 @@ export class JobPage {
     this.seen = { done: -1, status: "", plan: "", action: "", final: false };
     this.previewAt = 0;
     this.previewStamp = "";
+    this.blocksAt = 0;
+    this.blocksStamp = "";
     this.previewUrl = null;
     fill(host, this.refs.root);
   }
@@ -66,12 +69,13 @@ export class JobPage {
     const points = await this.throughput(job, changed);
     this.summary(job, points);
     this.planOnce(job);
-    if (changed) await this.blocks(job);
+    await this.blocks(job);
     await this.preview(job);
     this.seen.done = job.progress.done;
     this.seen.status = job.status;
-    this.seen.final = FINISHED.has(job.status)
-      && this.previewStamp === `${job.progress.done}/${job.status}`;
+    const stamp = `${job.progress.done}/${job.status}`;
+    this.seen.final = FINISHED.has(job.status) && this.previewStamp === stamp
+      && this.blocksStamp === stamp;
   }
 
   async throughput(job, changed) {
@@ -120,7 +124,13 @@ export class JobPage {
     renderPlan(this.refs.plan, job);
   }
 
+  // The block map again when blocks landed since the last one, at most every BLOCKS_EVERY_MS.
   async blocks(job) {
+    const stamp = `${job.progress.done}/${job.status}`;
+    const due = Date.now() - this.blocksAt >= BLOCKS_EVERY_MS || FINISHED.has(job.status);
+    if (stamp === this.blocksStamp || !due) return;
+    this.blocksStamp = stamp;
+    this.blocksAt = Date.now();
     if (neverWrote(job)) {
       fill(this.refs.blocks, el("p", { class: "muted" }, "No block was written."));
       return;
