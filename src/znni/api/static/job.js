@@ -29,7 +29,7 @@ function skeleton(id) {
     progress: progressBar(), error: el("pre", { class: "error-text" }),
     chart: el("div", { class: "chart-host" }), blocks: el("div", { class: "blocks-host" }),
     plan: el("div", { class: "plan-host" }), previewNote: el("p", { class: "muted caption" }),
-    preview: el("img", { class: "preview", alt: `preview of job ${id}'s output` }) };
+    preview: el("img", { class: "preview", alt: `preview of job ${id}'s output`, hidden: true }) };
   for (const name of SUMMARY) {
     refs.values[name] = el("dd", {});
     refs.summary.append(el("dt", {}, name), refs.values[name]);
@@ -174,6 +174,7 @@ export class JobPage {
     const old = this.previewUrl;
     this.previewUrl = URL.createObjectURL(blob);
     this.refs.preview.src = this.previewUrl;
+    this.refs.preview.hidden = false;
     if (old) URL.revokeObjectURL(old);
     const where = z === null || z === undefined ? "the middle z slice"
       : `z slice ${z}, through the latest blocks`;

@@ -30,6 +30,13 @@ const SKIP = new Set(["network", "layers", "primitives", "alternatives",
   "predicted_patch_s", "predicted_window_s", "spectra_cache_bytes", "workspace_cache_bytes",
   "gpu_sub_batches"]);
 
+const NO_PLAN = {
+  queued: "Planned when a worker starts the job.",
+  running: "A windowed model's window is chosen as the job runs; it shows here when it ends.",
+  failed: "The job ended before a plan was stored.",
+  cancelled: "The job ended before a plan was stored.",
+};
+
 function facts(plan) {
   const list = el("dl", { class: "facts" });
   const shown = new Set();
@@ -82,9 +89,7 @@ function primitiveTable(primitives) {
 export function renderPlan(host, job) {
   const plan = job.plan || (job.report && job.report.plan);
   if (!plan) {
-    fill(host, el("p", { class: "muted" }, job.status === "queued"
-      ? "Planned when a worker starts the job."
-      : "No plan stored: a windowed model's window is chosen as it runs and shown here when it finishes."));
+    fill(host, el("p", { class: "muted" }, NO_PLAN[job.status] || NO_PLAN.running));
     return;
   }
   const parts = [speeds(plan, job), facts(plan)];
