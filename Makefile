@@ -29,7 +29,7 @@ browser:
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO="sudo -n"; \
 	  else echo "make test: no chromium, and apt-get needs root: the browser tests will skip"; exit 0; fi; \
 	  echo "make test: installing Debian's chromium for the browser tests"; \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
+	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	    --no-install-recommends chromium fonts-dejavu-core >/dev/null \
 	    || echo "make test: apt-get could not install chromium: the browser tests will skip"; }
 
