@@ -113,23 +113,8 @@ def bench_network(name: str, edge: int, width: int | None, reps: int, patches: i
     peak = device.peak_bytes
     row("znni gpu-only", gpu_label, t, convs=engines(device),
         gpu_peak_mib=round(peak / 2**20))
-    note = ""
-    for share in (4, 3, 2):  # the smallest cap (of 1/4, 1/3, 1/2 of the peak) that runs
-        try:
-            ram = GpuBackend(device, memory_cap_bytes=max(1, peak // share))
-            reset_engines(device)
-            t = timed_median(run_into("ram", lambda b=ram: dense_forward(ops, x, b)), reps,
-                             after_warmup=lambda: reset_engines(device))
-            row("znni gpu + host RAM", gpu_label, t, convs=engines(device),
-                gpu_cap=f"1/{share} of gpu-only's peak",
-                vs_gpu_only=_rel(outs["ram"], outs["gpu"]))
-            break
-        except (ValueError, MemoryError) as e:
-            note = f"did not run at 1/2 of gpu-only's peak: {e}"
-        finally:
-            device.memory_cap_bytes = cap_full
-    else:
-        row("znni gpu + host RAM", gpu_label, None, note=note)
+    _ram_row(ops, x, device, peak, reps, gpu_label, outs, row, run_into)
+    device.memory_cap_bytes = cap_full
     cpu = make_backend("cpu") if "cpu" in BACKEND_FACTORIES else make_backend("reference")
     t = timed_median(run_into("cpu", lambda: dense_forward(ops, x, cpu)), reps)
     row("znni cpu-only", cpu_label, t, vs_gpu_only=_rel(outs["cpu"], outs["gpu"]))
@@ -144,6 +129,30 @@ def bench_network(name: str, edge: int, width: int | None, reps: int, patches: i
     row("znni cpu-gpu", f"{cpu_label} + {gpu_label}", t, split_after_op=split - 1,
         patches=patches, convs=engines(device))
     _torch_row(spec, params, x, outs, row)
+
+
+def _ram_row(ops: Any, x: np.ndarray, device: Any, peak: int, reps: int, gpu_label: str,
+             outs: dict, row: Any, run_into: Any) -> None:
+    """GPU + host RAM: the smallest cap (1/4, 1/3, 1/2 of gpu-only's peak) that runs."""
+    from znni.primitives import dense_forward
+    from znni.primitives.gpu.backend import GpuBackend
+
+    cap_full, note = device.memory_cap_bytes, ""
+    for share in (4, 3, 2):
+        try:
+            ram = GpuBackend(device, memory_cap_bytes=max(1, peak // share))
+            reset_engines(device)
+            t = timed_median(run_into("ram", lambda b=ram: dense_forward(ops, x, b)), reps,
+                             after_warmup=lambda: reset_engines(device))
+            row("znni gpu + host RAM", gpu_label, t, convs=engines(device),
+                gpu_cap=f"1/{share} of gpu-only's peak",
+                vs_gpu_only=_rel(outs["ram"], outs["gpu"]))
+            return
+        except (ValueError, MemoryError) as e:
+            note = f"did not run at 1/2 of gpu-only's peak: {e}"
+        finally:
+            device.memory_cap_bytes = cap_full
+    row("znni gpu + host RAM", gpu_label, None, note=note)
 
 
 def _torch_row(spec: dict, params: dict, x: np.ndarray, outs: dict, row: Any) -> None:

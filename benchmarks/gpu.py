@@ -229,6 +229,24 @@ def targets(results: Results) -> list[dict[str, Any]]:
     return out
 
 
+def _check_device(use_standin: bool) -> int | None:
+    """None when the run can go on (the stand-in asked for, or a CUDA device), else 2."""
+    if use_standin:
+        os.environ[STANDIN_ENV] = "1"  # children inherit it
+        return None
+    if standin():
+        print(f"{STANDIN_ENV} is set: use --standin for the stand-in smoke", file=sys.stderr)
+        return 2
+    from znni.primitives.gpu.cupy_device import require_cuda
+
+    try:
+        require_cuda()
+    except ValueError as e:
+        print(f"gpu.py: {e}; --standin runs the stand-in smoke", file=sys.stderr)
+        return 2
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one timed run per figure")
@@ -247,19 +265,9 @@ def main(argv: list[str] | None = None) -> int:
         from _gpu_unet import child
 
         return child(json.loads(args.child))
-    if args.standin:
-        os.environ[STANDIN_ENV] = "1"  # children inherit it
-    elif standin():
-        print(f"{STANDIN_ENV} is set: use --standin for the stand-in smoke", file=sys.stderr)
-        return 2
-    else:
-        from znni.primitives.gpu.cupy_device import require_cuda
-
-        try:
-            require_cuda()
-        except ValueError as e:
-            print(f"gpu.py: {e}; --standin runs the stand-in smoke", file=sys.stderr)
-            return 2
+    refused = _check_device(args.standin)
+    if refused is not None:
+        return refused
     name = "standin" if args.standin else "quick" if args.quick else "full"
     if args.nets is None:
         args.nets = ["n337"] if args.standin else ["n337", "n537"]
