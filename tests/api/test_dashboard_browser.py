@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 SMALL = {"network": "tiny", "input": "small.zarr", "chunks": [4, 4, 4], "block": [4, 8, 4]}
-LONG_SHAPE = (2, 40, 40, 64)  # 3200 blocks of (2, 4, 4): seconds of work, time to click
+LONG_SHAPE = (2, 40, 80, 128)  # 12800 blocks of (2, 4, 4): time to click, even on a fast machine
 LONG = {"network": "tiny", "input": "long.zarr", "chunks": [2, 4, 4], "block": [2, 4, 4]}
 # the demo (64, 192, 192) in 8 x 12 x 12 blocks: a chart and a block map worth a look
 DEMO = {"network": "demo-membranes", "input": "demo-em.zarr", "output": "out/demo.zarr",
