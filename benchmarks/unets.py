@@ -1,10 +1,12 @@
 """U-Nets: whole `znni segment MODEL.onnx` vs MONAI sliding_window_inference, same run.
 
     .venv/bin/python benchmarks/unets.py [--size 128] [--window 64] [--overlap 0.25]
-        [--reps 3] [--features 16,16,32,64,128,16] [--memory-limit 8GiB] [--no-auto]
+        [--reps 3] [--model basicunet|unet] [--features 16,16,32,64,128,16]
+        [--memory-limit 8GiB] [--no-auto] [--no-bf16]
 
 MONAI `BasicUNet(features=...)` (instance norm, LeakyReLU, transposed-conv
-upsampling, padded 3^3 convs), exported to ONNX with dynamic spatial axes. A
+upsampling, padded 3^3 convs), or with `--model unet` MONAI's `UNet(channels=...)`
+(strided convs, residual units, instance norm, PReLU), exported to ONNX with dynamic spatial axes. A
 random uint8 volume of size^3 is written as Zarr; znni segments it end to end
 (reading, windows, blending, writing, ledger) and MONAI runs
 `sliding_window_inference(x, W, sw_batch_size=1, overlap, mode="gaussian",
@@ -43,13 +45,26 @@ RUNTIMES = ("onnxruntime", "openvino")
 RUNTIME_CHILDREN = ("onnxruntime", "openvino", "openvino-bf16")
 
 
-def build(folder: Path, features: tuple[int, ...], window: int):  # type: ignore[no-untyped-def]
-    """The torch model (seeded), its ONNX export and its weights for the child runs."""
-    import torch
+def make_model(kind: str, features: tuple[int, ...]):  # type: ignore[no-untyped-def]
+    """MONAI's BasicUNet(features), or (--model unet) MONAI's UNet with those channels,
+    strides of 2 and two residual units per level (instance norm, PReLU)."""
+    from monai.networks.nets import UNet
+
+    if kind == "unet":
+        return UNet(spatial_dims=3, in_channels=1, out_channels=2, channels=features,
+                    strides=(2,) * (len(features) - 1), num_res_units=2).eval()
     from monai.networks.nets import BasicUNet
 
+    return BasicUNet(spatial_dims=3, in_channels=1, out_channels=2, features=features).eval()
+
+
+def build(folder: Path, features: tuple[int, ...], window: int,
+          kind: str = "basicunet"):  # type: ignore[no-untyped-def]
+    """The torch model (seeded), its ONNX export and its weights for the child runs."""
+    import torch
+
     torch.manual_seed(0)
-    model = BasicUNet(spatial_dims=3, in_channels=1, out_channels=2, features=features).eval()
+    model = make_model(kind, features)
     torch.save(model.state_dict(), folder / "basicunet.pt")
     path = folder / "basicunet.onnx"
     torch.onnx.export(model, (torch.zeros(1, 1, window, window, window),), path,
@@ -81,13 +96,13 @@ def run_znni(folder: Path, window: int | None, overlap: float, limit: int,
     return {"seconds": seconds, "window": chosen}
 
 
-def run_monai(folder: Path, features: tuple[int, ...], window: int, overlap: float) -> dict:
+def run_monai(folder: Path, features: tuple[int, ...], window: int, overlap: float,
+              kind: str = "basicunet") -> dict:
     import torch
     from monai.inferers import sliding_window_inference
-    from monai.networks.nets import BasicUNet
 
     torch.set_num_threads(os.cpu_count() or 1)
-    model = BasicUNet(spatial_dims=3, in_channels=1, out_channels=2, features=features).eval()
+    model = make_model(kind, features)
     model.load_state_dict(torch.load(folder / "basicunet.pt"))
     vol = np.load(folder / "in.npy")
     x = torch.from_numpy(vol[None, None].astype(np.float32) / 255)
@@ -147,7 +162,7 @@ def child(args: argparse.Namespace) -> None:
     elif args.child == "znni-auto-bf16":
         result = run_znni(folder, None, args.overlap, args.memory_limit_bytes, "bf16")
     elif args.child == "monai":
-        result = run_monai(folder, features, args.window, args.overlap)
+        result = run_monai(folder, features, args.window, args.overlap, args.model)
     else:
         result = run_runtime(folder, args.child, args.window, args.overlap)
     print(json.dumps({**result, "rss_bytes": peak_rss_bytes()}))
@@ -157,7 +172,8 @@ def spawn(name: str, folder: Path, args: argparse.Namespace) -> dict:
     """One run in a child process: its result plus its peak RSS in bytes."""
     cmd = [sys.executable, __file__, "--child", name, "--folder", str(folder),
            "--window", str(args.window), "--overlap", str(args.overlap),
-           "--features", args.features, "--memory-limit", args.memory_limit]
+           "--features", args.features, "--memory-limit", args.memory_limit,
+           "--model", args.model]
     done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"the {name} run failed (exit {done.returncode})")
@@ -235,7 +251,7 @@ def cpu_has_bf16() -> bool:
 def measure(args: argparse.Namespace, folder: Path) -> tuple[dict, dict, object, Path]:
     import zarr
 
-    model, onnx_path = build(folder, _features(args.features), args.window)
+    model, onnx_path = build(folder, _features(args.features), args.window, args.model)
     vol = np.random.default_rng(0).integers(0, 256, (args.size,) * 3).astype(np.uint8)
     np.save(folder / "in.npy", vol)
     zarr.create_array(str(folder / "in.zarr"), data=vol, chunks=(64, 64, 64))
@@ -259,7 +275,8 @@ def report(args: argparse.Namespace, runs: dict, errors: dict, window: dict) -> 
     vox, gib = args.size**3, 2**30
     med = {n: statistics.median(r["seconds"] for r in rs) for n, rs in runs.items()}
     rss = {n: max(r["rss_bytes"] for r in rs) for n, rs in runs.items()}
-    print(f"BasicUNet{_features(args.features)}, {args.size}^3 uint8, window {args.window}^3, "
+    name = "UNet" if args.model == "unet" else "BasicUNet"
+    print(f"{name}{_features(args.features)}, {args.size}^3 uint8, window {args.window}^3, "
           f"overlap {args.overlap}, gaussian; {cpu_model()}, {os.cpu_count()} cores; medians "
           f"of {args.reps}; znni memory limit {args.memory_limit_bytes / gib:.1f} GiB")
     print(f"{'run':32s} {'seconds':>8s} {'voxels/s':>12s} {'peak RSS':>9s} {'MONAI/run':>9s} "
@@ -293,7 +310,10 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=64)
     ap.add_argument("--overlap", type=float, default=0.25)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--features", default="16,16,32,64,128,16")
+    ap.add_argument("--features", default=None,
+                    help="BasicUNet's features (default 16,16,32,64,128,16) or UNet's "
+                    "channels (default 16,32,64,128)")
+    ap.add_argument("--model", choices=("basicunet", "unet"), default="basicunet")
     ap.add_argument("--memory-limit", default="8GiB", help="znni's --memory-limit")
     ap.add_argument("--no-auto", dest="auto", action="store_false",
                     help="skip the run with the planner's window")
@@ -302,6 +322,8 @@ def main() -> None:
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--folder", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.features is None:
+        args.features = "16,32,64,128" if args.model == "unet" else "16,16,32,64,128,16"
     from znni.engine.units import parse_bytes
 
     args.memory_limit_bytes = parse_bytes(args.memory_limit)
