@@ -103,3 +103,30 @@ def test_segment_runs_the_compiled_network_as_our_executor_would(onnx_models, tm
     monkeypatch.setattr("znni.planner.graph.network_costs.openvino_ready", lambda: False)
     ours, want = run("ours.zarr")
     assert compiled == "openvino-network" and ours == "" and close(got, want)
+
+
+def test_a_network_openvino_cannot_compile_runs_on_our_kernels(onnx_models, tmp_path,
+                                                               monkeypatch, caplog) -> None:
+    """OpenVINO refusing the model (an op it lacks, a broken install) is no failed run: the
+    worker says so once and runs the window on our executor."""
+    from znni.engine.compute.windows import WindowGrid
+    from znni.engine.workers.windowed import WindowedSpec, WindowedWorker
+
+    vol = np.random.default_rng(4).random((16, 32, 32), dtype=np.float32)
+    inp = write_volume(tmp_path / "in.zarr", vol, 3, (16, 32, 32))
+    model = load_model(onnx_models.path("basicunet"))
+    grid = WindowGrid.for_volume(vol.shape, (16, 32, 32), 0.25)
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("Exception from src/core: unsupported operation")
+
+    monkeypatch.setattr(openvino_network, "OpenVinoNetwork", refuse)
+    monkeypatch.setattr(openvino_network, "NETWORKS", openvino_network.CompiledNetworks())
+    spec = WindowedSpec(model, inp, str(tmp_path / "o.zarr"), "float32", grid, "gaussian",
+                        compiled="openvino-network")
+    worker = WindowedWorker(spec)
+    x = vol[None].astype(np.float32)[None]  # (1, 1, Z, Y, X): the one window
+    with caplog.at_level(logging.WARNING, logger="znni.engine"):
+        got = worker.forward(x)
+    assert "our own kernels run it instead" in caplog.text and worker.compiled is None
+    assert close(got, run_graph(model.graph((16, 32, 32)), x, make_backend("cpu")))

@@ -11,6 +11,7 @@ tests and operators can see exactly what a run recomputed.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Protocol
 
@@ -23,6 +24,7 @@ from znni.engine.io.volume import open_input, write_block
 from znni.primitives.base import Backend
 
 TRACE_ENV = "ZNNI_ENGINE_TRACE"
+log = logging.getLogger("znni.engine")
 
 
 class Worker(Protocol):
@@ -97,7 +99,13 @@ class GraphWorker(VolumeWorker):
         """(N, C, *size) windows or tiles -> their outputs, on the host: the compiled
         network where the plan says so, else our executor with the planned primitives."""
         if self.compiled is not None:
-            return self.compiled(x)
+            try:
+                return self.compiled(x)
+            except Exception as e:  # noqa: BLE001 - OpenVINO's own errors: our kernels run
+                log.warning("OpenVINO could not compile or run %s (%s); our own kernels run "
+                            "it instead", self.spec.model.name, e)
+                self.compiled = None
+                self.primitives = {}  # the compiled plan chose no per-conv primitives
         return run_graph(self.graph, x, self.backend, self.primitives)
 
     def device_report(self) -> dict[str, Any]:
