@@ -15,6 +15,7 @@ import argparse
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 
 from znni.cli import bench, demo, plan, preview, segment, serve
@@ -77,6 +78,26 @@ def _join_dashed_values(argv: Sequence[str]) -> list[str]:
     return out
 
 
+def _volume_fault(e: Exception, args: argparse.Namespace) -> int:
+    """A fault reading or writing a volume mid-run (`engine/io/faults.py`): its one sentence,
+    how much is kept, exit 2 (bad data) or 1 (the environment); -v: the traceback first."""
+    from znni.engine.io.faults import VolumeFault
+
+    if not isinstance(e, VolumeFault) or os.environ.get("ZNNI_DEBUG"):
+        raise e
+    if args.verbose:
+        traceback.print_exception(e)
+    print(f"znni {args.command}: error: {e}", file=sys.stderr)
+    done = getattr(e, "done", None)
+    kept = f"{done[0]} of {done[1]} blocks are done and kept" if done else "finished blocks " \
+        "are kept"
+    fix = "fix the chunk or pass --on-bad-chunk fill" if e.kind == "corrupt" else "fix the cause"
+    print(f"znni {args.command}: {kept}; {fix}, then rerun the same command to resume",
+          file=sys.stderr)
+    _quiet_shutdown()
+    return e.exit_code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(_join_dashed_values(sys.argv[1:] if argv is None else argv))
@@ -105,6 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"znni {args.command}: error: {e}", file=sys.stderr)
         _quiet_shutdown()
         return EXIT_STORE_DOWN
+    except Exception as e:
+        return _volume_fault(e, args)
     except KeyboardInterrupt:
         print(f"znni {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -48,6 +48,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--window", help="windowed models: window z,y,x (default: planned)")
     p.add_argument("--overlap", type=float, default=0.25, help="windowed: overlap fraction")
     p.add_argument("--blend", choices=BLEND_MODES, default="gaussian", help="windowed: weights")
+    p.add_argument("--on-bad-chunk", choices=("fail", "fill"), default="fail",
+                   help="an input chunk that does not decode: stop (fail, default), or compute "
+                   "on with the array's fill value and list it (fill)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(run=run)
 
@@ -82,6 +85,7 @@ def job_from_args(args: argparse.Namespace) -> SegmentJob:
         output_format=args.output_format,
         pyramid=args.pyramid,
         store=ctx,
+        on_bad_chunk=args.on_bad_chunk,
     )
 
 
@@ -114,9 +118,24 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     job = job_from_args(args)  # refuses a bad spec or weights before anything else loads
+    from znni.engine.job import SegmentCancelled
     from znni.engine.segment import segment
 
-    report = segment(job, quiet=args.quiet)
+    stop = StopSignals()
+    try:
+        report = segment(job, quiet=args.quiet, cancel=stop.event)
+    except SegmentCancelled as e:
+        done, total = getattr(e, "done", ("?", "?"))
+        print(f"znni segment: stopped by {stop.name}: {done} of {total} blocks done and kept "
+              "(blocks in flight finished); rerun the same command to resume", file=sys.stderr)
+        return 128 + stop.signum
+    finally:
+        stop.restore()
+    if report.bad_chunks:
+        n = len(report.bad_chunks)
+        print(f"znni segment: warning: {n} input chunk{'s' * (n != 1)} of {job.input_path} "
+              f"did not decode; computed as the fill value (listed in the output's "
+              f"provenance): {', '.join(report.bad_chunks)}", file=sys.stderr)
     if not args.quiet and report.plan is not None:
         print(plan_summary(report.plan), file=sys.stderr)
         if "device_ran" in report.plan:
@@ -129,6 +148,36 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+class StopSignals:
+    """SIGTERM and SIGINT set `event`: the run stops after the blocks in flight (computed and
+    written, the ledger recorded), and the command exits 128 + the signal. A second signal
+    stops at once (SIGINT: KeyboardInterrupt; SIGTERM: the default, exit 143)."""
+
+    def __init__(self) -> None:
+        import signal
+        import threading
+
+        self.event = threading.Event()
+        self.signum, self.name = 0, ""
+        self.old = {s: signal.signal(s, self._on) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def _on(self, signum: int, frame: Any) -> None:
+        import signal
+
+        if self.event.is_set():  # the second: no more waiting
+            self.restore()
+            signal.raise_signal(signum)
+            return
+        self.signum, self.name = signum, signal.Signals(signum).name
+        self.event.set()
+
+    def restore(self) -> None:
+        import signal
+
+        for s, handler in self.old.items():
+            signal.signal(s, handler)
 
 
 def device_summary(ran: dict) -> str:

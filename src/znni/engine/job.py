@@ -59,6 +59,7 @@ class SegmentJob:
     pyramid: int | None = None  # OME-Zarr outputs: downsampled levels; None: coarsest <= 256
     # store options by bucket (--storage-option) and this process's store caches
     store: StoreContext = field(default_factory=StoreContext)
+    on_bad_chunk: str = "fail"  # an input chunk that does not decode: stop, or "fill" and list it
 
 
 class SegmentCancelled(Exception):
@@ -92,3 +93,4 @@ class SegmentReport:
     voxels_per_second: float
     stage_seconds: dict[str, float] = field(default_factory=dict)  # read, compute, write, wait
     plan: dict | None = None
+    bad_chunks: tuple[str, ...] = ()  # input chunks filled with the fill value (every run's)

@@ -34,6 +34,7 @@ from znni.engine.compute.layout import (
 from znni.engine.compute.tiles import tile_output
 from znni.engine.compute.windows import WindowGrid
 from znni.engine.geometry import Block, Box, Halo, Triple, split_blocks
+from znni.engine.io.faults import VolumeFault, check_bad_chunk_policy
 from znni.engine.io.ledger import (
     BlockLedger,
     fingerprint,
@@ -42,6 +43,7 @@ from znni.engine.io.ledger import (
     open_ledger,
     read_ledger,
 )
+from znni.engine.io.lock import OutputLock, hold_output
 from znni.engine.io.stores import (
     check_location,
     check_output_location,
@@ -53,7 +55,8 @@ from znni.engine.io.volume import (
     open_input,
     output_chunks,
 )
-from znni.engine.job import ProgressEvent, SegmentJob, SegmentReport
+from znni.engine.job import ProgressEvent, SegmentCancelled, SegmentJob, SegmentReport
+from znni.engine.output.provenance import note_bad_chunks
 from znni.engine.output.target import OutputTarget, open_target, output_plan
 from znni.engine.units import resolve_roi
 from znni.engine.workers.base import Worker
@@ -215,6 +218,7 @@ def _check_options(job: SegmentJob) -> None:
             "apply; windows are for ONNX models"
         )
 
+    check_bad_chunk_policy(job.on_bad_chunk, job.scheduler)
     check_device(job.device)
     check_precision(job.device, job.precision)
     if job.precision != "fp32" and not isinstance(job.network, OnnxModel):
@@ -257,8 +261,8 @@ def segment(
         prep = prepare_run(setup, plan)
         plan = prep.plan
         plan_dict = plan.to_dict() if plan is not None else _windowed_summary(job, prep)
-        target, ledger, blocks, spec, worker, reads = _set_up(setup, prep, plan_dict, backend,
-                                                              timer)
+        target, ledger, blocks, spec, worker, reads, lock = _set_up(setup, prep, plan_dict,
+                                                                    backend, timer)
     todo = [b for b in blocks if b.key not in prep.done]
     done_voxels = sum(b.write.size for b in blocks if b.key in prep.done)
     meter = Progress(
@@ -280,11 +284,18 @@ def segment(
             from znni.engine.workers.distributed import run_dask
 
             run_dask(spec, todo, on_done, timer, job.scheduler, cancel)
+    except (VolumeFault, SegmentCancelled) as e:  # the caller says how much is kept
+        e.done = (meter.blocks_done, meter.blocks_total)  # type: ignore[union-attr]
+        raise
     finally:
         if reads is not None:
             reads.close()
         target.close()
         meter.close()
+        try:
+            bad = note_bad_chunks(worker, ledger, target, prep.volume, job, prep.resume)
+        finally:
+            lock.release()
     target.check()
     elapsed = meter.elapsed_s()
     return SegmentReport(
@@ -296,20 +307,24 @@ def segment(
         voxels_per_second=meter.voxels_this_run / max(elapsed, 1e-9),
         stage_seconds=dict(timer.seconds),
         plan=plan_dict,
+        bad_chunks=tuple(bad),
     )
 
 
 def _set_up(
     job: SegmentJob, prep: PreparedRun, plan_dict: dict[str, Any], backend: Backend | None,
     timer: StageTimer,
-) -> tuple[OutputTarget, BlockLedger, list[Block], Any, Worker | None, ReadAhead | None]:
+) -> tuple[OutputTarget, BlockLedger, list[Block], Any, Worker | None, ReadAhead | None,
+           OutputLock]:
     """(the output, its ledger, the blocks, their spec, the local worker and its reader, or
     None for Dask). A local run starts reading its first unfinished block before it creates
     the output and starts the ledger, a dozen requests in a row on an object store."""
+    lock = hold_output(job.output_path)  # one run per output: before its ledger starts
     worker, reads = None, None
     if job.scheduler is None:
         blocks, spec = _blocks_and_spec(job, prep)
         worker = make_worker(spec, backend=backend)  # its output is attached below
+        worker.volume.bad_chunks.policy = job.on_bad_chunk  # type: ignore[attr-defined]
         reads = ReadAhead(worker, timer)
         first = next((b for b in blocks if b.key not in prep.done), None)
         if first is not None:
@@ -325,12 +340,13 @@ def _set_up(
     except BaseException:
         if reads is not None:
             reads.close()
+        lock.release()
         raise
     if worker is not None:
         worker.output = target.level0
     else:
         blocks, spec = _blocks_and_spec(target.worker_job(job), prep)
-    return target, ledger, blocks, spec, worker, reads
+    return target, ledger, blocks, spec, worker, reads, lock
 
 
 def _blocks_and_spec(job: SegmentJob, prep: PreparedRun) -> tuple[list[Block], Any]:

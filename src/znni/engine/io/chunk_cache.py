@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 
 from znni.engine.geometry import Box, Triple
+from znni.engine.io.faults import BadChunks, chunk_key, read_fault
+from znni.engine.io.retry import StoreError
 from znni.lru import BytesLRU
 from znni.triple import as_triple
 
@@ -40,9 +42,10 @@ class ChunkedReader:
     a `ChunkCache`, under keys (`name`, chunk index)."""
 
     def __init__(self, array: Any, has_channel_axis: bool, cache: ChunkCache,
-                 name: str) -> None:
+                 name: str, bad: BadChunks | None = None) -> None:
         self.array, self.has_channel_axis = array, has_channel_axis
         self.cache, self.name = cache, name
+        self.bad = bad if bad is not None else BadChunks()
         self.shape: Triple = as_triple(array.shape[-3:])
         self.chunks: Triple = as_triple(array.chunks[-3:])
         self.channels = int(array.shape[0]) if has_channel_axis else 1
@@ -83,11 +86,15 @@ class ChunkedReader:
 
     def _fetch(self, lo: Index, hi: Index) -> dict[Index, np.ndarray]:
         """Chunks [lo, hi) of the grid in one zarr call, each kept in the cache."""
-        span = Box(self.chunk_box(lo).lo, self.chunk_box((hi[0] - 1, hi[1] - 1, hi[2] - 1)).hi)
-        if self.has_channel_axis:
-            data = np.asarray(self.array[(slice(None), *span.slices())])
-        else:
-            data = np.asarray(self.array[span.slices()])[None]
+        last = (hi[0] - 1, hi[1] - 1, hi[2] - 1)
+        span = Box(self.chunk_box(lo).lo, self.chunk_box(last).hi)
+        try:
+            data = self._read_span(span)
+        except StoreError as e:  # retried already: name the span's chunks, not each again
+            keys = f"{chunk_key(self.array, lo)} to {chunk_key(self.array, last)}"
+            raise read_fault(e, self.name, keys, self.array) from e
+        except Exception:  # noqa: BLE001 - find which chunk failed, and why
+            data = self._read_by_chunk(span, lo, hi)
         got: dict[Index, np.ndarray] = {}
         for idx in itertools.product(*(range(a, b) for a, b in zip(lo, hi, strict=True))):
             chunk = self.chunk_box(idx)  # type: ignore[arg-type]
@@ -96,6 +103,30 @@ class ChunkedReader:
             self.cache.put((self.name, idx), arr)
             got[idx] = arr  # type: ignore[index]
         return got
+
+    def _read_span(self, span: Box) -> np.ndarray:
+        if self.has_channel_axis:
+            return np.asarray(self.array[(slice(None), *span.slices())])
+        return np.asarray(self.array[span.slices()])[None]
+
+    def _read_by_chunk(self, span: Box, lo: Index, hi: Index) -> np.ndarray:
+        """The span read chunk by chunk after a failed read of all of it: a chunk that does
+        not decode raises its `VolumeFault`, or under the 'fill' policy becomes the array's
+        fill value and is listed in `self.bad`."""
+        data = np.empty((self.channels, *span.shape), self.dtype)
+        for idx in itertools.product(*(range(a, b) for a, b in zip(lo, hi, strict=True))):
+            chunk = self.chunk_box(idx)  # type: ignore[arg-type]
+            where = (slice(None), *chunk.slices(span.lo))
+            try:
+                data[where] = self._read_span(chunk)
+            except Exception as e:  # noqa: BLE001 - classified: VolumeFault or filled
+                fault = read_fault(e, self.name, chunk_key(self.array, idx), self.array)
+                if fault.kind != "corrupt" or self.bad.policy != "fill":
+                    raise fault from e
+                fill = getattr(self.array, "fill_value", None)
+                data[where] = fill if fill is not None else 0
+                self.bad.add(fault.key)
+        return data
 
 
 def cover(indices: Iterable[Index]) -> list[tuple[Index, Index]]:

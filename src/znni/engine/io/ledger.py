@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from znni.engine.context import StoreContext
+from znni.engine.io.faults import write_fault
 from znni.engine.io.ome import is_group, ome_level
 from znni.engine.io.stores import (
     is_url,
@@ -86,6 +87,7 @@ class BlockLedger(Protocol):
     def start(self, parts: dict[str, Any], block_shape: tuple[int, int, int]) -> None: ...
     def resume(self) -> None: ...
     def record(self, keys: list[str]) -> None: ...
+    def note_bad_chunks(self, keys: list[str]) -> list[str]: ...
 
 
 def open_ledger(output_path: str, *, ctx: StoreContext) -> BlockLedger:
@@ -175,11 +177,32 @@ class Ledger:
         if not keys:
             return
         now = time.time()
-        text = "".join(json.dumps({"block": k, "t": now}) + "\n" for k in keys)
-        with open(self.path, "a") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        self._append("".join(json.dumps({"block": k, "t": now}) + "\n" for k in keys),
+                     keys[0])
+
+    def note_bad_chunks(self, keys: list[str]) -> list[str]:
+        """Append input chunks filled with the fill value; every one this job's runs noted
+        (a resumed run does not read again the chunks of blocks already done)."""
+        if keys:
+            self._append("".join(json.dumps({"bad_chunk": k}) + "\n" for k in keys), keys[0])
+        seen: set[str] = set()
+        with open(self.path) as f:
+            for line in f:
+                if '"bad_chunk"' in line:
+                    try:
+                        seen.add(str(json.loads(line)["bad_chunk"]))
+                    except (ValueError, KeyError, TypeError):
+                        continue
+        return sorted(seen)
+
+    def _append(self, text: str, key: str) -> None:
+        try:
+            with open(self.path, "a") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            raise write_fault(e, str(self.path), key, "ledger entry of block") from e
 
 
 def _object_name(key: str) -> str:
@@ -222,7 +245,7 @@ class ObjectLedger:
         body = (json.dumps(header) + "\n").encode()
         write_bytes(join(self.prefix, HEADER_OBJECT), body, ctx=self.ctx)
         for name in list_names(self.prefix, ctx=self.ctx):
-            if name not in (HEADER_OBJECT, self.run):
+            if name not in (HEADER_OBJECT, self.run, f"bad-{self.run}.json"):
                 remove_tree(join(self.prefix, name), ctx=self.ctx)
 
     def resume(self) -> None:
@@ -238,6 +261,21 @@ class ObjectLedger:
         for key in keys:
             body = json.dumps({"block": key, "t": time.time()}).encode()
             write_bytes(join(self.prefix, self.run, _object_name(key)), body, ctx=self.ctx)
+
+    def note_bad_chunks(self, keys: list[str]) -> list[str]:
+        """Input chunks filled with the fill value, kept in `bad-<run>.json` (with earlier
+        runs' of this job)."""
+        assert self.run is not None, "start or resume the ledger first"
+        name = join(self.prefix, f"bad-{self.run}.json")
+        raw = read_bytes(name, "output", ctx=self.ctx)
+        try:
+            seen = set(json.loads(raw)) if raw is not None else set()
+        except ValueError:
+            seen = set()
+        if set(keys) - seen:
+            seen |= set(keys)
+            write_bytes(name, json.dumps(sorted(seen)).encode(), ctx=self.ctx)
+        return sorted(seen)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -19,6 +19,7 @@ import numpy as np
 from znni.engine.context import OPEN_CACHE_ENTRIES, StoreContext
 from znni.engine.geometry import Box, Triple
 from znni.engine.io.chunk_cache import ChunkCache, ChunkedReader
+from znni.engine.io.faults import BadChunks, write_fault
 from znni.engine.io.ome import OmeLevel, find_ome, is_group, ome_level
 from znni.engine.io.stores import (
     StoreError,
@@ -150,14 +151,22 @@ class InputVolume:
     ome: OmeLevel | None = None  # the OME-Zarr level read (voxel size, units); None: plain
     # reads through decoded chunks kept between blocks (`chunk_cache.py`); None: straight
     reader: ChunkedReader | None = field(default=None, compare=False, repr=False)
+    # the policy for chunks that do not decode, and those filled (`faults.py`)
+    bad_chunks: BadChunks = field(default_factory=BadChunks, compare=False, repr=False)
 
     def read(self, box: Box) -> np.ndarray:
-        """Raw (C, Z, Y, X) values of a box inside the volume."""
+        """Raw (C, Z, Y, X) values of a box inside the volume; a chunk that fails to read
+        raises a `VolumeFault` naming it (or is filled, `bad_chunks.policy` 'fill')."""
         if self.reader is not None:
             return self.reader.read(box)
-        if self.has_channel_axis:
-            return np.asarray(self.array[(slice(None), *box.slices())])
-        return np.asarray(self.array[box.slices()])[None]
+        try:
+            if self.has_channel_axis:
+                return np.asarray(self.array[(slice(None), *box.slices())])
+            return np.asarray(self.array[box.slices()])[None]
+        except Exception:  # noqa: BLE001 - read through chunks to name the one that failed
+            name = self.ome.array_path if self.ome is not None else self.path
+            return ChunkedReader(self.array, self.has_channel_axis, ChunkCache(0), name,
+                                 self.bad_chunks).read(box)
 
 
 def open_input(path: str, in_channels: int, cache_bytes: int = 0, *,
@@ -169,7 +178,8 @@ def open_input(path: str, in_channels: int, cache_bytes: int = 0, *,
     if cache_bytes <= 0:
         return volume
     name = volume.ome.array_path if volume.ome is not None else path
-    reader = ChunkedReader(volume.array, volume.has_channel_axis, ChunkCache(cache_bytes), name)
+    reader = ChunkedReader(volume.array, volume.has_channel_axis, ChunkCache(cache_bytes), name,
+                           volume.bad_chunks)
     return replace(volume, reader=reader)
 
 
@@ -360,7 +370,10 @@ def write_block(array: Any | None, path: str, box: Box, values: np.ndarray, *,
     """`write_box` into `array`, or into the output at `path` opened first when `array` is
     None (a worker opens its output at its first write, so `segment` can start reading the
     first block's input while it still creates the output); returns the array written."""
-    if array is None:
-        array = open_output_array(path, ctx=ctx)
-    write_box(array, box, values)
+    try:
+        if array is None:
+            array = open_output_array(path, ctx=ctx)
+        write_box(array, box, values)
+    except (OSError, RuntimeError) as e:  # a full disk, a refusal, a gone store: named
+        raise write_fault(e, path, box.key()) from e
     return array

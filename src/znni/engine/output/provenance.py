@@ -64,3 +64,37 @@ def read_provenance(attrs: dict[str, Any], path: str) -> dict[str, Any]:
             "version), so its input is unknown"
         )
     return record
+
+
+def record_bad_chunks(attrs: Any, input_array: str, keys: list[str]) -> None:
+    """List the input chunks a `--on-bad-chunk fill` run filled with the fill value in the
+    output's provenance (`attrs`: the array's or the OME group's), so none is silently wrong."""
+    record = dict(attrs.get(ATTR) or {})
+    record["bad_chunks"] = {"array": input_array, "filled_with": "the fill value",
+                            "chunks": list(keys)}
+    attrs.update({ATTR: record})
+
+
+def note_bad_chunks(worker: Any, ledger: Any, target: Any, volume: InputVolume,
+                    job: SegmentJob, resume: bool) -> list[str]:
+    """The input chunks this job's runs filled with the fill value (a local `worker`'s
+    `volume.bad_chunks`), kept in the ledger and listed in the output's provenance."""
+    bad = getattr(getattr(worker, "volume", None), "bad_chunks", None)
+    keys = bad.keys if bad is not None else []
+    every: list[str] = ledger.note_bad_chunks(keys) if keys or resume else []
+    if every:
+        array = volume.ome.array_path if volume.ome else job.input_path
+        record_bad_chunks(_attrs(target, job), resolved(array), every)
+    return every
+
+
+def _attrs(target: Any, job: SegmentJob) -> Any:
+    """The attributes that hold the provenance: a plain array's, or the OME group's."""
+    if target.format == "zarr":
+        return target.level0.attrs
+    import zarr
+
+    from znni.engine.io.stores import zarr_store
+
+    return zarr.open_group(store=zarr_store(target.path, read_only=False, ctx=job.store),
+                           mode="r+").attrs

@@ -1,0 +1,157 @@
+"""Faults inside a run, end to end on real parts: a real corrupted chunk file, a real full
+file system (a small tmpfs), real signals to a real `znni segment` process. Each ends with
+one sentence (no traceback), the exit status stated in docs/design.md, every finished block
+kept, and a rerun whose output equals an uninterrupted run's bit for bit."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from support.engine_ref import slow_network, small_network, write_network, write_volume
+
+from znni.engine.context import StoreContext
+from znni.engine.io.ledger import read_ledger
+
+CTX = StoreContext()
+SHAPE, BLOCK, CHUNKS = (40, 50, 60), (8, 10, 12), (16, 16, 16)
+TOTAL = 5 * 5 * 5
+BAD = "c/1/1/1"  # the input chunk corrupted: z, y, x 16:32
+ENV = {**os.environ, "ZNNI_BACKEND": "reference", "OMP_NUM_THREADS": "1",
+       "OPENBLAS_NUM_THREADS": "1"}
+
+
+def _cmd(spec: Path, inp: str, out: Path, *extra: str) -> list[str]:
+    blk = ",".join(map(str, BLOCK))
+    return [sys.executable, "-m", "znni.cli", "segment", str(spec), inp, str(out),
+            "--chunks", blk, "--block", blk, "--quiet", *extra]
+
+
+def _run(cmd: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+
+
+def _setup(tmp: Path, slow: bool = False) -> tuple[Path, str, np.ndarray]:
+    rng = np.random.default_rng(5)
+    layers, params = slow_network(rng) if slow else small_network(rng)
+    spec = write_network(tmp, layers, params, scale=1 / 255)
+    vol = np.random.default_rng(2).integers(0, 256, size=SHAPE).astype(np.uint8)
+    return spec, write_volume(tmp / "in.zarr", vol, 3, CHUNKS), vol
+
+
+def _values(path: Path) -> np.ndarray:
+    return zarr.open_array(str(path))[...]
+
+
+def _one_sentence(stderr: str) -> None:
+    assert "Traceback" not in stderr, stderr
+    assert len(stderr.strip().splitlines()) == 2, stderr
+
+
+def test_corrupt_chunk_stops_names_it_and_resumes(tmp_path: Path) -> None:
+    spec, inp, _ = _setup(tmp_path)
+    chunk = Path(inp) / BAD
+    good = chunk.read_bytes()
+    chunk.write_bytes(np.random.default_rng(0).bytes(100))
+    out = tmp_path / "out.zarr"
+    r = _run(_cmd(spec, inp, out))
+    assert r.returncode == 2, r.stderr
+    _one_sentence(r.stderr)
+    first = r.stderr.splitlines()[0]
+    assert BAD in first and inp in first and "ZstdCodec" in first
+    assert "rerun the same command to resume" in r.stderr
+    done = read_ledger(str(out), ctx=CTX)[1]
+    assert 0 < len(done) < TOTAL  # the blocks before the bad chunk are kept
+    verbose = _run([*_cmd(spec, inp, out)[:3], "-v", *_cmd(spec, inp, out)[3:]])
+    assert verbose.returncode == 2 and "Traceback" in verbose.stderr
+
+    chunk.write_bytes(good)  # the chunk repaired: the same command resumes
+    r = _run(_cmd(spec, inp, out))
+    assert r.returncode == 0, r.stderr
+    clean = tmp_path / "clean.zarr"
+    assert _run(_cmd(spec, inp, clean)).returncode == 0
+    assert np.array_equal(_values(out), _values(clean))
+
+
+def test_fill_computes_on_and_lists_exactly_the_bad_chunks(tmp_path: Path) -> None:
+    spec, inp, vol = _setup(tmp_path)
+    (Path(inp) / BAD).write_bytes(np.random.default_rng(1).bytes(100))
+    out = tmp_path / "out.zarr"
+    r = _run(_cmd(spec, inp, out, "--on-bad-chunk", "fill"))
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr and "did not decode" in r.stderr and BAD in r.stderr
+    record = zarr.open_array(str(out)).attrs["znni"]
+    assert record["bad_chunks"]["chunks"] == [BAD]
+    filled = vol.copy()
+    filled[16:32, 16:32, 16:32] = 0  # the array's fill value
+    ref = write_volume(tmp_path / "filled.zarr", filled, 3, CHUNKS)
+    clean = tmp_path / "clean.zarr"
+    assert _run(_cmd(spec, ref, clean)).returncode == 0
+    assert np.array_equal(_values(out), _values(clean))
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path):
+    """A real 200 KiB tmpfs (root only); yields its mount point, unmounted after."""
+    where = tmp_path / f"fs-{uuid.uuid4().hex[:6]}"
+    where.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(where)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def test_full_disk_stops_names_the_block_and_resumes_after_space_is_freed(
+        tmp_path: Path, small_fs: Path) -> None:
+    spec, inp, _ = _setup(tmp_path)
+    out = small_fs / "out.zarr"
+    r = _run(_cmd(spec, inp, out))
+    assert r.returncode == 1, r.stderr
+    _one_sentence(r.stderr)
+    assert "no space left on the device" in r.stderr and "output block" in r.stderr
+    done = read_ledger(str(out), ctx=CTX)[1]
+    assert len(done) < TOTAL
+    subprocess.run(["mount", "-o", "remount,size=8m", str(small_fs)], check=True)
+    r = _run(_cmd(spec, inp, out))
+    assert r.returncode == 0, r.stderr
+    clean = tmp_path / "clean.zarr"
+    assert _run(_cmd(spec, inp, clean)).returncode == 0
+    assert np.array_equal(_values(out), _values(clean))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_stops_gracefully_and_resumes_exactly(tmp_path: Path, sig: int,
+                                                     code: int) -> None:
+    spec, inp, _ = _setup(tmp_path, slow=True)
+    out = tmp_path / "out.zarr"
+    proc = subprocess.Popen(_cmd(spec, inp, out), env=ENV, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if len(read_ledger(str(out), ctx=CTX)[1]) >= TOTAL // 3:
+            break
+        time.sleep(0.01)
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == code, stderr
+    assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1, stderr
+    assert f"stopped by {signal.Signals(sig).name}" in stderr
+    done = read_ledger(str(out), ctx=CTX)[1]
+    assert TOTAL // 3 <= len(done) < TOTAL
+    assert not Path(str(out) + ".znni-lock").exists()
+    r = _run(_cmd(spec, inp, out))
+    assert r.returncode == 0, r.stderr
+    clean = tmp_path / "clean.zarr"
+    assert _run(_cmd(spec, inp, clean)).returncode == 0
+    assert np.array_equal(_values(out), _values(clean))
