@@ -54,6 +54,9 @@ class JobCreate(BaseModel):
     output_format: Literal["zarr", "ome-zarr"] | None = None
     pyramid: Annotated[int, Field(ge=0, le=64)] | None = None
     level: Annotated[int, Field(ge=0, le=64)] | None = None
+    # an input chunk that does not decode: fail the job (naming it), or compute on with the
+    # fill value and list it in the output's provenance (--on-bad-chunk)
+    on_bad_chunk: Literal["fail", "fill"] = "fail"
 
 
 class Progress(BaseModel):

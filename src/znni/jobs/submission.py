@@ -58,6 +58,7 @@ def segment_job(
         output_format=params.get("output_format"),
         pyramid=params.get("pyramid"),
         store=store if store is not None else StoreContext(),
+        on_bad_chunk=params.get("on_bad_chunk", "fail"),
         **windowed,
     )
 

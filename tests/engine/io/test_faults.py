@@ -1,0 +1,77 @@
+"""The fault types and the output lock on real files and processes (no mocks): a chunk
+overwritten with random bytes named by its key and codec, the fill policy listing it, a lock
+held by a live process refused, one left by a dead process taken over."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from znni.engine.context import StoreContext
+from znni.engine.geometry import Box
+from znni.engine.io.faults import EXIT_BAD_DATA, VolumeFault
+from znni.engine.io.lock import OutputBusy, hold_output, lock_path
+from znni.engine.io.volume import open_input
+
+CTX = StoreContext()
+
+
+def _volume(tmp: Path, zarr_format: int) -> tuple[str, np.ndarray]:
+    vol = np.arange(16 * 16 * 16, dtype=np.uint16).reshape(16, 16, 16)
+    arr = zarr.create_array(str(tmp / "in.zarr"), shape=vol.shape, chunks=(8, 8, 8),
+                            dtype=vol.dtype, zarr_format=zarr_format, fill_value=7)
+    arr[...] = vol
+    return str(tmp / "in.zarr"), vol
+
+
+@pytest.mark.parametrize("zarr_format, key", [(3, "c/1/0/1"), (2, "1.0.1")])
+@pytest.mark.parametrize("cache_bytes", [0, 2**20])
+def test_corrupt_chunk_named_or_filled(tmp_path: Path, zarr_format: int, key: str,
+                                       cache_bytes: int) -> None:
+    path, vol = _volume(tmp_path, zarr_format)
+    (Path(path) / key).write_bytes(np.random.default_rng(0).bytes(100))
+    volume = open_input(path, 1, cache_bytes, ctx=CTX)
+    assert np.array_equal(volume.read(Box((0, 0, 0), (8, 16, 16)))[0], vol[:8])  # untouched
+    with pytest.raises(VolumeFault) as info:
+        volume.read(Box((4, 0, 4), (12, 8, 12)))
+    fault = info.value
+    assert (fault.kind, fault.key, fault.exit_code) == ("corrupt", key, EXIT_BAD_DATA)
+    assert key in str(fault) and path in str(fault) and "Zstd" in str(fault)
+    volume.bad_chunks.policy = "fill"
+    got = volume.read(Box((4, 0, 4), (12, 8, 12)))[0]
+    want = vol[4:12, 0:8, 4:12].copy()
+    want[4:, :, 4:] = 7  # the chunk's part of the box: the fill value
+    assert np.array_equal(got, want)
+    assert volume.bad_chunks.keys == [key]
+
+
+def test_live_lock_refused_even_with_overwrite_and_stale_lock_taken_over(tmp_path: Path) -> None:
+    out = str(tmp_path / "out.zarr")
+    held = hold_output(out)
+    with pytest.raises(OutputBusy, match=f"pid {os.getpid()}"):
+        hold_output(out)  # a second run in the same live process
+    held.release()
+    assert not lock_path(out).exists()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    dead = subprocess.run([sys.executable, "-c", "pass"])
+    try:
+        body = {"host": socket.gethostname(), "pid": live.pid, "started": "t", "token": "x"}
+        lock_path(out).write_text(json.dumps(body))
+        with pytest.raises(OutputBusy, match=f"host {socket.gethostname()}, pid {live.pid}"):
+            hold_output(out)
+    finally:
+        live.kill()
+        live.wait()
+    assert dead.returncode == 0
+    lock_path(out).write_text(json.dumps({**body, "pid": live.pid}))  # its holder is gone
+    taken = hold_output(out)
+    assert json.loads(lock_path(out).read_text())["pid"] == os.getpid()
+    taken.release()
