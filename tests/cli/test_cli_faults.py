@@ -155,3 +155,19 @@ def test_signal_stops_gracefully_and_resumes_exactly(tmp_path: Path, sig: int,
     clean = tmp_path / "clean.zarr"
     assert _run(_cmd(spec, inp, clean)).returncode == 0
     assert np.array_equal(_values(out), _values(clean))
+
+
+def test_full_disk_before_the_first_block_is_named(tmp_path: Path, small_fs: Path) -> None:
+    spec, inp, _ = _setup(tmp_path)
+    filler = small_fs / "filler"
+    try:
+        with open(filler, "wb") as f:  # the disk filled by another job's data
+            while True:
+                f.write(b"\0" * 4096)
+                f.flush()
+    except OSError:
+        pass
+    r = _run(_cmd(spec, inp, small_fs / "out.zarr"))
+    assert r.returncode == 1, r.stderr
+    _one_sentence(r.stderr)
+    assert "no space left on the device" in r.stderr and "cannot write output" in r.stderr

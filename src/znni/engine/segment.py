@@ -34,7 +34,7 @@ from znni.engine.compute.layout import (
 from znni.engine.compute.tiles import tile_output
 from znni.engine.compute.windows import WindowGrid
 from znni.engine.geometry import Block, Box, Halo, Triple, split_blocks
-from znni.engine.io.faults import VolumeFault, check_bad_chunk_policy
+from znni.engine.io.faults import VolumeFault, check_bad_chunk_policy, raise_setup_fault
 from znni.engine.io.ledger import (
     BlockLedger,
     fingerprint,
@@ -337,10 +337,11 @@ def _set_up(
             ledger.resume()
         else:
             ledger.start(prep.parts, prep.block_shape)
-    except BaseException:
+    except BaseException as e:  # a full disk, a refusal: named (engine/io/faults.py)
         if reads is not None:
             reads.close()
         lock.release()
+        raise_setup_fault(e, job.output_path)
         raise
     if worker is not None:
         worker.output = target.level0

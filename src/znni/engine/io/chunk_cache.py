@@ -104,9 +104,9 @@ class ChunkedReader:
             got[idx] = arr  # type: ignore[index]
         return got
 
-    def _read_span(self, span: Box) -> np.ndarray:
+    def _read_span(self, span: Box, channels: slice = slice(None)) -> np.ndarray:
         if self.has_channel_axis:
-            return np.asarray(self.array[(slice(None), *span.slices())])
+            return np.asarray(self.array[(channels, *span.slices())])
         return np.asarray(self.array[span.slices()])[None]
 
     def _read_by_chunk(self, span: Box, lo: Index, hi: Index) -> np.ndarray:
@@ -114,19 +114,27 @@ class ChunkedReader:
         not decode raises its `VolumeFault`, or under the 'fill' policy becomes the array's
         fill value and is listed in `self.bad`."""
         data = np.empty((self.channels, *span.shape), self.dtype)
+        step = int(self.array.chunks[0]) if self.has_channel_axis else self.channels
         for idx in itertools.product(*(range(a, b) for a, b in zip(lo, hi, strict=True))):
             chunk = self.chunk_box(idx)  # type: ignore[arg-type]
-            where = (slice(None), *chunk.slices(span.lo))
-            try:
-                data[where] = self._read_span(chunk)
-            except Exception as e:  # noqa: BLE001 - classified: VolumeFault or filled
-                fault = read_fault(e, self.name, chunk_key(self.array, idx), self.array)
-                if fault.kind != "corrupt" or self.bad.policy != "fill":
-                    raise fault from e
-                fill = getattr(self.array, "fill_value", None)
-                data[where] = fill if fill is not None else 0
-                self.bad.add(fault.key)
+            for c in range(0, self.channels, step):  # a 4D array's channel chunks
+                where = (slice(c, c + step), *chunk.slices(span.lo))
+                try:
+                    data[where] = self._read_span(chunk, slice(c, c + step))
+                except Exception as e:  # noqa: BLE001 - classified: VolumeFault or filled
+                    grid = (c // step, *idx) if self.has_channel_axis else idx
+                    self._bad_chunk(e, grid, data, where)
         return data
+
+    def _bad_chunk(self, e: Exception, grid: tuple[int, ...], data: np.ndarray,
+                   where: tuple[slice, ...]) -> None:
+        """Raise the fault of the chunk at `grid`, or fill its part of `data` ('fill')."""
+        fault = read_fault(e, self.name, chunk_key(self.array, grid), self.array)
+        if fault.kind != "corrupt" or self.bad.policy != "fill":
+            raise fault from e
+        fill = getattr(self.array, "fill_value", None)
+        data[where] = fill if fill is not None else 0
+        self.bad.add(fault.key)
 
 
 def cover(indices: Iterable[Index]) -> list[tuple[Index, Index]]:

@@ -100,6 +100,13 @@ def write_fault(e: BaseException, path: str, key: str, what: str = "output block
     return VolumeFault("io", path, key, f"{type(e).__name__}: {e}", what=what)
 
 
+def raise_setup_fault(e: BaseException, path: str) -> None:
+    """Name a failure creating the output's metadata or ledger (a full disk, a refusal, a
+    read-only file system) as a `VolumeFault`; return for anything else."""
+    if isinstance(e, OSError) and e.errno in ERRNO_CAUSES:
+        raise write_fault(e, path, "metadata", what="output") from e
+
+
 def check_bad_chunk_policy(policy: str, scheduler: str | None) -> None:
     """'fail' or 'fill'; 'fill' runs locally (a Dask worker's reads keep no list)."""
     if policy not in BAD_CHUNK_POLICIES:

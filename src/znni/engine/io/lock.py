@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from znni.engine.io.faults import write_fault
 from znni.engine.io.stores import is_url, resolved
 
 LOCK_SUFFIX = ".znni-lock"
@@ -117,8 +118,11 @@ def hold_output(output_path: str) -> OutputLock:
         try:
             os.write(fd, body)
             os.fsync(fd)
-        finally:
+        except OSError as e:
             os.close(fd)
+            path.unlink(missing_ok=True)
+            raise write_fault(e, str(path), "lock file", what="output") from e
+        os.close(fd)
         _HELD.add(token)
         return OutputLock(path, token)
     raise OutputBusy(f"output {output_path}: could not take its lock {path}; another run "
