@@ -39,11 +39,12 @@ def _run(cmd: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
 
 
-def _setup(tmp: Path, slow: bool = False) -> tuple[Path, str, np.ndarray]:
+def _setup(tmp: Path, slow: bool = False,
+           shape: tuple[int, int, int] = SHAPE) -> tuple[Path, str, np.ndarray]:
     rng = np.random.default_rng(5)
     layers, params = slow_network(rng) if slow else small_network(rng)
     spec = write_network(tmp, layers, params, scale=1 / 255)
-    vol = np.random.default_rng(2).integers(0, 256, size=SHAPE).astype(np.uint8)
+    vol = np.random.default_rng(2).integers(0, 256, size=shape).astype(np.uint8)
     return spec, write_volume(tmp / "in.zarr", vol, 3, CHUNKS), vol
 
 
@@ -171,3 +172,33 @@ def test_full_disk_before_the_first_block_is_named(tmp_path: Path, small_fs: Pat
     assert r.returncode == 1, r.stderr
     _one_sentence(r.stderr)
     assert "no space left on the device" in r.stderr and "cannot write output" in r.stderr
+
+
+@pytest.mark.slow
+def test_second_run_on_a_held_output_is_refused_and_a_dead_holder_does_not_block(
+        tmp_path: Path) -> None:
+    spec, inp, _ = _setup(tmp_path, slow=True, shape=(80, 100, 120))  # 1000 blocks: ~30 s
+    out = tmp_path / "out.zarr"
+    first = subprocess.Popen(_cmd(spec, inp, out), env=ENV, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not read_ledger(str(out), ctx=CTX)[1]:
+            time.sleep(0.01)
+        second = [subprocess.Popen(_cmd(spec, inp, out, *extra), env=ENV, text=True,
+                                   stderr=subprocess.PIPE) for extra in ((), ("--overwrite",))]
+        for proc in second:
+            r = subprocess.CompletedProcess(proc.args, proc.wait(120), "", proc.stderr.read())
+            assert first.poll() is None, "the first run ended before the second was refused"
+            assert r.returncode == 2, r.stderr
+            assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+            assert f"pid {first.pid}" in r.stderr and "another run" in r.stderr
+    finally:
+        first.kill()  # SIGKILL: its lock file stays behind, its process gone
+        first.wait()
+    assert Path(str(out) + ".znni-lock").exists()
+    r = _run(_cmd(spec, inp, out))
+    assert r.returncode == 0, r.stderr
+    assert not Path(str(out) + ".znni-lock").exists()
+    clean = tmp_path / "clean.zarr"
+    assert _run(_cmd(spec, inp, clean)).returncode == 0
+    assert np.array_equal(_values(out), _values(clean))
