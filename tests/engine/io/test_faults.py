@@ -9,17 +9,24 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 import zarr
+from support.engine_ref import small_network, write_network, write_volume
 
 from znni.engine.context import StoreContext
 from znni.engine.geometry import Box
 from znni.engine.io.faults import EXIT_BAD_DATA, VolumeFault
+from znni.engine.io.ledger import read_ledger
 from znni.engine.io.lock import OutputBusy, hold_output, lock_path
 from znni.engine.io.volume import open_input
+from znni.engine.job import SegmentCancelled, SegmentJob
+from znni.engine.segment import segment
+from znni.model.network import load_network
+from znni.primitives.backends import make_backend
 
 CTX = StoreContext()
 
@@ -75,3 +82,19 @@ def test_live_lock_refused_even_with_overwrite_and_stale_lock_taken_over(tmp_pat
     taken = hold_output(out)
     assert json.loads(lock_path(out).read_text())["pid"] == os.getpid()
     taken.release()
+
+
+def test_stop_asked_during_set_up_computes_no_block_and_releases_the_lock(
+        tmp_path: Path) -> None:
+    layers, params = small_network(np.random.default_rng(0))
+    vol = np.random.default_rng(1).standard_normal((12, 12, 12)).astype(np.float32)
+    job = SegmentJob(network=load_network(write_network(tmp_path, layers, params)),
+                     input_path=write_volume(tmp_path / "in.zarr", vol, 3, (8, 8, 8)),
+                     output_path=str(tmp_path / "out.zarr"), chunks=(4, 4, 4), block=(4, 4, 4))
+    stop = threading.Event()
+    stop.set()  # the signal came while the run was still planning
+    with pytest.raises(SegmentCancelled) as info:
+        segment(job, cancel=stop, backend=make_backend("reference"))
+    assert info.value.done == (0, 27)  # type: ignore[attr-defined]
+    assert read_ledger(job.output_path, ctx=CTX)[1] == set()
+    assert not lock_path(job.output_path).exists()

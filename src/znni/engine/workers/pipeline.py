@@ -71,7 +71,9 @@ def run_local(
     cancel: threading.Event | None = None,
     reads: ReadAhead | None = None,
 ) -> None:
-    """Run `blocks` in order; raises SegmentCancelled after the current block if cancelled.
+    """Run `blocks` in order; raises SegmentCancelled after the current block if cancelled
+    (set before the first block, during set-up: before it). A stop waits for at most the
+    block computing and the writes behind it; queued reads are dropped.
     `reads`: a reader already started on `blocks[0]` (closed here); None: a new one."""
     reader = reads if reads is not None else ReadAhead(worker, timer)
     if not blocks:
@@ -90,6 +92,11 @@ def run_local(
     try:
         next_read: Future | None = reader.take(blocks[0])
         for i, block in enumerate(blocks):
+            if cancel is not None and cancel.is_set():  # before computing another block
+                if pending_write is not None:
+                    wait(pending_write)  # the block behind lands and is recorded
+                    pending_write = None
+                raise SegmentCancelled(f"cancelled after {i} of {len(blocks)} blocks")
             assert next_read is not None
             raw = wait(next_read)
             stop = cancel is not None and cancel.is_set()
