@@ -51,6 +51,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--on-bad-chunk", choices=("fail", "fill"), default="fail",
                    help="an input chunk that does not decode: stop (fail, default), or compute "
                    "on with the array's fill value and list it (fill)")
+    p.add_argument("--wait", action="store_true", help="another live run holds OUTPUT: wait "
+                   "for it to end (default: refuse)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(run=run)
 
@@ -86,6 +88,7 @@ def job_from_args(args: argparse.Namespace) -> SegmentJob:
         pyramid=args.pyramid,
         store=ctx,
         on_bad_chunk=args.on_bad_chunk,
+        wait_for_output=args.wait,
     )
 
 

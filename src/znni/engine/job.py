@@ -60,6 +60,7 @@ class SegmentJob:
     # store options by bucket (--storage-option) and this process's store caches
     store: StoreContext = field(default_factory=StoreContext)
     on_bad_chunk: str = "fail"  # an input chunk that does not decode: stop, or "fill" and list it
+    wait_for_output: bool = False  # another live run holds the output: wait, not refuse
 
 
 class SegmentCancelled(Exception):

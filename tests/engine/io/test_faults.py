@@ -98,3 +98,12 @@ def test_stop_asked_during_set_up_computes_no_block_and_releases_the_lock(
     assert info.value.done == (0, 27)  # type: ignore[attr-defined]
     assert read_ledger(job.output_path, ctx=CTX)[1] == set()
     assert not lock_path(job.output_path).exists()
+
+
+def test_wait_takes_the_lock_when_its_holder_ends(tmp_path: Path) -> None:
+    out = str(tmp_path / "out.zarr")
+    held = hold_output(out)
+    threading.Timer(1.0, held.release).start()
+    taken = hold_output(out, wait=True)
+    assert json.loads(lock_path(out).read_text())["token"] == taken.token != held.token
+    taken.release()

@@ -11,6 +11,7 @@ never meets it. Object-store outputs are not locked in this version.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import time
@@ -21,6 +22,8 @@ from znni.engine.io.faults import write_fault
 from znni.engine.io.stores import is_url, resolved
 
 LOCK_SUFFIX = ".znni-lock"
+WAIT_POLL_S = 1.0  # --wait: how often a held lock is tried again
+log = logging.getLogger("znni.engine")
 _HELD: set[str] = set()  # the tokens of this process's live locks
 TORN_GRACE_S = 10.0  # an unreadable lock younger than this may be being written
 
@@ -88,8 +91,23 @@ class OutputLock:
         self.path = None
 
 
-def hold_output(output_path: str) -> OutputLock:
-    """Take the output's lock, or raise OutputBusy naming the live holder."""
+def hold_output(output_path: str, wait: bool = False) -> OutputLock:
+    """Take the output's lock, or raise OutputBusy naming the live holder (`wait`: poll
+    until the holder ends, saying once whom it waits for)."""
+    said = False
+    while True:
+        try:
+            return _take(output_path)
+        except OutputBusy as e:
+            if not wait:
+                raise
+            if not said:
+                log.info("waiting: %s", e)
+                said = True
+            time.sleep(WAIT_POLL_S)
+
+
+def _take(output_path: str) -> OutputLock:
     token = f"{socket.gethostname()}:{os.getpid()}:{time.time_ns()}"
     if is_url(output_path):
         return OutputLock(None, token)
