@@ -13,6 +13,7 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from znni.planner.blocks import Edges, check_edges, grid_cuts
 from znni.triple import Triple, as_triple  # Triple: engine code imports it from here
 
 
@@ -105,17 +106,24 @@ def make_block(index: int, write: Box, halo: Halo, pool: Triple) -> Block:
 
 
 def split_blocks(
-    region: Box, block_shape: Triple, chunks: Triple, halo: Halo, pool: Triple
+    region: Box, block_shape: Triple, chunks: Triple, halo: Halo, pool: Triple,
+    edges: Edges | None = None,
 ) -> list[Block]:
     """Cut `region` into blocks on the output chunk grid (origin 0) so no two share a chunk.
 
     `block_shape` is rounded up to whole chunks; blocks at the region's faces
-    are clipped to it.
+    are clipped to it. `edges` (the planned layout, planner.blocks: per axis the cuts from
+    the region's start to its end, inner ones on the chunk grid) replace that grid, so the
+    engine cuts exactly the blocks the plan priced (a face remainder merged into its
+    neighbour).
     """
-    step = as_triple(-(-b // c) * c for b, c in zip(block_shape, chunks, strict=True))
-    axes = []
-    for lo, hi, s in zip(region.lo, region.hi, step, strict=True):
-        axes.append(grid_spans(lo, hi, s))
+    if edges is None:
+        step = as_triple(-(-b // c) * c for b, c in zip(block_shape, chunks, strict=True))
+        edges = tuple(tuple(grid_cuts(lo, hi, s))  # type: ignore[assignment]
+                      for lo, hi, s in zip(region.lo, region.hi, step, strict=True))
+    assert edges is not None
+    check_edges(edges, region.lo, region.hi, chunks)
+    axes = [list(itertools.pairwise(e)) for e in edges]
     blocks = []
     for i, (rz, ry, rx) in enumerate(itertools.product(*axes)):
         write = Box((rz[0], ry[0], rx[0]), (rz[1], ry[1], rx[1]))
@@ -125,9 +133,8 @@ def split_blocks(
 
 def grid_spans(lo: int, hi: int, step: int) -> list[tuple[int, int]]:
     """[lo, hi) cut on the grid of `step` from voxel 0: a short first and last span where
-    lo or hi is off the grid (how split_blocks cuts each axis)."""
-    cuts = [lo, *range((lo // step + 1) * step, hi, step), hi]
-    return list(itertools.pairwise(cuts))
+    lo or hi is off the grid (how split_blocks cuts each axis without planned edges)."""
+    return list(itertools.pairwise(grid_cuts(lo, hi, step)))
 
 
 def patch_starts(extent: int, patch: int) -> list[int]:

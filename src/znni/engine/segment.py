@@ -26,10 +26,10 @@ from znni.engine.compute.execution import (
 from znni.engine.compute.graph_choice import GraphChoice, choose, plan_window
 from znni.engine.compute.layout import (
     PLAN_FRACTION,
-    choose_block_shape,
     input_cache_bytes,
     memory_budget_bytes,
     windowed_block_shape,
+    with_layout,
 )
 from znni.engine.compute.tiles import tile_output
 from znni.engine.compute.windows import WindowGrid
@@ -160,17 +160,14 @@ def _prepare_run(job: SegmentJob, plan: Plan | None) -> PreparedRun:
     if plan is None:  # the patch pass gets PLAN_FRACTION; block buffers live in the rest
         plan = plan_job(net, job.device, int(budget * PLAN_FRACTION), region.shape)
     patch, primitives = _patch_from_plan(job, plan)
+    step = job.block  # --block: its plain grid; on resume the ledger's, remainders merged
     if resume and header is not None and "block_shape" in header:
-        block_shape = as_triple(header["block_shape"], "the ledger's block_shape")
-    elif job.block is not None:
-        block_shape = job.block
-    else:
-        block_shape = choose_block_shape(
-            net, chunks, patch, region.shape, budget, volume.dtype.itemsize, plan.peak_bytes,
-            plan.batch, region.lo,
-        )
-    return PreparedRun(**checked, patch=patch, block_shape=block_shape, primitives=primitives,
-                       plan=plan)
+        step = as_triple(header["block_shape"], "the ledger's block_shape")
+    plan = with_layout(plan, net, chunks, region, budget, volume.dtype.itemsize, step,
+                       merge=job.block is None)
+    assert plan.block_shape is not None  # the engine cuts plan.block_edges
+    return PreparedRun(**checked, patch=patch, block_shape=plan.block_shape,
+                       primitives=primitives, plan=plan)
 
 
 def _window_for(
@@ -377,9 +374,8 @@ def _blocks_and_spec(job: SegmentJob, prep: PreparedRun) -> tuple[list[Block], A
                                     job.blend, **planned, window_cache_bytes=kept,
                                     batch=plan.batch)
     assert prep.plan is not None
-    blocks = split_blocks(
-        prep.region, prep.block_shape, prep.chunks, Halo.for_fov(net.fov), net.pool_product
-    )
+    blocks = split_blocks(prep.region, prep.block_shape, prep.chunks, Halo.for_fov(net.fov),
+                          net.pool_product, prep.plan.block_edges)  # the plan's layout
     spec = BlockSpec(
         net, job.input_path, job.output_path, job.border, job.dtype, prep.patch,
         prep.primitives, execution_for(prep.plan, job.device), max(1, int(prep.plan.batch)),

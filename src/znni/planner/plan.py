@@ -81,6 +81,10 @@ class Plan:
     memory_limit_bytes: int = 0
     gpu_memory_limit_bytes: int = 0
     alternatives: tuple[AlgorithmSummary, ...] = field(default=())
+    # the blocks the engine cuts (engine.compute.layout.with_layout; planner/blocks.py):
+    # the nominal block shape and, per axis, the cuts from the region's start to its end
+    block_shape: Triple | None = None
+    block_edges: tuple[tuple[int, ...], ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -93,6 +97,10 @@ class Plan:
             body["output_size"] = as_triple(body["output_size"])
             body["primitives"] = tuple(body["primitives"])
             body["layers"] = tuple(LayerPlan(**x) for x in body["layers"])
+            if body.get("block_shape") is not None:
+                body["block_shape"] = as_triple(body["block_shape"])
+            if body.get("block_edges") is not None:
+                body["block_edges"] = tuple(tuple(int(v) for v in e) for e in body["block_edges"])
             body["alternatives"] = tuple(
                 AlgorithmSummary(
                     **{

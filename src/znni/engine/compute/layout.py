@@ -9,11 +9,16 @@ cache and the patch pass inside the budget.
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass, replace
 from math import prod
+from typing import Any
 
-from znni.engine.geometry import Triple, grid_spans
+from znni.engine.geometry import Box, Triple
 from znni.model.network import FLOAT_BYTES, Network
+from znni.planner.blocks import Edges, axis_options, grid_cuts
 from znni.planner.machine import available_memory_bytes
+from znni.planner.plan import Plan
+from znni.triple import as_triple
 
 MAX_BLOCK_EXTENTS = 16  # candidate block extents per axis (choose_block_shape)
 DEFAULT_BUDGET_FRACTION = 0.5  # of available RAM when no --memory-limit is given
@@ -60,48 +65,107 @@ def block_bytes(network: Network, block: Triple, in_dtype_bytes: int) -> int:
     )
 
 
+@dataclass(frozen=True)
+class BlockLayout:
+    """The blocks a run cuts: the nominal `step` (whole chunks; the ledger records it) and
+    per axis the `edges` split_blocks cuts at (planner.blocks)."""
+
+    step: Triple
+    edges: Edges
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"block_shape": list(self.step), "block_edges": [list(e) for e in self.edges]}
+
+
 def choose_block_shape(
     network: Network, chunks: Triple, patch: Triple, region: Triple, budget_bytes: int,
     in_dtype_bytes: int, pass_peak_bytes: int, batch: int = 1, origin: Triple = (0, 0, 0),
 ) -> Triple:
-    """Whole chunks, at least one patch wide where the region allows, that the patches
-    tile with the least recomputation; of extents within 1% of that, the smallest block
-    whose patches fill whole batches of `batch` (the plan's: a block batches only its own
-    patches), else the smallest. Two input and two output blocks must fit beside the
-    patch pass's planned peak (`pass_peak_bytes`: planner.Plan.peak_bytes) and the input
-    chunk cache; where no block a patch wide fits, the smallest is shrunk a chunk at a
-    time. `origin`: the region's first voxel; blocks are cut on the grid from voxel 0
-    (geometry.split_blocks), so a region off that grid starts and ends with short ones."""
-    spare = budget_bytes - pass_peak_bytes - input_cache_bytes(budget_bytes)
-    per_axis = [_axis_extents(c, p, lo + r)
-                for c, p, lo, r in zip(chunks, patch, origin, region, strict=True)]
-    # output voxels the patches compute along each axis, per candidate extent
-    tiled = [{e: _tiled(e, p, lo, lo + r) for e in extents}
-             for extents, p, lo, r in zip(per_axis, patch, origin, region, strict=True)]
-    fits = [b for b in itertools.product(*per_axis)  # a block is clipped to the region
-            if 2 * block_bytes(network, _clipped(b, region), in_dtype_bytes) <= spare]
-    if fits:
-        def computed(b: tuple[int, ...]) -> int:  # output voxels the block's patches compute
-            return prod(t[e] for t, e in zip(tiled, b, strict=True))
+    """The nominal block shape of `choose_block_layout`."""
+    return choose_block_layout(network, chunks, patch, region, budget_bytes, in_dtype_bytes,
+                               pass_peak_bytes, batch, origin).step
 
+
+def choose_block_layout(
+    network: Network, chunks: Triple, patch: Triple, region: Triple, budget_bytes: int,
+    in_dtype_bytes: int, pass_peak_bytes: int, batch: int = 1, origin: Triple = (0, 0, 0),
+    step: Triple | None = None,
+) -> BlockLayout:
+    """Whole chunks, at least one patch wide where the region allows, whose patches cost
+    the least (their input volume, planner.blocks.axis_cost: a remainder a few voxels thin
+    still costs most of a patch, so it may merge into its neighbour); of layouts within 1%
+    of that, the smallest block whose patches fill whole batches of `batch` (the plan's: a
+    block batches only its own patches), else the smallest. Two input and two output
+    blocks (the widest cut) must fit beside the patch pass's planned peak
+    (`pass_peak_bytes`: planner.Plan.peak_bytes) and the input chunk cache; where no block
+    a patch wide fits, the smallest is shrunk a chunk at a time. `origin`: the region's
+    first voxel; blocks are cut on the grid from voxel 0 (geometry.split_blocks), so a
+    region off that grid starts and ends with short ones. A given `step` (--block, or the
+    ledger's on resume) is kept: only its remainders may merge, where they fit."""
+    spare = budget_bytes - pass_peak_bytes - input_cache_bytes(budget_bytes)
+    pool, fov = network.pool_product, network.fov
+    bounds = [(lo, lo + r) for lo, r in zip(origin, region, strict=True)]
+    per_axis = [_axis_extents(c, p, hi) for c, p, (_, hi) in zip(chunks, patch, bounds,
+                                                                  strict=True)]
+    if step is not None:
+        per_axis = [[-(-s // c) * c] for s, c in zip(step, chunks, strict=True)]
+    options = [{e: axis_options(lo, hi, e, p, q, f) for e in extents}
+               for extents, (lo, hi), p, q, f in zip(per_axis, bounds, patch, pool, fov,
+                                                     strict=True)]
+    found = []  # (cost, step, cuts) of every layout that fits
+    for cut in itertools.product(*per_axis):
+        for pick in itertools.product(*(o[e] for o, e in zip(options, cut, strict=True))):
+            widest = (pick[0][1], pick[1][1], pick[2][1])
+            # read-ahead and write-behind hold two blocks, a lone block only itself
+            held = 1 if all(len(o[2]) == 2 for o in pick) else 2
+            if held * block_bytes(network, widest, in_dtype_bytes) <= spare:
+                merges = sum(len(o[2]) < len(grid_cuts(lo, hi, e))
+                             for o, (lo, hi), e in zip(pick, bounds, cut, strict=True))
+                found.append((pick[0][0] * pick[1][0] * pick[2][0], cut,
+                              (pick[0][2], pick[1][2], pick[2][2]), prod(widest), merges))
+    if found:
         def part_batch(b: tuple[int, ...]) -> bool:  # the last batch of a block is short
             return prod(-(-e // p) for e, p in zip(b, patch, strict=True)) % batch != 0
 
-        least = min(computed(b) for b in fits)
-        near = [b for b in fits if computed(b) <= 1.01 * least]
-        z, y, x = min(near, key=lambda b: (part_batch(b), prod(b)))
-        return (z, y, x)
+        least = min(f[0] for f in found)
+        near = [f for f in found if f[0] <= 1.01 * least]
+        # ties: whole batches, then the smallest blocks cut, then the plain grid
+        _, best, edges, _, _ = min(near, key=lambda f: (part_batch(f[1]), f[3], f[4],
+                                                        prod(f[1]), f[0]))
+        return BlockLayout(as_triple(best), edges)
     block = [e[0] for e in per_axis]
+    if step is not None:  # as asked, even where it does not fit
+        return BlockLayout(as_triple(block), layout_edges(as_triple(block), bounds))
     while 2 * block_bytes(network, (block[0], block[1], block[2]), in_dtype_bytes) > spare:
         d = max(range(3), key=lambda a: block[a] // chunks[a])
         if block[d] <= chunks[d]:
             break  # one chunk per block: the smallest unit the output allows
         block[d] -= chunks[d]
-    return (block[0], block[1], block[2])
+    shrunk = as_triple(block)
+    return BlockLayout(shrunk, layout_edges(shrunk, bounds))
 
 
-def _clipped(block: tuple[int, ...], region: Triple) -> Triple:
-    z, y, x = (min(b, r) for b, r in zip(block, region, strict=True))
+def with_layout(
+    plan: Plan, network: Network, chunks: Triple, region: Box, budget_bytes: int,
+    in_dtype_bytes: int, step: Triple | None = None, merge: bool = True,
+) -> Plan:
+    """`plan` with the block layout a run of it cuts over `region` (choose_block_layout;
+    without `merge`, the plain grid of `step`: --block as given); `segment` and
+    `znni plan --input` both call this, and the engine cuts the plan's edges."""
+    if not merge and step is not None:
+        step = as_triple(-(-s // c) * c for s, c in zip(step, chunks, strict=True))
+        bounds = [(lo, hi) for lo, hi in zip(region.lo, region.hi, strict=True)]
+        return replace(plan, block_shape=step, block_edges=layout_edges(step, bounds))
+    layout = choose_block_layout(
+        network, chunks, as_triple(int(v) for v in plan.output_size), region.shape,
+        budget_bytes, in_dtype_bytes, plan.peak_bytes, max(1, int(plan.batch)), region.lo,
+        step)
+    return replace(plan, block_shape=layout.step, block_edges=layout.edges)
+
+
+def layout_edges(step: Triple, bounds: list[tuple[int, int]]) -> Edges:
+    """The plain grid of `step` over the region (no remainder merged)."""
+    z, y, x = (tuple(grid_cuts(lo, hi, s)) for (lo, hi), s in zip(bounds, step, strict=True))
     return (z, y, x)
 
 
@@ -112,14 +176,6 @@ def _axis_extents(chunk: int, patch: int, end: int) -> list[int]:
     top = -(-max(end, chunk) // chunk)
     first = min(-(-max(patch, chunk) // chunk), top)
     return [k * chunk for k in range(first, min(top, first + MAX_BLOCK_EXTENTS - 1) + 1)]
-
-
-def _tiled(extent: int, patch: int, lo: int, hi: int) -> int:
-    """Output voxels along one axis that patches compute over [lo, hi) cut into blocks on
-    the grid of `extent` from voxel 0 (geometry.split_blocks): a block of length n takes
-    ceil(n / patch) patches of min(patch, n) (engine.geometry.patch_tiling; a patch is
-    clipped to its block)."""
-    return sum(-(-(b - a) // patch) * min(patch, b - a) for a, b in grid_spans(lo, hi, extent))
 
 
 def windowed_block_shape(chunks: Triple, window: Triple, region: Triple) -> Triple:

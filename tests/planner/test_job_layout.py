@@ -1,0 +1,123 @@
+"""The block layout a plan records and the engine cuts (issue 39): hand-computed patches
+per block, remainders merged where they cost whole patches, halos, and no drift."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from support.engine_ref import small_network, write_network, write_volume
+
+from znni.engine.compute.layout import choose_block_layout
+from znni.engine.geometry import Box, Halo, split_blocks
+from znni.engine.job import SegmentJob
+from znni.engine.segment import _blocks_and_spec, prepare_run, segment
+from znni.model.network import load_network, network_shapes_only
+from znni.planner.blocks import (
+    axis_cost,
+    axis_patches,
+    edges_blocks,
+    grid_cuts,
+    layout_patch_seconds,
+    layout_patches,
+    merged_cuts,
+)
+
+NETS = Path(__file__).resolve().parents[2] / "benchmarks" / "networks"
+
+
+def n537_width24():  # type: ignore[no-untyped-def]
+    """n537 with 24 channels per hidden layer (field of view 163, pool product 8)."""
+    raw = json.loads((NETS / "n537.json").read_text())
+    convs = [layer for layer in raw["layers"] if layer["kind"] == "conv"]
+    for layer in convs[:-1]:
+        layer["out_channels"] = 24
+    return network_shapes_only(raw, "n537-w24")
+
+
+def test_cuts_on_the_grid_and_merged_remainders() -> None:
+    assert grid_cuts(0, 200, 192) == [0, 192, 200]
+    assert grid_cuts(30, 200, 64) == [30, 64, 128, 192, 200]
+    assert merged_cuts([30, 64, 128, 192, 200], True, True) == [30, 128, 200]
+    assert merged_cuts([0, 200], True, True) == [0, 200]  # one span stays
+
+
+def test_patches_per_block_axis_by_hand() -> None:
+    assert axis_patches(200, 56, 8) == (4, 56)  # the last shifted back
+    assert axis_patches(8, 56, 8) == (1, 8)  # a thin remainder: one clipped patch
+    assert axis_patches(44, 32, 8) == (2, 32)  # computed up to 48, two patches of 32
+    assert axis_patches(5, 32, 8) == (1, 8)
+    # 192 + 8: four whole patches and a thin one of (8 + 162) input voxels
+    assert axis_cost([0, 192, 200], 56, 8, 163) == 4 * 218 + 170
+    assert axis_cost([0, 200], 56, 8, 163) == 4 * 218
+
+
+def test_issue_case_merges_the_thin_remainder() -> None:
+    """200^3 uint8, 64^3 chunks, 3 GiB: a 192^3 block and seven 8-voxel remainders cost
+    1.8x the plan; the layout is one 200^3 block of 64 patches (a lone block holds no
+    second block in flight)."""
+    net = n537_width24()
+    layout = choose_block_layout(net, (64, 64, 64), (56, 56, 56), (200, 200, 200),
+                                 3 * 2**30, 1, 2_100_000_000)
+    assert layout.edges == ((0, 200), (0, 200), (0, 200))
+    assert layout_patches(layout.edges, (56, 56, 56), (8, 8, 8)) == [(64, (56, 56, 56))]
+    plain = tuple(tuple(grid_cuts(0, 200, 192)) for _ in range(3))
+    counts = layout_patches(plain, (56, 56, 56), (8, 8, 8))  # type: ignore[arg-type]
+    assert counts[0] == (64, (56, 56, 56)) and counts[1] == (16, (56, 56, 8))
+    assert sum(c for c, _ in counts) == 64 + 3 * 16 + 3 * 4 + 1
+    fov = net.fov
+    merged_s = layout_patch_seconds(layout.edges, (56,) * 3, (8,) * 3, fov, 1, 23.3)
+    plain_s = layout_patch_seconds(plain, (56,) * 3, (8,) * 3, fov, 1, 23.3)  # type: ignore[arg-type]
+    assert merged_s == pytest.approx(64 * 23.3)
+    assert plain_s / merged_s > 1.7  # the issue measured about 1.8x
+
+
+def test_remainder_stays_where_a_merge_costs_a_whole_patch() -> None:
+    """168 + 8 with patch 56: merged, 200 takes four whole patches; apart, three and a thin
+    one, which is cheaper (4 * 218 against 3 * 218 + 170)."""
+    assert axis_cost([0, 168, 176], 56, 8, 163) < axis_cost([0, 176], 56, 8, 163)
+
+
+def test_edges_off_the_chunk_grid_are_refused() -> None:
+    halo = Halo((1, 1, 1), (1, 1, 1))
+    with pytest.raises(ValueError, match="chunk grid"):
+        split_blocks(Box((0, 0, 0), (20, 20, 20)), (8, 8, 8), (8, 8, 8), halo, (1, 1, 1),
+                     ((0, 12, 20), (0, 20), (0, 20)))
+
+
+def test_merged_blocks_keep_their_halos() -> None:
+    halo = Halo((3, 3, 3), (4, 4, 4))
+    edges = ((0, 16, 36), (0, 36), (0, 36))
+    blocks = split_blocks(Box((0, 0, 0), (36, 36, 36)), (16, 16, 16), (8, 8, 8), halo,
+                          (2, 2, 2), edges)
+    assert [b.write.shape for b in blocks] == [(16, 36, 36), (20, 36, 36)]
+    assert blocks[1].read == Box((13, -3, -3), (40, 40, 40))
+    assert [(b.write.lo, b.write.hi) for b in blocks] == edges_blocks(edges)
+
+
+def test_engine_cuts_the_plans_layout(tmp_path: Path) -> None:
+    """prepare_run records the layout in the plan; the engine's blocks and the blocks a
+    run computes are exactly its edges."""
+    layers, params = small_network(np.random.default_rng(0))
+    net = load_network(write_network(tmp_path, layers, params))
+    vol = np.random.default_rng(1).integers(0, 255, size=(21, 26, 19)).astype(np.uint8)
+    inp = write_volume(tmp_path / "in.zarr", vol, 3, (8, 8, 8))
+    job = SegmentJob(network=net, input_path=inp, output_path=str(tmp_path / "o.zarr"),
+                     chunks=(8, 8, 8), memory_limit_bytes=2**30)
+    given = prepare_run(SegmentJob(**{**job.__dict__, "block": (8, 8, 8)}))
+    assert given.plan is not None  # --block: its plain grid, remainders kept
+    assert given.plan.block_edges == ((0, 8, 16, 21), (0, 8, 16, 24, 26), (0, 8, 16, 19))
+    prep = prepare_run(job)
+    assert prep.plan is not None and prep.plan.block_edges is not None
+    blocks, _ = _blocks_and_spec(job, prep)
+    planned = edges_blocks(prep.plan.block_edges)  # type: ignore[arg-type]
+    assert [(b.write.lo, b.write.hi) for b in blocks] == planned
+    report = segment(job)
+    assert [list(e) for e in report.plan["block_edges"]] == [list(e) for e in
+                                                             prep.plan.block_edges]
+    for cuts in prep.plan.block_edges:  # no span thinner than it must be
+        widths = [b - a for a, b in zip(cuts, cuts[1:])]
+        assert len(widths) == 1 or min(widths) >= 8
+    assert report.blocks_total == len(planned)
