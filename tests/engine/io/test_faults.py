@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -107,3 +108,19 @@ def test_wait_takes_the_lock_when_its_holder_ends(tmp_path: Path) -> None:
     taken = hold_output(out, wait=True)
     assert json.loads(lock_path(out).read_text())["token"] == taken.token != held.token
     taken.release()
+
+
+def test_a_zombie_holder_does_not_block(tmp_path: Path) -> None:
+    """A holder that exited but was never reaped (its parent gone, as a server's worker is
+    when the server is SIGKILLed in a container whose init does not reap) is stale."""
+    out = str(tmp_path / "out.zarr")
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and " Z " not in Path(f"/proc/{child.pid}/stat").read_text():
+        time.sleep(0.05)  # exited, not yet reaped: a zombie
+    body = {"host": socket.gethostname(), "pid": child.pid, "started": "t", "token": "z"}
+    lock_path(out).write_text(json.dumps(body))
+    try:
+        hold_output(out).release()
+    finally:
+        child.wait()

@@ -51,7 +51,11 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:  # another user's live process
         return True
-    return True
+    try:  # a zombie (exited, its parent gone and nobody reaping it, as in containers) is dead
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
 
 
 def _holder(path: Path) -> dict[str, Any] | None:
