@@ -173,8 +173,9 @@ def down_for_good(server: Any, case: dict, env: Env, retries: int | None,
     finally:
         server.start()
     assert proc.returncode == 1, err
-    line = err.strip()
-    assert line.count("\n") == 0 and "Traceback" not in line, line
+    line, _, kept = err.strip().partition("\n")  # the fault, then how much is kept
+    assert kept.count("\n") == 0 and "Traceback" not in err, err
+    assert not kept or "rerun the same command to resume" in kept, err
     assert f"did not answer after {n} {'try' if n == 1 else 'tries'} (" in line
     return line
 
