@@ -82,6 +82,16 @@ def test_corrupt_chunk_stops_names_it_and_resumes(tmp_path: Path) -> None:
     assert np.array_equal(_values(out), _values(clean))
 
 
+def test_corrupt_chunk_in_a_dask_run_is_named_the_same(tmp_path: Path) -> None:
+    pytest.importorskip("distributed")
+    spec, inp, _ = _setup(tmp_path)
+    (Path(inp) / BAD).write_bytes(np.random.default_rng(0).bytes(100))
+    r = _run(_cmd(spec, inp, tmp_path / "out.zarr", "--scheduler", "local:1"))
+    assert r.returncode == 2, r.stderr
+    _one_sentence(r.stderr)  # the Dask workers' own failure logs are kept off stderr
+    assert BAD in r.stderr and "fix the chunk, then rerun" in r.stderr
+
+
 def test_fill_computes_on_and_lists_exactly_the_bad_chunks(tmp_path: Path) -> None:
     spec, inp, vol = _setup(tmp_path)
     (Path(inp) / BAD).write_bytes(np.random.default_rng(1).bytes(100))

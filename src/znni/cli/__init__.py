@@ -26,6 +26,9 @@ COMMANDS = (segment, plan, preview, serve, bench, demo)
 EXIT_BAD_INPUT = 2
 EXIT_STORE_DOWN = 1
 QUIET_LOGGERS = ("botocore", "aiobotocore", "s3fs", "fsspec", "urllib3")
+# Dask configures its loggers itself (here and in its worker processes) from this variable; its
+# workers log every failed task (a VolumeFault too) with a traceback, which znni reports itself
+DASK_LOGGING = ("DASK_LOGGING__DISTRIBUTED", "critical")
 # gcsfs logs every failure it hands back as an ERROR with a traceback; znni reports those
 # failures itself, in one sentence
 SILENT_LOGGERS = ("gcsfs",)
@@ -91,7 +94,10 @@ def _volume_fault(e: Exception, args: argparse.Namespace) -> int:
     done = getattr(e, "done", None)
     kept = f"{done[0]} of {done[1]} blocks are done and kept" if done else "finished blocks " \
         "are kept"
-    fix = "fix the chunk or pass --on-bad-chunk fill" if e.kind == "corrupt" else "fix the cause"
+    fix = "fix the cause"
+    if e.kind == "corrupt":  # fill runs locally only
+        fix = "fix the chunk" + ("" if getattr(args, "scheduler", None) else
+                                 " or pass --on-bad-chunk fill")
     print(f"znni {args.command}: {kept}; {fix}, then rerun the same command to resume",
           file=sys.stderr)
     _quiet_shutdown()
@@ -111,6 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             logging.getLogger(name).setLevel(logging.WARNING)
         for name in SILENT_LOGGERS:
             logging.getLogger(name).setLevel(logging.CRITICAL)
+        os.environ.setdefault(*DASK_LOGGING)
     try:
         return int(args.run(args) or 0)
     except (ValueError, TypeError, FileNotFoundError, NotADirectoryError) as e:

@@ -124,3 +124,14 @@ def test_a_zombie_holder_does_not_block(tmp_path: Path) -> None:
         hold_output(out).release()
     finally:
         child.wait()
+
+
+def test_a_fault_pickles_whole() -> None:
+    """A Dask worker's fault reaches the client with its kind, key and exit status."""
+    import pickle
+
+    fault = VolumeFault("corrupt", "/in.zarr", "c/1/0/1", "bad bytes", exit_code=EXIT_BAD_DATA,
+                        hint="the chunk is corrupt")
+    back = pickle.loads(pickle.dumps(fault))
+    assert (back.kind, back.key, back.exit_code, str(back)) == (
+        "corrupt", "c/1/0/1", EXIT_BAD_DATA, str(fault))

@@ -42,6 +42,15 @@ class VolumeFault(Exception):
         text = f"cannot {verb} {what} {key} of {path}: {cause}"
         super().__init__(text + (f"; {hint}" if hint else ""))
 
+    def __reduce__(self) -> tuple[Any, ...]:  # a Dask worker's fault reaches the client whole
+        return (_rebuild, (self.kind, self.path, self.key, self.cause, self.what,
+                           self.exit_code, self.hint))
+
+
+def _rebuild(kind: str, path: str, key: str, cause: str, what: str, exit_code: int,
+             hint: str) -> VolumeFault:
+    return VolumeFault(kind, path, key, cause, what=what, exit_code=exit_code, hint=hint)
+
 
 def codec_names(array: Any) -> str:
     """The array's codecs in words, e.g. 'ZstdCodec' (for a decode error's sentence)."""
