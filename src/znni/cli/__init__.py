@@ -6,7 +6,10 @@ option vocabularies, inside `add_parser`), so `import znni.cli` stays cheap.
 
 Expected failures (bad input) print one sentence to stderr and exit 2, with
 no traceback; an object store that stays unreachable through its retries prints
-one sentence naming the URL and exits 1. ZNNI_DEBUG=1 shows the traceback anyway.
+one sentence naming the URL and exits 1. A fault mid-run (`engine/io/faults.VolumeFault`: a
+corrupt chunk, a full disk, a refusal) prints its sentence and a line on what is kept, exit 2
+for bad data and 1 for the environment; `-v` prints its traceback first. ZNNI_DEBUG=1 shows
+the traceback anyway.
 """
 
 from __future__ import annotations
