@@ -316,7 +316,7 @@ def _set_up(
     """(the output, its ledger, the blocks, their spec, the local worker and its reader, or
     None for Dask). A local run starts reading its first unfinished block before it creates
     the output and starts the ledger, a dozen requests in a row on an object store."""
-    lock = hold_output(job.output_path, job.wait_for_output)  # before its ledger starts
+    lock = hold_output(job.output_path, job.wait_for_output, ctx=job.store)  # before its ledger
     worker, reads = None, None
     if job.scheduler is None:
         blocks, spec = _blocks_and_spec(job, prep)
