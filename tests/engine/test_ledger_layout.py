@@ -208,7 +208,7 @@ def test_segment_follows_a_plan(tmp_path: Path) -> None:
     job = SegmentJob(network=net, input_path=inp, output_path=str(tmp_path / "o.zarr"),
                      chunks=(5, 7, 6), block=(10, 7, 12))
     report = segment(job, plan=plan, backend=make_backend("cpu"))
-    layout = {k: report.plan[k] for k in ("block_shape", "block_edges")}  # the run's blocks
+    layout = {k: report.plan[k] for k in ("block_shape", "block_edges", "job_seconds")}
     assert report.plan == {**plan.to_dict(), **layout} and report.blocks_total >= 8
     assert layout["block_edges"] == ((0, 10, 19), (0, 7, 14, 21), (0, 12, 23))  # --block
     ref = dense_volume(layers, params, vol[None], "reflect")

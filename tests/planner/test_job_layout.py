@@ -121,3 +121,60 @@ def test_engine_cuts_the_plans_layout(tmp_path: Path) -> None:
         widths = [b - a for a, b in zip(cuts, cuts[1:])]
         assert len(widths) == 1 or min(widths) >= 8
     assert report.blocks_total == len(planned)
+
+
+def test_job_seconds_counts_every_stage(tmp_path: Path, monkeypatch) -> None:
+    """Patches by hand over the issue's layout; a patch shape not yet run pays FFTW's
+    planning once; the first block's read and the last block's write are exposed."""
+    from znni.planner.jobtime import STARTUP_S, job_seconds, pass_key, record_warm
+    from znni.planner.plan import Plan
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("ZNNI_FFT_EFFORT", "FFTW_MEASURE")
+    net = n537_width24()
+    plan = Plan("n537-w24", "m", "cpu", (218,) * 3, (56,) * 3, 1, None,  # type: ignore[arg-type]
+                ("fft-keep",) + (None,) * (len(net.ops) - 1), (), 2**30, 20.0, 1.0)
+    edges = ((0, 200), (0, 200), (0, 200))
+    job = job_seconds(plan, net, edges, in_bytes=1, out_dtype="uint8")
+    assert (job.blocks, job.patches) == (1, 64)
+    assert job.patches_s == pytest.approx(64 * 20.0)
+    assert job.computed_voxels == job.ideal_voxels == 224**3
+    assert job.cold_shapes == 1 and job.fftw_planning_s > 0  # no wisdom here yet
+    assert job.total_s == pytest.approx(STARTUP_S + job.fftw_planning_s + job.first_pass_s
+                                        + job.patches_s + job.io_s)
+    (tmp_path / "znni").mkdir()
+    (tmp_path / "znni" / "fftw-wisdom-single.dat").write_text("")
+    record_warm({pass_key(net, (218, 218, 218), 1, plan.primitives)})
+    warm = job_seconds(plan, net, edges, in_bytes=1, out_dtype="uint8")
+    assert warm.fftw_planning_s == 0 and warm.cold_shapes == 0
+    plain = ((0, 192, 200),) * 3
+    split = job_seconds(plan, net, plain, in_bytes=1, out_dtype="uint8")
+    assert split.blocks == 8 and split.patches == 64 + 3 * 16 + 3 * 4 + 1
+    assert split.patches_s / warm.patches_s > 1.7
+    assert split.computed_voxels > job.computed_voxels  # thin patches compute 8 voxels
+
+
+def test_plan_json_reports_the_whole_run(tmp_path: Path, capsys) -> None:
+    """`znni plan --input --json`: predicted_job_seconds at the top level, the layout the
+    run will cut, a peak within the limit; a missing input, an ROI outside the volume and
+    a limit nothing fits in are one sentence, exit 2."""
+    from znni.cli import main
+
+    layers, params = small_network(np.random.default_rng(0))
+    spec = write_network(tmp_path, layers, params)
+    vol = np.zeros((21, 26, 19), np.uint8)
+    inp = write_volume(tmp_path / "in.zarr", vol, 3, (8, 8, 8))
+    args = ["plan", str(spec), "--machine", "ci-2core", "--memory-limit", "1GiB", "--input",
+            inp, "--chunks", "8,8,8", "--json"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["predicted_job_seconds"] == pytest.approx(out["job_seconds"]["total_s"])
+    assert out["predicted_job_seconds"] > out["job_seconds"]["patches_s"] > 0
+    assert out["job_peak_bytes"] <= 2**30 and out["block_edges"][0][0] == 0
+    assert main(args[:-1]) == 0
+    assert "every block's patches" in capsys.readouterr().out
+    for bad in (["--input", str(tmp_path / "missing.zarr")], ["--roi", "0:40,:,:"],
+                ["--memory-limit", "1KiB"]):
+        assert main([*args, *bad]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and "error" in err

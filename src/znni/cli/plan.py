@@ -38,6 +38,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--level", type=int, help="with an OME-Zarr --input: its level (default 0)")
     p.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
                    help="with an s3:// or gs:// --input: an fsspec option; repeatable")
+    p.add_argument("--chunks", help="with --input: the output's chunks z,y,x, as `znni "
+                   "segment --chunks` (default: 64 per axis, clipped); blocks write whole ones")
+    p.add_argument("--dtype", choices=("float32", "uint8"), default="float32",
+                   help="with --input: the output dtype (its writes are timed)")
     p.add_argument("--overlap", type=float, default=0.25,
                    help="windowed graph models: overlap fraction, as `znni segment` takes it")
     p.add_argument("--window", help="graph models: plan this window (or exact tile) z,y,x "
@@ -83,18 +87,68 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--window applies to ONNX graph models; {args.network} is a "
                          "sequential network, whose patch the planner chooses")
     plan, machine = sequential_plan(network, args.device, limit, args.machine, region)
+    if region is not None:
+        plan = job_plan(args, plan, network, limit, machine)
     if args.json:
         from znni.engine.compute.layout import region_seconds
         from znni.planner.search import region_voxels_per_second
 
-        extra = {} if region is None else {
+        extra = {} if region is None or plan.job_seconds is None else {
             "region": list(region),
             "predicted_seconds": region_seconds(region,
-                                                region_voxels_per_second(plan, region))}
+                                                region_voxels_per_second(plan, region)),
+            "predicted_job_seconds": plan.job_seconds["total_s"],
+            "job_peak_bytes": plan.job_seconds["peak_bytes"]}
         print(json.dumps({"mode": "exact", **plan.to_dict(), **extra}, indent=2))
     else:
         print(EXACT_MODE + "\n" + format_plan(plan, network, machine, region))
+        if plan.job_seconds is not None:
+            print(job_lines(plan))
     return 0
+
+
+def job_plan(args: argparse.Namespace, plan: Plan, network: Network, limit: int | None,
+             machine: MachineProfile) -> Plan:
+    """The plan with the blocks `znni segment` would cut over --input (--roi, --chunks)
+    and the whole run's predicted time (engine.compute.layout)."""
+    from znni.engine.compute.layout import memory_budget_bytes, with_job_time, with_layout
+    from znni.engine.geometry import Box
+    from znni.engine.io.volume import output_chunks
+    from znni.engine.units import parse_roi, parse_triple, resolve_roi
+
+    volume = input_volume(args, network.in_channels)
+    (z0, z1), (y0, y1), (x0, x1) = resolve_roi(parse_roi(args.roi) if args.roi else None,
+                                               volume.shape)
+    region = Box((z0, y0, x0), (z1, y1, x1))
+    asked = parse_triple(args.chunks, "--chunks") if args.chunks else None
+    chunks = output_chunks(asked, None, volume.shape, network.out_channels, args.dtype,
+                           "the output")
+    budget = memory_budget_bytes(limit, machine.memory_bytes if args.machine else None)
+    dtype_bytes = volume.dtype.itemsize
+    laid = with_layout(plan, network, chunks, region, budget, dtype_bytes)
+    return with_job_time(laid, network, dtype_bytes, args.dtype,
+                         known_machine=args.machine is None, budget_bytes=budget)
+
+
+def job_lines(plan: Plan) -> str:
+    """The whole run's predicted time by stage and its blocks."""
+    j = plan.job_seconds or {}
+    edges = plan.block_edges or ()
+    return "\n".join([
+        "",
+        f"blocks: {j['blocks']} ({_size(plan.block_shape)} nominal; cut at "
+        + "; ".join(",".join(map(str, e)) for e in edges) + "), "
+        f"{j['patches']} patches computing {j['computed_voxels'] / max(j['ideal_voxels'], 1):.2f}x"
+        " the ideal tiling's output voxels",
+        f"whole run: about {_seconds(j['total_s'])} s, peak {_gib(int(j['peak_bytes']))}",
+        f"  start-up                    {j['startup_s']:>10.1f} s",
+        f"  FFTW planning (new shapes)  {j['fftw_planning_s']:>10.1f} s"
+        f"  ({j['cold_shapes']} patch shapes not yet run here)",
+        f"  first pass's pages          {j['first_pass_s']:>10.1f} s",
+        f"  every block's patches       {j['patches_s']:>10.1f} s",
+        f"  reads/decodes/encodes/writes{j['io_s']:>10.1f} s  (not hidden behind compute; "
+        f"{j['io_total_s']:.1f} s in all)",
+    ])
 
 
 def graph_summary(args: argparse.Namespace, model: Any, limit: int | None,
@@ -148,20 +202,27 @@ def region_from_args(args: argparse.Namespace, in_channels: int) -> tuple[int, i
     without --input. ValueError for a volume `znni segment` would refuse."""
     if args.input is None:
         given = [f for f, v in (("--roi", args.roi), ("--level", args.level),
-                                ("--storage-option", args.storage_option)) if v]
+                                ("--storage-option", args.storage_option),
+                                ("--chunks", getattr(args, "chunks", None))) if v]
         if given:
             raise ValueError(f"{given[0]} needs --input, the volume to plan for")
         return None
+    from znni.engine.units import parse_roi, roi_shape
+
+    return roi_shape(parse_roi(args.roi) if args.roi else None,
+                     input_volume(args, in_channels).shape)
+
+
+def input_volume(args: argparse.Namespace, in_channels: int) -> Any:
+    """--input (its --level) opened from its metadata, as `znni segment` opens it."""
     from znni.engine.io.ome import level_path
     from znni.engine.io.stores import check_location, context_for, parse_storage_options
     from znni.engine.io.volume import open_input
-    from znni.engine.units import parse_roi, roi_shape
 
     check_location(args.input, "input")
     ctx = context_for((args.input,), parse_storage_options(args.storage_option))
     path = args.input if args.level is None else level_path(args.input, args.level, ctx=ctx)
-    return roi_shape(parse_roi(args.roi) if args.roi else None,
-                     open_input(path, in_channels, ctx=ctx).shape)
+    return open_input(path, in_channels, ctx=ctx)
 
 
 def sequential_plan(
@@ -310,3 +371,4 @@ def format_plan(
             f"{layer.predicted_s:>9.4f} {_gib(layer.predicted_bytes):>11}"
         )
     return "\n".join(lines)
+

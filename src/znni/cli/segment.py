@@ -150,6 +150,10 @@ def run(args: argparse.Namespace) -> int:
             f"{report.blocks_computed}/{report.blocks_total} blocks computed",
             file=sys.stderr,
         )
+        from znni.planner.jobtime import predicted_line
+
+        if (line := predicted_line(report.plan)) is not None:
+            print(line, file=sys.stderr)
     return 0
 
 

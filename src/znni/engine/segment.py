@@ -29,6 +29,7 @@ from znni.engine.compute.layout import (
     input_cache_bytes,
     memory_budget_bytes,
     windowed_block_shape,
+    with_job_time,
     with_layout,
 )
 from znni.engine.compute.tiles import tile_output
@@ -163,8 +164,9 @@ def _prepare_run(job: SegmentJob, plan: Plan | None) -> PreparedRun:
     step = job.block  # --block: its plain grid; on resume the ledger's, remainders merged
     if resume and header is not None and "block_shape" in header:
         step = as_triple(header["block_shape"], "the ledger's block_shape")
-    plan = with_layout(plan, net, chunks, region, budget, volume.dtype.itemsize, step,
-                       merge=job.block is None)
+    plan = with_job_time(with_layout(plan, net, chunks, region, budget, volume.dtype.itemsize,
+                                     step, merge=job.block is None),
+                         net, volume.dtype.itemsize, job.dtype, budget_bytes=budget)
     assert plan.block_shape is not None  # the engine cuts plan.block_edges
     return PreparedRun(**checked, patch=patch, block_shape=plan.block_shape,
                        primitives=primitives, plan=plan)

@@ -85,6 +85,8 @@ class Plan:
     # the nominal block shape and, per axis, the cuts from the region's start to its end
     block_shape: Triple | None = None
     block_edges: tuple[tuple[int, ...], ...] | None = None
+    # the whole run's predicted seconds by stage (planner/jobtime.py), over those blocks
+    job_seconds: dict[str, float | int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

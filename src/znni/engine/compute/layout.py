@@ -16,6 +16,7 @@ from typing import Any
 from znni.engine.geometry import Box, Triple
 from znni.model.network import FLOAT_BYTES, Network
 from znni.planner.blocks import Edges, axis_options, grid_cuts
+from znni.planner.jobtime import job_seconds
 from znni.planner.machine import available_memory_bytes
 from znni.planner.plan import Plan
 from znni.triple import as_triple
@@ -161,6 +162,18 @@ def with_layout(
         budget_bytes, in_dtype_bytes, plan.peak_bytes, max(1, int(plan.batch)), region.lo,
         step)
     return replace(plan, block_shape=layout.step, block_edges=layout.edges)
+
+
+def with_job_time(plan: Plan, network: Network, in_dtype_bytes: int, out_dtype: str,
+                  known_machine: bool = True, budget_bytes: int = 0) -> Plan:
+    """`plan` (with its layout, with_layout) with the whole run's predicted seconds and
+    peak (the input chunk cache under `budget_bytes` counted)."""
+    assert plan.block_edges is not None
+    edges = plan.block_edges
+    job = job_seconds(plan, network, (edges[0], edges[1], edges[2]), in_bytes=in_dtype_bytes,
+                      out_dtype=out_dtype, known_machine=known_machine,
+                      cache_bytes=input_cache_bytes(budget_bytes) if budget_bytes else 0)
+    return replace(plan, job_seconds=job.to_dict())
 
 
 def layout_edges(step: Triple, bounds: list[tuple[int, int]]) -> Edges:

@@ -21,6 +21,7 @@ from znni.engine.io.borders import read_with_border
 from znni.engine.io.volume import encode_output
 from znni.engine.workers.base import VolumeWorker, trace_block
 from znni.model.network import Network
+from znni.planner.jobtime import pass_key, record_warm
 from znni.primitives.base import Backend
 from znni.primitives.dense import dense_forward
 
@@ -60,6 +61,7 @@ class BlockWorker(VolumeWorker):
         execution = spec.execution or execution_for(None, "cpu")
         self.execution = execution
         self.gpu_backend: Backend | None = None
+        self._warmed: set[str] = set()  # pass keys recorded (planner/jobtime.record_warm)
         if backend is not None:  # an explicit backend runs everything (tests, benchmarks)
             self.backend = backend
             self.execution = Execution("cpu", backend.name)
@@ -98,10 +100,21 @@ class BlockWorker(VolumeWorker):
         outputs = (ys[i] for ys in self._forward(stacks) for i in range(ys.shape[0]))
         for box, y in zip(boxes, outputs, strict=True):  # y: (Cout, pz, py, px)
             out[(slice(None), *box.slices())] = y
+        self._warm(grown[0].shape, min(self.spec.batch, len(boxes)))
         keep = Box((0, 0, 0), block.write.shape)
         result = encode_output(out[(slice(None), *keep.slices())], self.spec.dtype)
         trace_block(block)
         return result
+
+    def _warm(self, size_in: Triple, batch: int) -> None:
+        """Note that this patch shape's FFTW plans are now in the wisdom (the job-time
+        prediction counts FFTW's planning only for shapes not yet run: planner/jobtime)."""
+        if self.execution.mode != "cpu" or self.execution.cpu_backend != "cpu":
+            return
+        key = pass_key(self.network, size_in, batch, self.spec.primitives)
+        if key not in self._warmed:
+            self._warmed.add(key)
+            record_warm({key})
 
     def _forward(self, patches: Iterator[np.ndarray]) -> Iterator[np.ndarray]:
         """Dense outputs of the patch batches, in order, on the execution's device(s)."""

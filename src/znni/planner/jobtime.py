@@ -1,0 +1,208 @@
+"""The predicted time of a whole `znni segment` process over a planned block layout.
+
+Stages (seconds), summed: start-up (interpreter, imports, opening the arrays), FFTW's
+planning of every patch shape this machine has not run before (its wisdom is then
+saved, so a second run skips it), the first pass's pages, every block's patches (their
+clipped shapes, planner.blocks), and the reads and writes the read-ahead and
+write-behind threads do not hide behind the compute. Rates are this machine's where
+measured (the plan's patch time), else the constants below (measured on the 2-core
+CI VM, 2026-11-27); another machine's profile has no I/O rates, so they are used there
+too, and its FFTW state is unknown (counted as warm).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from math import prod
+from pathlib import Path
+from typing import Any
+
+from znni.model.network import Network
+from znni.planner.blocks import Edges, edges_blocks, layout_patches
+from znni.planner.plan import Plan
+
+log = logging.getLogger(__name__)
+
+# interpreter start, imports, plan and store set-up of `znni segment` outside its timed
+# run: 0.7 s on the CI VM (10.2 s wall against 9.5 s reported, n337 w24 over 96^3)
+STARTUP_S = 0.8
+# FFTW_MEASURE plans every transform of a new patch shape by timing candidates: n337 w24
+# took 34 s more on its first run than on its second at 180^3 (5.5 s per patch, 6.2x)
+# and 18 s at 188^3 (6.5 s, 2.8x: some 1D transforms were in the wisdom already); the
+# middle, 4.5x the patch; FFTW_ESTIMATE plans without timing
+COLD_PASS_FACTOR = {"FFTW_ESTIMATE": 0.0, "FFTW_MEASURE": 4.5}
+# the first pass's page faults in a whole run: 1.8 s over a 2.55 GiB pass (n337 w24 at
+# 180^3, 7.3 s against 5.5 predicted, warm, CI VM), 0.66 ns/byte; the planner's own
+# FIRST_PASS_S_PER_PEAK_BYTE (2 ns) is the top of a range it only compares plans with
+FIRST_PASS_JOB_S_PER_BYTE = 0.7e-9
+COLD_FFT_PRIMITIVES = ("fft-keep", "fft-recompute")
+# zarr read + decode of local uint8 chunks (204 MB/s) and write of float32 chunks
+# (276 MB/s), uint8 with the rounding rule (39 M values/s); CI VM, incompressible data
+READ_BYTES_PER_S = 200e6
+WRITE_VALUES_PER_S = {"float32": 69e6, "uint8": 39e6}
+WARM_FILE = "warm-passes.json"  # patch shapes whose FFTW plans are in the wisdom
+
+
+@dataclass(frozen=True)
+class JobSeconds:
+    startup_s: float
+    fftw_planning_s: float
+    first_pass_s: float
+    patches_s: float
+    io_s: float  # reads and writes not hidden behind the compute
+    io_total_s: float  # every read and write
+    peak_bytes: int  # the pass's peak, the input chunk cache and the blocks in flight
+    total_s: float
+    blocks: int
+    patches: int
+    computed_voxels: int  # output voxels the patches compute (clipped patches counted)
+    ideal_voxels: int  # the same for whole patches over the region in one block
+    cold_shapes: int  # patch shapes FFTW plans for the first time
+
+    def to_dict(self) -> dict[str, float | int]:
+        return asdict(self)
+
+
+def effort() -> str:
+    """The FFTW effort the CPU backend plans with (primitives/cpu/backend.py)."""
+    return os.environ.get("ZNNI_FFT_EFFORT", "FFTW_MEASURE")
+
+
+def cache_path() -> Path:
+    """$XDG_CACHE_HOME/znni/WARM_FILE, beside the FFTW wisdom (fftw_plans.cache_dir)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "znni" / WARM_FILE
+
+
+def pass_key(network: Network, input_size: Sequence[int], batch: int,
+             primitives: Sequence[str | None] | None) -> str:
+    """One patch pass's FFT plans: the layers' shapes, the patch input, batch, primitives
+    and effort (weights do not matter)."""
+    layers = [(s.kind, s.out_channels, s.kernel, s.window) for s in network.layers]
+    text = repr((network.in_channels, layers, tuple(int(v) for v in input_size), int(batch),
+                 tuple(primitives or ()), effort()))
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def warm_keys() -> set[str]:
+    """Pass keys that have run here with their wisdom saved (none without wisdom)."""
+    path = cache_path()
+    if not (path.parent / "fftw-wisdom-single.dat").exists():
+        return set()
+    try:
+        return set(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return set()
+
+
+def record_warm(keys: set[str]) -> None:
+    """Remember passes that have run (best effort; a lost write only over-predicts)."""
+    known = warm_keys()
+    if keys <= known:
+        return
+    path = cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(sorted(known | keys)))
+        tmp.replace(path)
+    except OSError as e:
+        log.warning("could not record warm passes in %s: %s", path, e)
+
+
+def job_seconds(
+    plan: Plan, network: Network, edges: Edges, *, in_bytes: int, out_dtype: str,
+    known_machine: bool = True, cache_bytes: int = 0,
+) -> JobSeconds:
+    """The whole run's predicted seconds over `edges` (module docstring)."""
+    patch, pool, fov = plan.output_size, network.pool_product, network.fov
+    batch = max(1, int(plan.batch))
+    full_in = prod(p + f - 1 for p, f in zip(patch, fov, strict=True))
+    warm = warm_keys() if known_machine else None
+    per_block, cold, seen, held = [], 0.0, set(), 0
+    for (count, clipped), (lo, hi) in zip(layout_patches(edges, patch, pool),
+                                          edges_blocks(edges), strict=True):
+        size_in = tuple(c + f - 1 for c, f in zip(clipped, fov, strict=True))
+        scale = prod(size_in) / full_in  # planner.blocks.axis_cost's model
+        compute_s = -(-count // batch) * plan.predicted_patch_s * scale
+        key = pass_key(network, size_in, min(batch, count), plan.primitives)
+        if warm is not None and key not in warm and key not in seen:
+            seen.add(key)
+            cold += _cold_factor(plan) * plan.predicted_patch_s * scale
+        write = prod(h - a for a, h in zip(lo, hi, strict=True))
+        read = prod(h - a + f - 1 for a, h, f in zip(lo, hi, fov, strict=True))
+        read_s = read * network.in_channels * in_bytes / READ_BYTES_PER_S
+        write_s = write * network.out_channels / WRITE_VALUES_PER_S.get(out_dtype, 39e6)
+        per_block.append((compute_s, read_s, write_s, count, prod(clipped) * count))
+        held = max(held, _block_bytes(network, read, write, in_bytes))
+    patches_s = sum(b[0] for b in per_block)
+    io_s = _exposed_io(per_block)
+    first_s = FIRST_PASS_JOB_S_PER_BYTE * plan.peak_bytes
+    region = [e[-1] - e[0] for e in edges]
+    ideal = prod(-(-r // p) * p for r, p in zip(region, patch, strict=True))
+    total = STARTUP_S + cold + first_s + patches_s + io_s
+    io_total = sum(b[1] + b[2] for b in per_block)
+    peak = plan.peak_bytes + cache_bytes + (1 if len(per_block) == 1 else 2) * held
+    return JobSeconds(STARTUP_S, cold, first_s, patches_s, io_s, io_total, peak, total,
+                      len(per_block),
+                      sum(b[3] for b in per_block), sum(b[4] for b in per_block), ideal,
+                      len(seen))
+
+
+def _block_bytes(network: Network, read: int, write: int, in_bytes: int) -> int:
+    """A block in flight: its input raw and as float32, its output and the encoded copy
+    (engine.compute.layout.block_bytes)."""
+    return (network.in_channels * read * (in_bytes + 4)
+            + 2 * network.out_channels * write * 4)
+
+
+def _cold_factor(plan: Plan) -> float:
+    """FFTW planning per new patch shape, in patch times, where the plan has FFT convs."""
+    if not any(p in COLD_FFT_PRIMITIVES for p in plan.primitives):
+        return 0.0
+    return COLD_PASS_FACTOR.get(effort(), COLD_PASS_FACTOR["FFTW_MEASURE"])
+
+
+def _exposed_io(blocks: list[tuple[float, float, float, int, int]]) -> float:
+    """The first block's read and the last one's write wait; in between, block i+1's read
+    and block i-1's write overlap block i's compute (workers/pipeline.run_local)."""
+    if not blocks:
+        return 0.0
+    exposed = blocks[0][1] + blocks[-1][2]
+    for i, (compute_s, _, _, _, _) in enumerate(blocks):
+        nxt = blocks[i + 1][1] if i + 1 < len(blocks) else 0.0
+        prev = blocks[i - 1][2] if i > 0 else 0.0
+        exposed += max(0.0, max(nxt, prev) - compute_s)
+    return exposed
+
+
+def process_seconds() -> float | None:
+    """Wall seconds since this process started (Linux /proc), None elsewhere."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime_s = float(f.read().split()[0])
+        return uptime_s - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def predicted_line(plan: dict[str, Any] | None) -> str | None:
+    """`znni segment`'s last line: the whole run predicted (planner/jobtime.py) against the
+    whole process measured; None for a plan without a job prediction."""
+    job = (plan or {}).get("job_seconds")
+    if not job:
+        return None
+    measured = process_seconds()
+    shown = "-" if measured is None else f"{measured:.1f} s"
+    ratio = "" if measured is None else f" ({measured / max(job['total_s'], 1e-9):.2f}x)"
+    return (f"whole run: predicted {job['total_s']:.1f} s, measured {shown}{ratio}; "
+            f"{job['blocks']} blocks, {job['patches']} patches, computed "
+            f"{job['computed_voxels'] / max(job['ideal_voxels'], 1):.2f}x the ideal tiling's "
+            "output voxels")
