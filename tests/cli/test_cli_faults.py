@@ -212,3 +212,27 @@ def test_second_run_on_a_held_output_is_refused_and_a_dead_holder_does_not_block
     clean = tmp_path / "clean.zarr"
     assert _run(_cmd(spec, inp, clean)).returncode == 0
     assert np.array_equal(_values(out), _values(clean))
+
+
+def test_fill_run_stopped_by_a_full_disk_still_lists_the_chunk_after_resuming(
+        tmp_path: Path, small_fs: Path) -> None:
+    """The filled chunks are noted in the ledger as the run goes: the resumed run, which does
+    not read the done blocks' chunks again, still lists exactly the corrupted one."""
+    spec, inp, vol = _setup(tmp_path)
+    (Path(inp) / "c/0/0/0").write_bytes(np.random.default_rng(1).bytes(100))  # read first
+    out = small_fs / "out.zarr"
+    r = _run(_cmd(spec, inp, out, "--on-bad-chunk", "fill"))
+    assert r.returncode == 1 and "no space left" in r.stderr, r.stderr
+    assert read_ledger(str(out), ctx=CTX)[1]  # blocks over the bad chunk are done
+    assert '"bad_chunk": "c/0/0/0"' in (out / "znni-ledger.jsonl").read_text()  # noted
+    subprocess.run(["mount", "-o", "remount,size=8m", str(small_fs)], check=True)
+    r = _run(_cmd(spec, inp, out, "--on-bad-chunk", "fill"))
+    assert r.returncode == 0, r.stderr
+    assert zarr.open_array(str(out)).attrs["znni"]["bad_chunks"]["chunks"] == ["c/0/0/0"]
+    assert "c/0/0/0" in r.stderr
+    filled = vol.copy()
+    filled[:16, :16, :16] = 0
+    clean = tmp_path / "clean.zarr"
+    ref = write_volume(tmp_path / "filled.zarr", filled, 3, CHUNKS)
+    assert _run(_cmd(spec, ref, clean)).returncode == 0
+    assert np.array_equal(_values(out), _values(clean))

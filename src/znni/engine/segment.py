@@ -269,7 +269,11 @@ def segment(
         blocks_done=len(blocks) - len(todo), voxels_done=done_voxels,
     )
 
+    bad = getattr(getattr(worker, "volume", None), "bad_chunks", None)  # --on-bad-chunk
+
     def record(block: Block) -> None:
+        if bad is not None and (new := bad.take_new()):
+            ledger.note_bad_chunks(new)  # before any block that computed them filled
         ledger.record([block.key])
         meter.block_done(block.write.size)
 
@@ -291,11 +295,9 @@ def segment(
             reads.close()
         target.close()
         meter.close()
-        try:
-            bad = note_bad_chunks(worker, ledger, target, prep.volume, job, prep.resume)
-        finally:
-            lock.release()
+        lock.release()
     target.check()
+    filled = note_bad_chunks(ledger, target, prep.volume, job)  # this job's runs' list
     elapsed = meter.elapsed_s()
     return SegmentReport(
         output_path=job.output_path,
@@ -306,7 +308,7 @@ def segment(
         voxels_per_second=meter.voxels_this_run / max(elapsed, 1e-9),
         stage_seconds=dict(timer.seconds),
         plan=plan_dict,
-        bad_chunks=tuple(bad),
+        bad_chunks=tuple(filled),
     )
 
 

@@ -132,11 +132,20 @@ class BadChunks:
     def __init__(self, policy: str = "fail") -> None:
         self.policy = policy
         self._keys: set[str] = set()
+        self._new: list[str] = []
         self._lock = threading.Lock()
 
     def add(self, key: str) -> None:
         with self._lock:
-            self._keys.add(key)
+            if key not in self._keys:
+                self._keys.add(key)
+                self._new.append(key)
+
+    def take_new(self) -> list[str]:
+        """The keys added since the last call (for the ledger)."""
+        with self._lock:
+            new, self._new = self._new, []
+        return new
 
     @property
     def keys(self) -> list[str]:

@@ -87,7 +87,8 @@ class BlockLedger(Protocol):
     def start(self, parts: dict[str, Any], block_shape: tuple[int, int, int]) -> None: ...
     def resume(self) -> None: ...
     def record(self, keys: list[str]) -> None: ...
-    def note_bad_chunks(self, keys: list[str]) -> list[str]: ...
+    def note_bad_chunks(self, keys: list[str]) -> None: ...
+    def bad_chunks(self) -> list[str]: ...
 
 
 def open_ledger(output_path: str, *, ctx: StoreContext) -> BlockLedger:
@@ -180,12 +181,17 @@ class Ledger:
         self._append("".join(json.dumps({"block": k, "t": now}) + "\n" for k in keys),
                      keys[0])
 
-    def note_bad_chunks(self, keys: list[str]) -> list[str]:
-        """Append input chunks filled with the fill value; every one this job's runs noted
-        (a resumed run does not read again the chunks of blocks already done)."""
+    def note_bad_chunks(self, keys: list[str]) -> None:
+        """Append input chunks filled with the fill value (a resumed run does not read again
+        the chunks of blocks already done: the list is kept here)."""
         if keys:
             self._append("".join(json.dumps({"bad_chunk": k}) + "\n" for k in keys), keys[0])
+
+    def bad_chunks(self) -> list[str]:
+        """Every input chunk this job's runs filled with the fill value."""
         seen: set[str] = set()
+        if not self.path.is_file():
+            return []
         with open(self.path) as f:
             for line in f:
                 if '"bad_chunk"' in line:
@@ -262,20 +268,25 @@ class ObjectLedger:
             body = json.dumps({"block": key, "t": time.time()}).encode()
             write_bytes(join(self.prefix, self.run, _object_name(key)), body, ctx=self.ctx)
 
-    def note_bad_chunks(self, keys: list[str]) -> list[str]:
-        """Input chunks filled with the fill value, kept in `bad-<run>.json` (with earlier
-        runs' of this job)."""
-        assert self.run is not None, "start or resume the ledger first"
-        name = join(self.prefix, f"bad-{self.run}.json")
-        raw = read_bytes(name, "output", ctx=self.ctx)
-        try:
-            seen = set(json.loads(raw)) if raw is not None else set()
-        except ValueError:
-            seen = set()
+    def note_bad_chunks(self, keys: list[str]) -> None:
+        """Input chunks filled with the fill value, added to `bad-<run>.json`."""
+        seen = set(self.bad_chunks())
         if set(keys) - seen:
-            seen |= set(keys)
-            write_bytes(name, json.dumps(sorted(seen)).encode(), ctx=self.ctx)
-        return sorted(seen)
+            write_bytes(self._bad_name(), json.dumps(sorted(seen | set(keys))).encode(),
+                        ctx=self.ctx)
+
+    def bad_chunks(self) -> list[str]:
+        """Every input chunk this job's runs filled with the fill value."""
+        raw = read_bytes(self._bad_name(), "output", ctx=self.ctx)
+        try:
+            keys = json.loads(raw) if raw is not None else []
+        except ValueError:
+            return []
+        return sorted(str(k) for k in keys) if isinstance(keys, list) else []
+
+    def _bad_name(self) -> str:
+        assert self.run is not None, "start or resume the ledger first"
+        return join(self.prefix, f"bad-{self.run}.json")
 
 
 def _fsync_dir(path: Path) -> None:

@@ -39,7 +39,9 @@ from typing import Any
 import numpy as np
 
 from znni.engine.geometry import Block, Box, Triple
+from znni.engine.io.faults import write_fault
 from znni.engine.io.level_writer import KEPT_BYTES, ChunkKey, LevelWriter
+from znni.engine.io.retry import StoreError
 from znni.triple import as_triple
 
 COARSEST = 256  # default depth: the coarsest level's largest axis is at most this
@@ -245,12 +247,19 @@ class PyramidBuilder:
                     self._write(list(self.writer.dirty))
                     self.writer.over()
             except BaseException as e:  # surfaced on the next land() or check()
-                self.error = e
+                self.error = self._named(e)
         if self.error is None:
             try:
                 self._write(list(self.writer.dirty))
             except BaseException as e:
-                self.error = e
+                self.error = self._named(e)
+
+    def _named(self, e: BaseException) -> BaseException:
+        """A full disk or a refusal writing the levels as a `VolumeFault` naming them."""
+        if isinstance(e, OSError | StoreError):
+            where = str(getattr(self.level0, "store_path", "the output")).removeprefix("file://")
+            return write_fault(e, where.rsplit("/", 1)[0], "chunks", "pyramid level")
+        return e
 
     def _due(self) -> float | None:
         """Seconds until the oldest dirty chunk should be written (None: none is dirty)."""

@@ -75,13 +75,11 @@ def record_bad_chunks(attrs: Any, input_array: str, keys: list[str]) -> None:
     attrs.update({ATTR: record})
 
 
-def note_bad_chunks(worker: Any, ledger: Any, target: Any, volume: InputVolume,
-                    job: SegmentJob, resume: bool) -> list[str]:
-    """The input chunks this job's runs filled with the fill value (a local `worker`'s
-    `volume.bad_chunks`), kept in the ledger and listed in the output's provenance."""
-    bad = getattr(getattr(worker, "volume", None), "bad_chunks", None)
-    keys = bad.keys if bad is not None else []
-    every: list[str] = ledger.note_bad_chunks(keys) if keys or resume else []
+def note_bad_chunks(ledger: Any, target: Any, volume: InputVolume,
+                    job: SegmentJob) -> list[str]:
+    """The input chunks this job's runs filled with the fill value (noted in the ledger as
+    the run went), listed in the output's provenance at the end of a finished run."""
+    every: list[str] = ledger.bad_chunks()
     if every:
         array = volume.ome.array_path if volume.ome else job.input_path
         record_bad_chunks(_attrs(target, job), resolved(array), every)
