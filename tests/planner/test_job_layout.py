@@ -178,3 +178,26 @@ def test_plan_json_reports_the_whole_run(tmp_path: Path, capsys) -> None:
         assert main([*args, *bad]) == 2
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and "error" in err
+
+
+def test_patch_and_blocks_chosen_together(tmp_path: Path) -> None:
+    """Of the plans within each pass budget, the one whose whole run over its own blocks
+    is predicted fastest: never slower than the largest pass budget's alone."""
+    from znni.engine.compute.execution import plan_job
+    from znni.engine.compute.layout import (
+        PLAN_FRACTION,
+        plan_with_layout,
+        with_job_time,
+        with_layout,
+    )
+
+    net = n537_width24()
+    region, budget = Box((0, 0, 0), (400, 400, 400)), 3 * 2**30
+    both = plan_with_layout(net, "cpu", (64, 64, 64), region, budget, 1, "float32")
+    alone = plan_job(net, "cpu", int(budget * PLAN_FRACTION), region.shape)
+    alone = with_job_time(with_layout(alone, net, (64, 64, 64), region, budget, 1), net, 1,
+                          "float32", budget_bytes=budget)
+    assert both.job_seconds is not None and alone.job_seconds is not None
+    assert both.job_seconds["total_s"] <= alone.job_seconds["total_s"]
+    assert both.job_seconds["computed_voxels"] <= 1.15 * both.job_seconds["ideal_voxels"]
+    assert both.job_seconds["peak_bytes"] <= budget

@@ -21,13 +21,13 @@ from znni.engine.compute.execution import (
     graph_backend_name,
     graph_device_cap,
     graph_pass_device,
-    plan_job,
 )
 from znni.engine.compute.graph_choice import GraphChoice, choose, plan_window
 from znni.engine.compute.layout import (
     PLAN_FRACTION,
     input_cache_bytes,
     memory_budget_bytes,
+    plan_with_layout,
     windowed_block_shape,
     with_job_time,
     with_layout,
@@ -158,12 +158,13 @@ def _prepare_run(job: SegmentJob, plan: Plan | None) -> PreparedRun:
             block = job.block or windowed_block_shape(chunks, span, region.shape)
         return PreparedRun(**checked, patch=window, block_shape=block, primitives=None,
                            plan=None, window=window, choice=choice)
-    if plan is None:  # the patch pass gets PLAN_FRACTION; block buffers live in the rest
-        plan = plan_job(net, job.device, int(budget * PLAN_FRACTION), region.shape)
-    patch, primitives = _patch_from_plan(job, plan)
     step = job.block  # --block: its plain grid; on resume the ledger's, remainders merged
     if resume and header is not None and "block_shape" in header:
         step = as_triple(header["block_shape"], "the ledger's block_shape")
+    if plan is None:  # patch, batch and blocks together (compute/layout.py)
+        plan = plan_with_layout(net, job.device, chunks, region, budget,
+                                volume.dtype.itemsize, job.dtype, step, job.block is None)
+    patch, primitives = _patch_from_plan(job, plan)
     plan = with_job_time(with_layout(plan, net, chunks, region, budget, volume.dtype.itemsize,
                                      step, merge=job.block is None),
                          net, volume.dtype.itemsize, job.dtype, budget_bytes=budget)
