@@ -5,6 +5,7 @@
     .venv/bin/python benchmarks/planner.py regret [--limit 3GiB] # chosen vs >= 8 alternatives
     .venv/bin/python benchmarks/planner.py limit [--limit 2GiB]  # a run under a tight limit
     .venv/bin/python benchmarks/planner.py graph [--reps 3]      # U-Nets: graph_planner.py
+    .venv/bin/python benchmarks/planner.py job [--case ...]      # whole runs: _planner_job.py
 
 Every measurement runs in a fresh child process (so VmHWM is that run's peak RSS)
 on the real CpuBackend with random weights; the profile is this machine's
@@ -227,6 +228,12 @@ def tight(machine: MachineProfile, limit: int) -> None:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["job"]:  # whole runs predicted against measured: _planner_job.py
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import _planner_job
+
+        _planner_job.main(sys.argv[2:])
+        return
     if sys.argv[1:2] == ["graph"]:  # U-Nets (ONNX graphs): benchmarks/graph_planner.py
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         import graph_planner

@@ -32,10 +32,12 @@ log = logging.getLogger(__name__)
 # run: 0.7 s on the CI VM (10.2 s wall against 9.5 s reported, n337 w24 over 96^3)
 STARTUP_S = 0.8
 # FFTW_MEASURE plans every transform of a new patch shape by timing candidates: n337 w24
-# took 34 s more on its first run than on its second at 180^3 (5.5 s per patch, 6.2x)
-# and 18 s at 188^3 (6.5 s, 2.8x: some 1D transforms were in the wisdom already); the
-# middle, 4.5x the patch; FFTW_ESTIMATE plans without timing
-COLD_PASS_FACTOR = {"FFTW_ESTIMATE": 0.0, "FFTW_MEASURE": 4.5}
+# took 34 s more on its first run than on its second at 180^3 with no wisdom yet (5.5 s
+# per patch, 6.2x); with wisdom of other shapes, many 1D transforms are in it already:
+# 18 s at 188^3 (6.5 s, 2.8x), about 13 s at 184x216x232 (10.5 s, 1.25x); CI VM,
+# 2026-11-27. FFTW_ESTIMATE plans without timing
+COLD_PASS_FACTOR = {"FFTW_ESTIMATE": 0.0, "FFTW_MEASURE": 6.0}
+SOME_WISDOM_FACTOR = 2.0  # of COLD_PASS_FACTOR's FFTW_MEASURE case, where wisdom exists
 # the first pass's page faults in a whole run: 1.8 s over a 2.55 GiB pass (n337 w24 at
 # 180^3, 7.3 s against 5.5 predicted, warm, CI VM), 0.66 ns/byte; the planner's own
 # FIRST_PASS_S_PER_PEAK_BYTE (2 ns) is the top of a range it only compares plans with
@@ -133,7 +135,7 @@ def job_seconds(
         key = pass_key(network, size_in, min(batch, count), plan.primitives)
         if warm is not None and key not in warm and key not in seen:
             seen.add(key)
-            cold += _cold_factor(plan) * plan.predicted_patch_s * scale
+            cold += _cold_factor(plan, bool(warm)) * plan.predicted_patch_s * scale
         write = prod(h - a for a, h in zip(lo, hi, strict=True))
         read = prod(h - a + f - 1 for a, h, f in zip(lo, hi, fov, strict=True))
         read_s = read * network.in_channels * in_bytes / READ_BYTES_PER_S
@@ -161,11 +163,12 @@ def _block_bytes(network: Network, read: int, write: int, in_bytes: int) -> int:
             + 2 * network.out_channels * write * 4)
 
 
-def _cold_factor(plan: Plan) -> float:
+def _cold_factor(plan: Plan, some_wisdom: bool) -> float:
     """FFTW planning per new patch shape, in patch times, where the plan has FFT convs."""
     if not any(p in COLD_FFT_PRIMITIVES for p in plan.primitives):
         return 0.0
-    return COLD_PASS_FACTOR.get(effort(), COLD_PASS_FACTOR["FFTW_MEASURE"])
+    factor = COLD_PASS_FACTOR.get(effort(), COLD_PASS_FACTOR["FFTW_MEASURE"])
+    return min(factor, SOME_WISDOM_FACTOR) if some_wisdom else factor
 
 
 def _exposed_io(blocks: list[tuple[float, float, float, int, int]]) -> float:
