@@ -203,3 +203,11 @@ def test_patch_and_blocks_chosen_together(tmp_path: Path) -> None:
     # 208^3 blocks do not fit beside the pass: 128 + 128 + 144 take 9 on one axis
     assert both.job_seconds["computed_voxels"] <= 1.17 * both.job_seconds["ideal_voxels"]
     assert both.job_seconds["peak_bytes"] <= budget
+
+
+def test_no_block_fits_is_one_sentence() -> None:
+    """Where two one-chunk blocks and their halos do not fit beside the pass, the run is
+    refused (it used to go on with blocks over the budget)."""
+    with pytest.raises(ValueError, match="no block fits in the memory budget"):
+        choose_block_layout(n537_width24(), (64, 64, 64), (56, 56, 56), (200, 200, 200),
+                            2**30, 1, 2**30 - 2**20)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -88,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
                          "sequential network, whose patch the planner chooses")
     plan, machine = sequential_plan(network, args.device, limit, args.machine, region)
     if region is not None:
-        plan = job_plan(args, plan, network, limit, machine)
+        plan = replace(job_plan(args, network, limit, machine),
+                       alternatives=plan.alternatives)
     if args.json:
         from znni.engine.compute.layout import region_seconds
         from znni.planner.search import region_voxels_per_second
@@ -107,11 +109,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def job_plan(args: argparse.Namespace, plan: Plan, network: Network, limit: int | None,
+def job_plan(args: argparse.Namespace, network: Network, limit: int | None,
              machine: MachineProfile) -> Plan:
-    """The plan with the blocks `znni segment` would cut over --input (--roi, --chunks)
-    and the whole run's predicted time (engine.compute.layout)."""
-    from znni.engine.compute.layout import memory_budget_bytes, with_job_time, with_layout
+    """The plan `znni segment` would make over --input (--roi, --chunks): patch, batch and
+    blocks chosen together, and the whole run's predicted time (engine.compute.layout)."""
+    from znni.engine.compute.layout import memory_budget_bytes, plan_with_layout
     from znni.engine.geometry import Box
     from znni.engine.io.volume import output_chunks
     from znni.engine.units import parse_roi, parse_triple, resolve_roi
@@ -124,10 +126,17 @@ def job_plan(args: argparse.Namespace, plan: Plan, network: Network, limit: int 
     chunks = output_chunks(asked, None, volume.shape, network.out_channels, args.dtype,
                            "the output")
     budget = memory_budget_bytes(limit, machine.memory_bytes if args.machine else None)
-    dtype_bytes = volume.dtype.itemsize
-    laid = with_layout(plan, network, chunks, region, budget, dtype_bytes)
-    return with_job_time(laid, network, dtype_bytes, args.dtype,
-                         known_machine=args.machine is None, budget_bytes=budget)
+    plan_for = None  # this machine: as segment plans (execution.plan_job)
+    if args.machine:
+        from znni.planner.search import make_plan
+
+        def plan_for(pass_bytes: int) -> Plan:
+            return make_plan(network, machine=machine, device=args.device,
+                             memory_limit_bytes=pass_bytes, max_output=region.shape)
+
+    return plan_with_layout(network, args.device, chunks, region, budget,
+                            volume.dtype.itemsize, args.dtype, plan_for=plan_for,
+                            known_machine=args.machine is None)
 
 
 def job_lines(plan: Plan) -> str:

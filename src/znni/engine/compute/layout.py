@@ -9,6 +9,7 @@ cache and the patch pass inside the budget.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from math import prod
 from typing import Any
@@ -139,8 +140,14 @@ def choose_block_layout(
         return BlockLayout(as_triple(block), layout_edges(as_triple(block), bounds))
     while 2 * block_bytes(network, (block[0], block[1], block[2]), in_dtype_bytes) > spare:
         d = max(range(3), key=lambda a: block[a] // chunks[a])
-        if block[d] <= chunks[d]:
-            break  # one chunk per block: the smallest unit the output allows
+        if block[d] <= chunks[d]:  # one chunk per block: the smallest unit the output allows
+            raise ValueError(
+                f"no block fits in the memory budget of {budget_bytes:,} bytes: two blocks of "
+                f"one output chunk {tuple(chunks)} with the network's halo take "
+                f"{2 * block_bytes(network, as_triple(block), in_dtype_bytes):,} bytes beside "
+                f"the patch pass's {pass_peak_bytes:,} and the input cache's "
+                f"{input_cache_bytes(budget_bytes):,}; raise --memory-limit or use smaller "
+                "--chunks")
         block[d] -= chunks[d]
     shrunk = as_triple(block)
     return BlockLayout(shrunk, layout_edges(shrunk, bounds))
@@ -185,18 +192,24 @@ PASS_FRACTIONS = (PLAN_FRACTION, 0.6, 0.45, 0.3)
 def plan_with_layout(
     network: Network, device: str, chunks: Triple, region: Box, budget_bytes: int,
     in_dtype_bytes: int, out_dtype: str, step: Triple | None = None, merge: bool = True,
+    plan_for: Callable[[int], Plan] | None = None, known_machine: bool = True,
 ) -> Plan:
     """Patch, batch and blocks chosen together: the planner's best plan within each of
     PASS_FRACTIONS of the budget, laid out over the region (with_layout; `step` and
     `merge` as there), and of those the least predicted whole run (with_job_time); ties
-    go to the larger pass budget."""
+    go to the larger pass budget. `plan_for(pass_bytes)`: the planner (default this
+    machine's, execution.plan_job; `znni plan --machine` passes its profile's)."""
     from znni.engine.compute.execution import plan_job
 
+    if plan_for is None:
+        def plan_for(pass_bytes: int) -> Plan:
+            return plan_job(network, device, pass_bytes, region.shape)
+
     best: Plan | None = None
-    tried = set()
+    tried, refusal = set(), None
     for fraction in PASS_FRACTIONS:
         try:
-            plan = plan_job(network, device, int(budget_bytes * fraction), region.shape)
+            plan = plan_for(int(budget_bytes * fraction))
         except ValueError:
             if best is None and fraction == PLAN_FRACTION:
                 raise
@@ -205,13 +218,19 @@ def plan_with_layout(
         if key in tried:
             continue
         tried.add(key)
-        laid = with_job_time(with_layout(plan, network, chunks, region, budget_bytes,
-                                         in_dtype_bytes, step, merge),
-                             network, in_dtype_bytes, out_dtype, budget_bytes=budget_bytes)
+        try:
+            blocks = with_layout(plan, network, chunks, region, budget_bytes, in_dtype_bytes,
+                                 step, merge)
+        except ValueError as e:  # a smaller pass may leave room for blocks
+            refusal = e
+            continue
+        laid = with_job_time(blocks, network, in_dtype_bytes, out_dtype, known_machine,
+                             budget_bytes=budget_bytes)
         assert laid.job_seconds is not None
         if best is None or laid.job_seconds["total_s"] < 0.98 * _total(best):
             best = laid
-    assert best is not None
+    if best is None:
+        raise refusal or ValueError(f"no plan fits in {budget_bytes:,} bytes")
     return best
 
 
