@@ -23,6 +23,7 @@ from znni.engine.compute.execution import (
     graph_pass_device,
 )
 from znni.engine.compute.graph_choice import GraphChoice, choose, plan_window
+from znni.engine.compute.graph_plan import run_summary
 from znni.engine.compute.layout import (
     PLAN_FRACTION,
     input_cache_bytes,
@@ -260,7 +261,8 @@ def segment(
         setup = replace(job, store=ctx)
         prep = prepare_run(setup, plan)
         plan = prep.plan
-        plan_dict = plan.to_dict() if plan is not None else _windowed_summary(job, prep)
+        plan_dict = plan.to_dict() if plan is not None else run_summary(
+            job, prep.choice, prep.volume.shape, prep.block_shape)
         target, ledger, blocks, spec, worker, reads, lock = _set_up(setup, prep, plan_dict,
                                                                     backend, timer)
     todo = [b for b in blocks if b.key not in prep.done]
@@ -300,17 +302,9 @@ def segment(
     target.check()
     filled = note_bad_chunks(ledger, target, prep.volume, job)  # this job's runs' list
     elapsed = meter.elapsed_s()
-    return SegmentReport(
-        output_path=job.output_path,
-        blocks_total=len(blocks),
-        blocks_computed=len(todo),
-        voxels_written=meter.voxels_this_run,
-        elapsed_s=elapsed,
-        voxels_per_second=meter.voxels_this_run / max(elapsed, 1e-9),
-        stage_seconds=dict(timer.seconds),
-        plan=plan_dict,
-        bad_chunks=tuple(filled),
-    )
+    return SegmentReport(job.output_path, len(blocks), len(todo), meter.voxels_this_run,
+                         elapsed, meter.voxels_this_run / max(elapsed, 1e-9),
+                         dict(timer.seconds), plan_dict, bad_chunks=tuple(filled))
 
 
 def _set_up(
@@ -387,28 +381,3 @@ def _blocks_and_spec(job: SegmentJob, prep: PreparedRun) -> tuple[list[Block], A
         cached, store=job.store,
     )
     return blocks, spec
-
-
-def _windowed_summary(job: SegmentJob, prep: PreparedRun) -> dict[str, Any]:
-    """The report's plan for a graph model: mode, window or tile, predictions, primitives."""
-    model, choice = job.network, prep.choice
-    assert prep.window is not None and choice is not None and isinstance(model, OnnxModel)
-    predicted = {
-        "device": graph_backend_name(job.device),
-        "precision": choice.plan.precision,  # what runs: our CPU kernels stay fp32
-        "compiled": choice.plan.compiled,  # "openvino-network": the whole window compiled
-        "predicted_window_s": choice.plan.predicted_window_s,
-        "predicted_voxels_per_second": choice.predicted_voxels_per_second,
-        "peak_bytes": choice.plan.peak_bytes,
-        "batch": choice.plan.batch,
-        "primitives": choice.plan.primitives,
-        "block_shape": list(prep.block_shape),
-    }
-    if model.mode == "exact":
-        return {"mode": "exact", "tile": list(prep.window),
-                "tile_output": list(tile_output(model, prep.window)),
-                "context": list(model.context), "size_factor": list(model.size_factor),
-                **predicted}
-    grid = WindowGrid.for_volume(prep.volume.shape, prep.window, job.overlap)
-    return {"mode": "windowed", "window": list(prep.window), "overlap": job.overlap,
-            "blend": job.blend, "windows": grid.num_windows, **predicted}

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from znni.engine.compute.execution import planning_machine
+from znni.engine.compute.execution import graph_backend_name, planning_machine
 from znni.engine.compute.graph_choice import GraphChoice, choose, plan_window
 from znni.engine.compute.layout import pass_budget_bytes, region_seconds
 from znni.engine.compute.tiles import tile_output
+from znni.engine.compute.windows import WindowGrid
+from znni.engine.job import SegmentJob
 from znni.model.graph import window_dependence
 from znni.model.onnx_model import OnnxModel
 from znni.planner.machine import MachineProfile
+from znni.triple import Triple
 
 UNBOUNDED = (512, 512, 512)  # no region given: plan for a 512^3 volume
 EXACT_REASON = (
@@ -96,3 +99,30 @@ def gpu_details(choice: GraphChoice) -> dict[str, Any]:
             for n in plan.nodes if n.primitive is not None
         ],
     }
+
+
+def run_summary(job: SegmentJob, choice: GraphChoice | None, volume_shape: Triple,
+                block_shape: Triple) -> dict[str, Any]:
+    """A graph model run's plan for its report: mode, window or tile, where it runs and at
+    what precision (what runs: our CPU kernels stay fp32), whether the whole window is one
+    compiled network, predictions, primitives."""
+    model = job.network
+    if choice is None or not isinstance(model, OnnxModel):
+        raise TypeError(f"run_summary is for ONNX graph models, not {type(model).__name__}")
+    window = choice.window
+    predicted = {
+        "device": graph_backend_name(job.device), "precision": choice.plan.precision,
+        "compiled": choice.plan.compiled,
+        "predicted_window_s": choice.plan.predicted_window_s,
+        "predicted_voxels_per_second": choice.predicted_voxels_per_second,
+        "peak_bytes": choice.plan.peak_bytes, "batch": choice.plan.batch,
+        "primitives": choice.plan.primitives, "block_shape": list(block_shape),
+    }
+    if model.mode == "exact":
+        return {"mode": "exact", "tile": list(window),
+                "tile_output": list(tile_output(model, window)),
+                "context": list(model.context), "size_factor": list(model.size_factor),
+                **predicted}
+    grid = WindowGrid.for_volume(volume_shape, window, job.overlap)
+    return {"mode": "windowed", "window": list(window), "overlap": job.overlap,
+            "blend": job.blend, "windows": grid.num_windows, **predicted}

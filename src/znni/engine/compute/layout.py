@@ -135,22 +135,31 @@ def choose_block_layout(
         _, best, edges, _, _ = min(near, key=lambda f: (part_batch(f[1]), f[3], f[4],
                                                         prod(f[1]), f[0]))
         return BlockLayout(as_triple(best), edges)
-    block = [e[0] for e in per_axis]
+    block = as_triple([e[0] for e in per_axis])
     if step is not None:  # as asked, even where it does not fit
-        return BlockLayout(as_triple(block), layout_edges(as_triple(block), bounds))
-    while 2 * block_bytes(network, (block[0], block[1], block[2]), in_dtype_bytes) > spare:
-        d = max(range(3), key=lambda a: block[a] // chunks[a])
-        if block[d] <= chunks[d]:  # one chunk per block: the smallest unit the output allows
+        return BlockLayout(block, layout_edges(block, bounds))
+    shrunk = _shrunk(network, block, chunks, spare, in_dtype_bytes, budget_bytes,
+                     pass_peak_bytes)
+    return BlockLayout(shrunk, layout_edges(shrunk, bounds))
+
+
+def _shrunk(network: Network, block: Triple, chunks: Triple, spare: int, in_dtype_bytes: int,
+            budget_bytes: int, pass_peak_bytes: int) -> Triple:
+    """`block` shrunk a chunk at a time (its longest axis in chunks first) until two fit in
+    `spare` bytes; ValueError where even one chunk per block does not."""
+    b = list(block)
+    while 2 * block_bytes(network, (b[0], b[1], b[2]), in_dtype_bytes) > spare:
+        d = max(range(3), key=lambda a: b[a] // chunks[a])
+        if b[d] <= chunks[d]:  # one chunk per block: the smallest unit the output allows
             raise ValueError(
                 f"no block fits in the memory budget of {budget_bytes:,} bytes: two blocks of "
                 f"one output chunk {tuple(chunks)} with the network's halo take "
-                f"{2 * block_bytes(network, as_triple(block), in_dtype_bytes):,} bytes beside "
+                f"{2 * block_bytes(network, as_triple(b), in_dtype_bytes):,} bytes beside "
                 f"the patch pass's {pass_peak_bytes:,} and the input cache's "
                 f"{input_cache_bytes(budget_bytes):,}; raise --memory-limit or use smaller "
                 "--chunks")
-        block[d] -= chunks[d]
-    shrunk = as_triple(block)
-    return BlockLayout(shrunk, layout_edges(shrunk, bounds))
+        b[d] -= chunks[d]
+    return as_triple(b)
 
 
 def with_layout(
