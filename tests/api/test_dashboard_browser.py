@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -108,6 +109,15 @@ def test_job_page_follows_the_demo_job(server, site, tmp_path_factory) -> None:
     print(f"\ndashboard screenshot (job page): {shot}")
 
 
+def _wait_for_blocks(client, job_id: int, timeout_s: float = 60.0) -> None:
+    """Until the job's progress has its block count (its plan and layout are made)."""
+    deadline = time.monotonic() + timeout_s
+    while client.get(f"/v1/jobs/{job_id}").json()["progress"]["total"] == 0:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job {job_id} counted no blocks in {timeout_s} s")
+        time.sleep(0.05)
+
+
 def test_cancel_button_cancels_a_running_job(server, volumes) -> None:
     with server.client() as client:
         r = client.post("/v1/jobs", json={**LONG, "output": "dash/long.zarr"})
@@ -117,6 +127,7 @@ def test_cancel_button_cancels_a_running_job(server, volumes) -> None:
             browser.goto(f"{server.url}/")
             button = f"document.querySelector('#job-{job_id} button.cancel')"
             browser.wait_for(f"{_row(job_id, 'status')} === 'running' && {button} !== null")
+            _wait_for_blocks(client, job_id)  # past its set-up: the run has counted its blocks
             browser.js(f"{button}.click()")
             browser.wait_for(f"{_row(job_id, 'status')} === 'cancelled'")
             assert browser.js(button) is None  # no cancel button on a cancelled job
