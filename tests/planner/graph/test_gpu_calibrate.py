@@ -130,6 +130,6 @@ def test_a_fallback_is_not_timed_as_the_primitive_asked() -> None:
     dispatch.conv_state(device).set_library(None)  # no cuDNN: "cudnn" runs the GEMM loop
     graph = _conv_case(2, 2, 3, 6)
     assert _time_conv(device, dispatch.device_conv, "cudnn", graph, "fp32") is None
-    assert _time_conv(device, dispatch.device_conv, "gemm-loop", graph, "fp32") > 0
+    assert _time_conv(device, dispatch.device_conv, "gemm-loop", graph, "fp32") is not None
     measured = gpu_rates(GpuProfile("no cuDNN", 2**30), device, quick=True)
     assert not measured.has_cudnn

@@ -133,10 +133,9 @@ class DeviceGraphOps:
 
     def _whole(self, op: str, key: str, params: Mapping[str, Any], inputs: Sequence[Any],
                primitive: str | None, activation: Activation | None, out: tuple) -> Any:
-        if op in CONV_OPS:
-            dparams = self.params.get(f"{key}@{self.precision}", params)
-            return self._conv(op, inputs[0], dparams, primitive, activation, key)
         dparams = self.params.get(f"{key}@{self.precision}", params)
+        if op in CONV_OPS:
+            return self._conv(op, inputs[0], dparams, primitive, activation, key)
         return self._kernel(op, dparams, inputs, out, activation)
 
     def _conv(self, op: str, x: Any, dparams: dict[str, Any], primitive: str | None,
