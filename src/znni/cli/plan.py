@@ -36,7 +36,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "array, an OME-Zarr image or a URL); default: no bound (graph models: "
                    "a 512^3 volume)")
     p.add_argument("--roi", help="with --input: the region z0:z1,y0:y1,x0:x1 to plan for")
-    p.add_argument("--level", type=int, help="with an OME-Zarr --input: its level (default 0)")
+    p.add_argument("--level", "--mip", type=int,
+                   help="with an OME-Zarr or precomputed:// --input: its level (default 0)")
     p.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
                    help="with an s3:// or gs:// --input: an fsspec option; repeatable")
     p.add_argument("--chunks", help="with --input: the output's chunks z,y,x, as `znni "

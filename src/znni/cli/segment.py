@@ -25,7 +25,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "or an s3://, gs:// or http(s):// URL")
     p.add_argument("output", help="output Zarr array or OME-Zarr image (created when missing), "
                    "or an s3:// or gs:// URL")
-    p.add_argument("--level", type=int, help="OME-Zarr input: the level to run on (default 0)")
+    p.add_argument("--level", "--mip", type=int, help="OME-Zarr input: the level to run on; "
+                   "precomputed:// input: the scale (default 0)")
     p.add_argument("--output-format", choices=OUTPUT_FORMATS,
                    help="zarr or ome-zarr (default: ome-zarr for an OME-Zarr input)")
     p.add_argument("--pyramid", type=int,

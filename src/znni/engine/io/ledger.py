@@ -35,6 +35,7 @@ from znni.engine.io.stores import (
     read_bytes,
     remove_tree,
     resolved,
+    storage_path,
     write_bytes,
 )
 
@@ -66,7 +67,9 @@ def fingerprint(parts: dict[str, Any]) -> str:
 
 def ledger_home(output_path: str, *, ctx: StoreContext) -> str:
     """The array that holds the ledger: the output, or an OME-Zarr output's level 0, where
-    listings of the image group (which warn about unknown files) do not see it."""
+    listings of the image group (which warn about unknown files) do not see it. A
+    precomputed:// output's is its folder or prefix, beside its `info`."""
+    output_path = storage_path(output_path)
     if is_group(output_path, ctx=ctx):
         try:
             return ome_level(output_path, 0, ctx=ctx).array_path
@@ -93,7 +96,7 @@ class BlockLedger(Protocol):
 
 def open_ledger(output_path: str, *, ctx: StoreContext) -> BlockLedger:
     """The ledger of an output: a JSON-lines file locally, objects in an object store."""
-    if is_url(output_path):
+    if is_url(storage_path(output_path)):
         return ObjectLedger(output_path, ctx=ctx)
     return Ledger(output_path, ctx=ctx)
 

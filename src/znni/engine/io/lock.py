@@ -24,7 +24,14 @@ from typing import Any
 
 from znni.engine.context import StoreContext
 from znni.engine.io.faults import write_fault
-from znni.engine.io.stores import is_url, read_bytes, remove_tree, resolved, write_bytes
+from znni.engine.io.stores import (
+    is_url,
+    read_bytes,
+    remove_tree,
+    resolved,
+    storage_path,
+    write_bytes,
+)
 
 LOCK_SUFFIX = ".znni-lock"
 WAIT_POLL_S = 1.0  # --wait: how often a held lock is tried again
@@ -107,7 +114,7 @@ def hold_output(output_path: str, wait: bool = False, *,
     """Take the output's lock (an object store's: a lease, `ObjectLease`), or raise
     OutputBusy naming the live holder (`wait`: poll until the holder ends, saying once whom
     it waits for)."""
-    said = False
+    said, output_path = False, storage_path(output_path)  # precomputed://: where it lives
     while True:
         try:
             if is_url(output_path):

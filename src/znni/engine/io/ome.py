@@ -17,7 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from znni.engine.context import StoreContext
-from znni.engine.io.stores import StoreError, basename, is_url, join, parent, read_bytes, zarr_store
+from znni.engine.io.stores import (
+    StoreError,
+    basename,
+    driver_of,
+    is_url,
+    join,
+    parent,
+    read_bytes,
+    zarr_store,
+)
 
 Float3 = tuple[float, float, float]
 Units = tuple[str | None, str | None, str | None]
@@ -199,7 +208,12 @@ def find_ome(path: str, *, ctx: StoreContext) -> OmeLevel | None:
 
 
 def level_path(path: str, level: int, *, ctx: StoreContext) -> str:
-    """The array directory of level `level` of the OME-Zarr image at `path` (for --level)."""
+    """The array directory of level `level` of the OME-Zarr image at `path` (for --level), or
+    the path of scale `level` of a precomputed:// volume."""
+    if driver_of(path) is not None:
+        from znni.engine.io.precomputed import with_scale
+
+        return with_scale(path, level)
     if not is_group(path, ctx=ctx):
         raise ValueError(f"--level applies to OME-Zarr image groups, and input {path} is not one")
     return ome_level(path, level, ctx=ctx).array_path

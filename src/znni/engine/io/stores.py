@@ -37,6 +37,9 @@ from znni.engine.io.retry import is_refused, retrying
 from znni.engine.io.retry import is_transient as is_transient
 
 SCHEMES = ("s3", "gs", "gcs", "http", "https")
+# volumes read (and precomputed ones written) through TensorStore: DRIVER://LOCATION[#mip=N],
+# LOCATION a local path or one of SCHEMES' URLs (`precomputed.py`)
+DRIVERS = ("precomputed", "n5")
 WRITABLE_SCHEMES = ("s3", "gs", "gcs")
 URL_RE = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*)://(.*)")
 SECRET_KEY_RE = re.compile(r"token|secret|key|password|credential", re.IGNORECASE)
@@ -66,8 +69,22 @@ def scheme(path: str) -> str | None:
     return "gs" if s == "gcs" else s
 
 
+def driver_of(path: str) -> str | None:
+    """'precomputed' or 'n5' for a TensorStore volume's path, None for any other."""
+    m = URL_RE.fullmatch(path)
+    return m.group(1).lower() if m is not None and m.group(1).lower() in DRIVERS else None
+
+
+def storage_path(path: str) -> str:
+    """Where a volume's objects live: a TensorStore volume's location (no driver prefix, no
+    scale), any other path itself."""
+    d = driver_of(path)
+    return path if d is None else path[len(d) + 3:].partition("#")[0]
+
+
 def check_location(path: str, what: str) -> None:
     """Refuse a URL whose scheme znni does not open."""
+    path = storage_path(path)
     s = scheme(path)
     if s is not None and s not in SCHEMES:
         raise ValueError(
@@ -137,6 +154,9 @@ def basename(path: str) -> str:
 
 def resolved(path: str) -> str:
     """An absolute local path (symlinks resolved), or the URL without a trailing slash."""
+    if (d := driver_of(path)) is not None:  # the driver and scale kept around the location
+        _, mark, scale = path.partition("#")
+        return f"{d}://{resolved(storage_path(path))}{mark}{scale}"
     return path.rstrip("/") if is_url(path) else str(Path(path).resolve())
 
 
@@ -333,6 +353,7 @@ def check_output_location(url: str, *, ctx: StoreContext) -> None:
     """Refuse an OUT that cannot be written, before any compute: http(s) URLs, and buckets
     that are missing or that these credentials may not write (a probe object is written and
     deleted at once)."""
+    url = storage_path(url)
     check_location(url, "output")
     s = scheme(url)
     if s is None:

@@ -21,9 +21,11 @@ from znni.engine.geometry import Box, Triple
 from znni.engine.io.chunk_cache import ChunkCache, ChunkedReader
 from znni.engine.io.faults import BadChunks, write_fault
 from znni.engine.io.ome import OmeLevel, find_ome, is_group, ome_level
+from znni.engine.io.precomputed import existing_chunks, open_volume
 from znni.engine.io.stores import (
     StoreError,
     check_readable,
+    driver_of,
     holds_anything,
     is_refusal,
     is_url,
@@ -184,9 +186,13 @@ def open_input(path: str, in_channels: int, cache_bytes: int = 0, *,
 
 
 def _open_input(path: str, in_channels: int, ctx: StoreContext) -> InputVolume:
-    check_readable(path, "input", ctx=ctx)
-    ome = find_ome(path, ctx=ctx) if is_url(path) or Path(path).is_dir() else None
-    arr = open_zarr_array(ome.array_path if ome else path, "input", ctx=ctx)
+    ome = None
+    if driver_of(path) is not None:  # precomputed (shown as c, z, y, x) or N5: TensorStore
+        arr = open_volume(path, "input", ctx=ctx)
+    else:
+        check_readable(path, "input", ctx=ctx)
+        ome = find_ome(path, ctx=ctx) if is_url(path) or Path(path).is_dir() else None
+        arr = open_zarr_array(ome.array_path if ome else path, "input", ctx=ctx)
     shape = tuple(int(s) for s in arr.shape)
     dtype = np.dtype(arr.dtype)
     if dtype.kind not in "iuf":
@@ -288,6 +294,8 @@ def _clip(chunks: Triple, shape: Triple) -> Triple:
 def check_existing_output(path: str, shape: tuple[int, ...], dtype: str, *,
                           ctx: StoreContext) -> Triple | None:
     """Spatial chunks of an existing compatible output, None when there is none; else ValueError."""
+    if driver_of(path) is not None:
+        return existing_chunks(path, shape, dtype, ctx=ctx)
     if not is_url(path) and Path(path).exists() and not Path(path).is_dir():
         raise ValueError(f"output {path} exists and is not a directory (a Zarr array)")
     if not holds_anything(path, ctx=ctx):
@@ -348,6 +356,8 @@ def open_output_array(path: str, *, ctx: StoreContext) -> Any:
     """An existing output array (level 0 of an image: its array's path), for writing."""
     import zarr
 
+    if driver_of(path) is not None:
+        return open_volume(path, "output", ctx=ctx, write=True)
     if is_url(path):
         return url_array(path, "r+", ctx=ctx)
     return zarr.open_array(store=zarr_store(path, read_only=False, ctx=ctx), mode="r+")

@@ -88,7 +88,7 @@ def note_bad_chunks(ledger: Any, target: Any, volume: InputVolume,
 
 def _attrs(target: Any, job: SegmentJob) -> Any:
     """The attributes that hold the provenance: a plain array's, or the OME group's."""
-    if target.format == "zarr":
+    if target.format != "ome-zarr":  # a plain array's, or a precomputed output's znni.json
         return target.level0.attrs
     import zarr
 

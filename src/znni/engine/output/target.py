@@ -19,8 +19,9 @@ import numpy as np
 from znni.engine.context import StoreContext
 from znni.engine.geometry import Block, Box, Triple
 from znni.engine.io.ome import group_attrs, is_group, ome_level, output_metadata
+from znni.engine.io.precomputed import check_geometry, open_or_create, output_geometry
 from znni.engine.io.pyramid import Factors, PyramidBuilder, cumulative, level_shapes, level_steps
-from znni.engine.io.stores import basename, holds_anything, zarr_store
+from znni.engine.io.stores import basename, driver_of, holds_anything, zarr_store
 from znni.engine.io.volume import InputVolume, open_or_create_output, output_compressors
 from znni.engine.job import SegmentJob
 from znni.engine.output.provenance import ATTR, provenance
@@ -41,6 +42,8 @@ def output_plan(job: SegmentJob, volume: InputVolume, out_shape: tuple[int, ...]
     """(output format, pyramid halving steps) of a job, checked against an existing output
     (its levels' arrays too, unless `check` is False: checked already); raises ValueError,
     writes nothing."""
+    if driver_of(job.output_path) is not None:
+        return _precomputed_plan(job, volume), []
     fmt, existing = job.output_format, existing_format(job.output_path, ctx=job.store)
     if fmt is not None and fmt not in FORMATS:
         raise ValueError(f"output format {fmt!r} is not one of {', '.join(FORMATS)}")
@@ -65,6 +68,17 @@ def output_plan(job: SegmentJob, volume: InputVolume, out_shape: tuple[int, ...]
     if existing is not None and check:
         _check_levels(job, out_shape, steps, attrs)
     return fmt, steps
+
+
+def _precomputed_plan(job: SegmentJob, volume: InputVolume) -> str:
+    """A precomputed:// output: one scale, carrying the input's resolution and offset."""
+    if job.output_format not in (None, "precomputed"):
+        raise ValueError(f"output {job.output_path} is a precomputed:// volume, not "
+                         f"{job.output_format}; leave out --output-format or the prefix")
+    if job.pyramid:
+        raise ValueError("--pyramid applies to OME-Zarr outputs (--output-format ome-zarr)")
+    check_geometry(job.output_path, *output_geometry(volume.array, volume.ome), ctx=job.store)
+    return "precomputed"
 
 
 def _check_levels(job: SegmentJob, out_shape: tuple[int, ...], steps: Factors,
@@ -145,6 +159,11 @@ def open_target(job: SegmentJob, volume: InputVolume, out_shape: tuple[int, ...]
     checked by `segment.prepare_run`, which also checked an existing output's levels)."""
     fmt, steps = output_plan(job, volume, out_shape, check=False)
     record = provenance(job, volume, region, plan)
+    if fmt == "precomputed":  # neuroglancer's image, its provenance in znni.json
+        array = open_or_create(job.output_path, out_shape, job.dtype, chunks,
+                               output_geometry(volume.array, volume.ome), ctx=job.store)
+        array.attrs.update({ATTR: record})
+        return OutputTarget(job.output_path, fmt, array, job.output_path, [], [], job.dtype)
     if fmt == "zarr":
         array = open_or_create_output(job.output_path, out_shape, job.dtype, chunks,
                                       ctx=job.store)
