@@ -31,10 +31,21 @@ def load_model(
     scale: float | None = None,
     shift: float | None = None,
 ) -> Network | OnnxModel:
-    """The network in `path` (.onnx: an ONNX model; anything else: a JSON spec)."""
+    """The network in `path` (.onnx: an ONNX model; a .zip, a folder or a .yaml: a
+    bioimage.io package; anything else: a JSON spec)."""
     from znni.model.network import load_network
 
     path = Path(path)
+    if path.suffix.lower() not in (".onnx", ".json") and _is_package(path):
+        given = [f for f, v in (("--weights", weights), ("--output-name", output_name),
+                                ("--scale", scale), ("--shift", shift)) if v is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} applies to bare ONNX models and JSON specs; "
+                             f"the bioimage.io package {path} declares its own weights and "
+                             "preprocessing")
+        from znni.model.bioimage_package import load_package
+
+        return load_package(path)
     if path.suffix.lower() == ".onnx":
         if weights is not None:
             raise ValueError(f"--weights applies to JSON specs; ONNX model {path} holds its own")
@@ -50,6 +61,12 @@ def load_model(
             "sets its input transform in its 'input' block"
         )
     return load_network(path, weights)
+
+
+def _is_package(path: Path) -> bool:
+    from znni.model.bioimage_package import is_package
+
+    return is_package(path)
 
 
 def load_onnx_network(

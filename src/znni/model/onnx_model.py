@@ -13,6 +13,7 @@ import hashlib
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from znni.model.graph import Graph, aligned_axes, downsampling, window_dependence
 from znni.model.onnx_import import load_onnx
@@ -39,6 +40,14 @@ class OnnxModel:
     min_window: Triple  # the smallest window; every window is min_window + k * size_factor
     mode: str = "windowed"  # "windowed" (blended windows) or "exact" (window-independent)
     context: Triple = (0, 0, 0)  # exact: input voxels a window has beyond its output
+    # bioimage.io packages (model/bioimage_package.py): processing ops (model/processing.py)
+    # on each block's input after the scale/shift, and on the blended output; their channel
+    # names, output halo and listing (name, description, citations)
+    preprocessing: tuple[Any, ...] = ()
+    postprocessing: tuple[Any, ...] = ()
+    channel_names: tuple[str, ...] = ()
+    halo: Triple = (0, 0, 0)
+    package: dict[str, Any] | None = None
     _graphs: dict[Triple, Graph] = field(default_factory=dict, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
