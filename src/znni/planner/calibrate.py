@@ -52,7 +52,7 @@ QUICK_SHAPES = ((1, 1, 8, 3, 20), (1, 8, 8, 3, 16), (8, 8, 8, 3, 10), (8, 8, 2, 
 FULL_POOLS = ((1, 8, 63), (8, 16, 31), (8, 80, 51), (1, 80, 143))
 QUICK_POOLS = ((1, 4, 31), (8, 4, 15))
 SPECTRA_BYTES = 2**31  # the calibration backend's spectra cache (decides fft-keep tiling)
-CACHE_VERSION = 15  # bump when the calibration changes meaning; older caches are re-measured
+CACHE_VERSION = 16  # bump when the calibration changes meaning; older caches are re-measured
 
 
 def cache_path(cores: int) -> Path:
@@ -208,23 +208,31 @@ def fit_rates(rows: list[tuple[Work, float]], start: dict[str, float]) -> dict[s
     return rates
 
 
+# the calibrated size scaling's bounds: a few noisy rows (a shared CPU, a row the model
+# misses) once fitted 0.2 and 14 for fft-recompute, moving every plan; a primitive whose
+# time the model misses by more than 2x has a model to fix, not a factor to fit
+SCALING_BOUNDS = (0.5, 2.0)
+
+
 def fit_scaling(rows: list[Row], rates: dict[str, float]) -> dict[str, list[list[float]]]:
-    """Per scaling key, measured / modelled time as a + b*log(working set) in least squares,
-    returned as its values at the smallest and largest calibrated working set (floored at
-    0.2 so a noisy fit never predicts a layer nearly free)."""
+    """Per scaling key, measured / modelled time as a power of the working set, fitted
+    robustly (Theil-Sen: the median of the pairwise slopes of log ratio over log bytes, so
+    one or two outlying rows do not tilt it), returned as its values at the smallest and
+    largest calibrated working set, within SCALING_BOUNDS."""
     out: dict[str, list[list[float]]] = {}
+    lo_f, hi_f = SCALING_BOUNDS
     for key in sorted({r[0] for r in rows}):
         pts = [(float(ws), t / sum(_columns(w, rates))) for k, w, t, ws in rows if k == key]
         logs = np.log([b for b, _ in pts])
-        ratios = np.array([f for _, f in pts])
+        log_r = np.log([max(f, 1e-9) for _, f in pts])
         lo, hi = float(min(b for b, _ in pts)), float(max(b for b, _ in pts))
-        if len(pts) < 2 or np.ptp(logs) == 0:
-            f = float(max(0.2, ratios.mean()))
-            out[key] = [[lo, f], [hi, f]]
-            continue
-        b, a = np.polyfit(logs, ratios, 1)  # ratio = a + b*log(ws)
-        out[key] = [[lo, max(0.2, float(a + b * np.log(lo)))],
-                    [hi, max(0.2, float(a + b * np.log(hi)))]]
+        slopes = [(log_r[j] - log_r[i]) / (logs[j] - logs[i])
+                  for i in range(len(pts)) for j in range(i + 1, len(pts))
+                  if logs[j] != logs[i]]
+        slope = float(np.median(slopes)) if slopes else 0.0
+        level = float(np.median(log_r - slope * logs))
+        out[key] = [[b, float(np.clip(np.exp(level + slope * np.log(b)), lo_f, hi_f))]
+                    for b in (lo, hi)]
     return out
 
 

@@ -42,6 +42,11 @@ WORK_BYTES = 2**29  # fft_conv3d work_bytes: samples per chunk of transforms
 RECOMPUTE_BYTES = 2**27  # fft_conv3d recompute_bytes and kernel_spectra chunk
 SLAB_BYTES = 2**23  # direct_conv3d slab_bytes: column buffer per block
 DIRECT_WORKERS = 2  # block shapes halve z-blocks for >= 2 per worker; the count barely matters
+# BLAS runs the direct conv's (Cout, rows) @ (rows, L) GEMMs in register tiles of whole row
+# blocks, so Cout is paid rounded up to them: calibration's output-layer shapes (S=64,
+# f=80, f'=3) ran 2.8-3.2x their f'=3 flops' time and n337's f'=3 layer 2.0x, while f'=24
+# and 80 ran at the model's rate (OpenBLAS Haswell kernels, 2-core AMD EPYC, 2026-11-27)
+GEMM_ROW_TILE = 8
 
 CPU_CONV_PRIMITIVES = ("direct", "fft-keep", "fft-recompute")
 GPU_CONV_PRIMITIVES = ("gpu-direct", "gpu-fft")
@@ -132,8 +137,9 @@ def _cpu_direct_work(layer: LayerShape, elementwise_bytes: float) -> Work:
     gathered = rows * (computed + blocks * (gemms - 1) * layer.size_in[2])
     columns = 0.0 if prod(layer.kernel) == 1 else float(gathered)
     accumulate_bytes = 3.0 * (gemms - 1) * g * computed * FLOAT_BYTES
+    g_tiled = -(-g // GEMM_ROW_TILE) * GEMM_ROW_TILE  # GEMM_ROW_TILE's rounding
     return Work(
-        direct_flops=2.0 * g * f * computed * prod(layer.kernel),
+        direct_flops=2.0 * g_tiled * f * computed * prod(layer.kernel),
         gather_bytes=2.0 * columns * FLOAT_BYTES,
         memory_bytes=elementwise_bytes + s * f * n_in * FLOAT_BYTES + accumulate_bytes,
     )
