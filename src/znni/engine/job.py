@@ -61,6 +61,11 @@ class SegmentJob:
     store: StoreContext = field(default_factory=StoreContext)
     on_bad_chunk: str = "fail"  # an input chunk that does not decode: stop, or "fill" and list it
     wait_for_output: bool = False  # another live run holds the output: wait, not refuse
+    # labels instead of the float output: "argmax" or "threshold:T[:CHANNEL]"
+    # (engine/output/labels.py); None: the network's output as it is
+    labels: str | None = None
+    mask_path: str | None = None  # --mask: blocks wholly outside it are not computed
+    skip_empty: float | None = None  # --skip-empty: blocks whose input is all this value
 
 
 class SegmentCancelled(Exception):
@@ -95,3 +100,5 @@ class SegmentReport:
     stage_seconds: dict[str, float] = field(default_factory=dict)  # read, compute, write, wait
     plan: dict | None = None
     bad_chunks: tuple[str, ...] = ()  # input chunks filled with the fill value (every run's)
+    # blocks this run wrote as the fill value without compute (not in blocks_computed)
+    blocks_skipped: int = 0

@@ -58,11 +58,13 @@ from znni.engine.io.volume import (
     output_chunks,
 )
 from znni.engine.job import ProgressEvent, SegmentCancelled, SegmentJob, SegmentReport
+from znni.engine.output.form import OutputForm, output_form
 from znni.engine.output.provenance import note_bad_chunks
 from znni.engine.output.target import OutputTarget, open_target, output_plan
 from znni.engine.units import resolve_roi
 from znni.engine.workers.base import Worker
 from znni.engine.workers.exact_graph import ExactGraphSpec
+from znni.engine.workers.finish import finish_spec
 from znni.engine.workers.make import make_worker
 from znni.engine.workers.mpf import BlockSpec
 from znni.engine.workers.pipeline import ReadAhead, run_local
@@ -100,6 +102,7 @@ class PreparedRun:
     plan: Plan | None  # the planner's plan this run follows (None: windowed)
     window: Triple | None = None  # graph models: the window W (windowed) or tile (exact)
     choice: GraphChoice | None = None  # graph models: the planned window and its plan
+    form: OutputForm | None = None  # stored channels and dtype, labels, mask, --skip-empty
 
 
 def check_and_plan(job: SegmentJob, plan: Plan | None = None) -> Plan | None:
@@ -127,14 +130,15 @@ def _prepare_run(job: SegmentJob, plan: Plan | None) -> PreparedRun:
     if resolved(job.output_path) == resolved(job.input_path):
         raise ValueError(f"output {job.output_path} is the input array; choose another path")
     check_output_location(job.output_path, ctx=ctx)
-    out_shape = (net.out_channels, *volume.shape)
-    existing = check_existing_output(job.output_path, out_shape, job.dtype, ctx=ctx)
+    form = output_form(job, volume.shape)  # labels, mask, --skip-empty (output/form.py)
+    out_shape = (form.channels, *volume.shape)
+    existing = check_existing_output(job.output_path, out_shape, form.dtype, ctx=ctx)
     output_plan(job, volume, out_shape)  # format and pyramid levels, checked
-    chunks = output_chunks(job.chunks, existing, volume.shape, net.out_channels, job.dtype,
+    chunks = output_chunks(job.chunks, existing, volume.shape, form.channels, form.dtype,
                            job.output_path)
     parts = fingerprint_parts(
         net.digest, job.input_path, tuple(int(s) for s in volume.array.shape),
-        str(volume.dtype), region.key(), job.border, job.dtype,
+        str(volume.dtype), region.key(), job.border, job.dtype, **form.parts(),
     )
     header, done = read_ledger(job.output_path, ctx=ctx) if existing else (None, set())
     budget = memory_budget_bytes(job.memory_limit_bytes)
@@ -150,7 +154,8 @@ def _prepare_run(job: SegmentJob, plan: Plan | None) -> PreparedRun:
     resume = resume and not job.overwrite
     checked: dict[str, Any] = {
         "job": job, "volume": volume, "region": region, "out_shape": out_shape, "chunks": chunks,
-        "parts": parts, "resume": resume, "done": frozenset(done) if resume else frozenset()}
+        "parts": parts, "resume": resume, "done": frozenset(done) if resume else frozenset(),
+        "form": form}
     if window is not None:
         if resume and header is not None and "block_shape" in header:
             block = as_triple(header["block_shape"], "the ledger's block_shape")
@@ -164,11 +169,13 @@ def _prepare_run(job: SegmentJob, plan: Plan | None) -> PreparedRun:
         step = as_triple(header["block_shape"], "the ledger's block_shape")
     if plan is None:  # patch, batch and blocks together (compute/layout.py)
         plan = plan_with_layout(net, job.device, chunks, region, budget,
-                                volume.dtype.itemsize, job.dtype, step, job.block is None)
+                                volume.dtype.itemsize, job.dtype, step, job.block is None,
+                                skip=form.outside)
     patch, primitives = _patch_from_plan(job, plan)
     plan = with_job_time(with_layout(plan, net, chunks, region, budget, volume.dtype.itemsize,
                                      step, merge=job.block is None),
-                         net, volume.dtype.itemsize, job.dtype, budget_bytes=budget)
+                         net, volume.dtype.itemsize, job.dtype, budget_bytes=budget,
+                         skip=form.outside)  # blocks outside the mask are not computed
     assert plan.block_shape is not None  # the engine cuts plan.block_edges
     return PreparedRun(**checked, patch=patch, block_shape=plan.block_shape,
                        primitives=primitives, plan=plan)
@@ -204,12 +211,9 @@ def _check_options(job: SegmentJob) -> None:
     if job.dtype not in ("float32", "uint8"):
         raise ValueError(f"output dtype {job.dtype!r} is not one of float32, uint8")
     if job.scheduler is not None and not SCHEDULER_RE.fullmatch(job.scheduler):
-        raise ValueError(
-            f"scheduler {job.scheduler!r} is not of the form tcp://HOST:PORT or local:N"
-        )
-    if job.scheduler is not None and job.scheduler.startswith("local:"):
-        if int(job.scheduler[6:]) < 1:
-            raise ValueError(f"scheduler {job.scheduler!r} needs at least one worker")
+        raise ValueError(f"scheduler {job.scheduler!r} is not tcp://HOST:PORT or local:N")
+    if job.scheduler is not None and re.fullmatch(r"local:0+", job.scheduler):
+        raise ValueError(f"scheduler {job.scheduler!r} needs at least one worker")
     if isinstance(job.network, OnnxModel):
         if job.network.mode == "windowed":
             check_window_options(job.overlap, job.blend)
@@ -271,14 +275,14 @@ def segment(
         len(blocks), prep.region.size, quiet=quiet, callback=progress,
         blocks_done=len(blocks) - len(todo), voxels_done=done_voxels,
     )
-
     bad = getattr(getattr(worker, "volume", None), "bad_chunks", None)  # --on-bad-chunk
+    skipped: set[str] = getattr(worker, "skipped", set())  # written without compute
 
     def record(block: Block) -> None:
         if bad is not None and (new := bad.take_new()):
             ledger.note_bad_chunks(new)  # before any block that computed them filled
         ledger.record([block.key])
-        meter.block_done(block.write.size)
+        meter.block_done(block.write.size, block.key in skipped)
 
     on_done = target.track(blocks, prep.done, record)  # OME pyramid: after its levels
 
@@ -289,7 +293,7 @@ def segment(
         else:
             from znni.engine.workers.distributed import run_dask
 
-            run_dask(spec, todo, on_done, timer, job.scheduler, cancel)
+            run_dask(spec, todo, on_done, timer, job.scheduler, cancel, skipped)
     except (VolumeFault, SegmentCancelled) as e:  # the caller says how much is kept
         e.done = (meter.blocks_done, meter.blocks_total)  # type: ignore[union-attr]
         raise
@@ -301,10 +305,10 @@ def segment(
         lock.release()
     target.check()
     filled = note_bad_chunks(ledger, target, prep.volume, job)  # this job's runs' list
-    elapsed = meter.elapsed_s()
-    return SegmentReport(job.output_path, len(blocks), len(todo), meter.voxels_this_run,
+    elapsed, n_skip = meter.elapsed_s(), meter.blocks_skipped  # skipped: not computed
+    return SegmentReport(job.output_path, len(blocks), len(todo) - n_skip, meter.voxels_this_run,
                          elapsed, meter.voxels_this_run / max(elapsed, 1e-9),
-                         dict(timer.seconds), plan_dict, bad_chunks=tuple(filled))
+                         dict(timer.seconds), plan_dict, tuple(filled), n_skip)
 
 
 def _set_up(
@@ -319,7 +323,7 @@ def _set_up(
     worker, reads = None, None
     if job.scheduler is None:
         blocks, spec = _blocks_and_spec(job, prep)
-        worker = make_worker(spec, backend=backend)  # its output is attached below
+        worker = make_worker(finish_spec(spec, prep.form, job.store), backend=backend)
         worker.volume.bad_chunks.policy = job.on_bad_chunk  # type: ignore[attr-defined]
         reads = ReadAhead(worker, timer)
         first = next((b for b in blocks if b.key not in prep.done), None)
@@ -343,11 +347,13 @@ def _set_up(
         worker.output = target.level0
     else:
         blocks, spec = _blocks_and_spec(target.worker_job(job), prep)
+        spec = finish_spec(spec, prep.form, job.store)  # labels, mask: workers/finish.py
     return target, ledger, blocks, spec, worker, reads, lock
 
 
 def _blocks_and_spec(job: SegmentJob, prep: PreparedRun) -> tuple[list[Block], Any]:
-    """The job's blocks and the picklable description a worker computes them from."""
+    """The job's blocks and the picklable description a worker computes them from (its
+    caller wraps labels, the mask and --skip-empty around it: `workers/finish.py`)."""
     net = job.network
     budget = memory_budget_bytes(job.memory_limit_bytes)
     cached = input_cache_bytes(budget)  # input chunks kept between blocks

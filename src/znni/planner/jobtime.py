@@ -65,6 +65,7 @@ class JobSeconds:
     computed_voxels: int  # output voxels the patches compute (clipped patches counted)
     ideal_voxels: int  # the same for whole patches over the region in one block
     cold_shapes: int  # patch shapes FFTW plans for the first time
+    skipped_blocks: int = 0  # wholly outside the mask: written as the fill value, no compute
 
     def to_dict(self) -> dict[str, float | int]:
         return asdict(self)
@@ -119,26 +120,29 @@ def record_warm(keys: set[str]) -> None:
 
 def job_seconds(
     plan: Plan, network: Network, edges: Edges, *, in_bytes: int, out_dtype: str,
-    known_machine: bool = True, cache_bytes: int = 0,
+    known_machine: bool = True, cache_bytes: int = 0, skipped: frozenset[int] = frozenset(),
 ) -> JobSeconds:
-    """The whole run's predicted seconds over `edges` (module docstring)."""
+    """The whole run's predicted seconds over `edges` (module docstring). `skipped`: the
+    indices (in `edges_blocks` order) of blocks wholly outside the mask, which cost only
+    their write of the fill value."""
     patch, pool, fov = plan.output_size, network.pool_product, network.fov
     batch = max(1, int(plan.batch))
     full_in = prod(p + f - 1 for p, f in zip(patch, fov, strict=True))
     warm = warm_keys() if known_machine else None
     per_block, cold, seen, held = [], 0.0, set(), 0
-    for (count, clipped), (lo, hi) in zip(layout_patches(edges, patch, pool),
-                                          edges_blocks(edges), strict=True):
+    for i, ((count, clipped), (lo, hi)) in enumerate(zip(layout_patches(edges, patch, pool),
+                                                         edges_blocks(edges), strict=True)):
+        count = 0 if i in skipped else count  # nothing read or computed
         size_in = tuple(c + f - 1 for c, f in zip(clipped, fov, strict=True))
         scale = prod(size_in) / full_in  # planner.blocks.axis_cost's model
         compute_s = -(-count // batch) * plan.predicted_patch_s * scale
         key = pass_key(network, size_in, min(batch, count), plan.primitives)
-        if warm is not None and key not in warm and key not in seen:
+        if count and warm is not None and key not in warm and key not in seen:
             seen.add(key)
             cold += _cold_factor(plan, bool(warm)) * plan.predicted_patch_s * scale
         write = prod(h - a for a, h in zip(lo, hi, strict=True))
         read = prod(h - a + f - 1 for a, h, f in zip(lo, hi, fov, strict=True))
-        read_s = read * network.in_channels * in_bytes / READ_BYTES_PER_S
+        read_s = read * network.in_channels * in_bytes / READ_BYTES_PER_S if count else 0.0
         write_s = write * network.out_channels / WRITE_VALUES_PER_S.get(out_dtype, 39e6)
         per_block.append((compute_s, read_s, write_s, count, prod(clipped) * count))
         held = max(held, _block_bytes(network, read, write, in_bytes))
@@ -153,7 +157,7 @@ def job_seconds(
     return JobSeconds(STARTUP_S, cold, first_s, patches_s, io_s, io_total, peak, total,
                       len(per_block),
                       sum(b[3] for b in per_block), sum(b[4] for b in per_block), ideal,
-                      len(seen))
+                      len(seen), sum(1 for b in per_block if not b[3]))
 
 
 def _block_bytes(network: Network, read: int, write: int, in_bytes: int) -> int:

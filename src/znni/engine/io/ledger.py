@@ -47,10 +47,12 @@ LEDGER_VERSION = 1
 
 def fingerprint_parts(
     network_digest: str, input_path: str, input_shape: tuple[int, ...], input_dtype: str,
-    region: str, border: str, dtype: str,
+    region: str, border: str, dtype: str, *, labels: str | None = None,
+    mask: str | None = None, skip_empty: float | None = None,
 ) -> dict[str, Any]:
-    """What determines the output values; a resume must agree on all of it."""
-    return {
+    """What determines the output values; a resume must agree on all of it. Labels, the
+    mask and --skip-empty enter only when set, so earlier outputs' ledgers still match."""
+    parts: dict[str, Any] = {
         "network": network_digest,
         "input": resolved(input_path),
         "input_shape": list(input_shape),
@@ -59,6 +61,9 @@ def fingerprint_parts(
         "border": border,
         "dtype": dtype,
     }
+    extra = {"labels": labels, "mask": None if mask is None else resolved(mask),
+             "skip_empty": skip_empty}
+    return {**parts, **{k: v for k, v in extra.items() if v is not None}}
 
 
 def fingerprint(parts: dict[str, Any]) -> str:
@@ -120,7 +125,8 @@ def mismatch_sentence(output_path: str, header: dict[str, Any], parts: dict[str,
     """Why an existing ledger belongs to another job, as one sentence."""
     old = header.get("parts", {})
     names = {"network": "network or weights"}
-    differing = [names.get(k, k) for k in sorted(parts) if old.get(k) != parts[k]] or ["job"]
+    differing = [names.get(k, k) for k in sorted(set(parts) | set(old))
+                 if old.get(k) != parts.get(k)] or ["job"]
     return (
         f"output {output_path} holds a run of a different job "
         f"({', '.join(differing)} {'differs' if len(differing) == 1 else 'differ'}); "

@@ -141,12 +141,18 @@ def footprint(write: Box, factor: Triple, shape: Triple) -> Box:
     return Box(lo, hi)  # type: ignore[arg-type]
 
 
-def coarse_levels(values: np.ndarray, steps: Factors, dtype: str) -> list[np.ndarray]:
+def coarse_levels(values: np.ndarray, steps: Factors, dtype: str,
+                  labels: bool = False) -> list[np.ndarray]:
     """Levels 1..K over a footprint from its level-0 (C, Z, Y, X) values, each made from the
-    level before as stored (uint8 levels are rounded before the next is made)."""
+    level before as stored (uint8 levels are rounded before the next is made). `labels`:
+    nearest (the first voxel of each window: a footprint starts on the deepest factor's
+    grid), never a mean, so every coarse voxel holds a label that exists at level 0."""
     out = []
     for step in steps:
-        values = downsample(values, step, dtype)
+        if labels:
+            values = np.ascontiguousarray(values[:, ::step[0], ::step[1], ::step[2]])
+        else:
+            values = downsample(values, step, dtype)
         out.append(values)
     return out
 
@@ -173,8 +179,9 @@ class PyramidBuilder:
     def __init__(self, level0: Any, levels: Sequence[Any], steps: Factors, shape: Triple,
                  dtype: str, blocks: Sequence[Block], done: frozenset[str],
                  record: Callable[[Block], None], flush_s: float | None = None,
-                 kept_bytes: int = KEPT_BYTES) -> None:
+                 kept_bytes: int = KEPT_BYTES, labels: bool = False) -> None:
         self.level0, self.writer, self.steps = level0, LevelWriter(levels, kept_bytes), steps
+        self.labels = labels  # --labels: levels by nearest, not mean (coarse_levels)
         self.shape, self.dtype, self.record = shape, dtype, record
         self.flush_s = flush_seconds() if flush_s is None else flush_s
         self.factors = cumulative(steps)
@@ -207,7 +214,8 @@ class PyramidBuilder:
         if (values is not None and values.shape[1:] == block.write.shape
                 and self.queue.qsize() < HELD_BLOCKS
                 and footprint(block.write, self.factor, self.shape) == block.write):
-            coarse = coarse_levels(np.asarray(values, dtype=self.dtype), self.steps, self.dtype)
+            coarse = coarse_levels(np.asarray(values, dtype=self.dtype), self.steps, self.dtype,
+                                   self.labels)
         self.queue.put((block, coarse))
 
     def close(self) -> None:
@@ -295,7 +303,7 @@ class PyramidBuilder:
         box = footprint(block.write, self.factor, self.shape)
         if coarse is None:
             values = np.asarray(self.level0[(slice(None), *box.slices())])  # (C, *box.shape)
-            coarse = coarse_levels(values, self.steps, self.dtype)
+            coarse = coarse_levels(values, self.steps, self.dtype, self.labels)
         changed: list[ChunkKey] = []
         for k, values in enumerate(coarse, start=1):
             lo, hi, local = level_box(box, block.write, self.factors[k])

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from znni.engine.geometry import Box
 from znni.engine.io.stores import resolved
+from znni.engine.output.labels import stored_dtype
 
 if TYPE_CHECKING:
     from znni.engine.io.volume import InputVolume
@@ -35,7 +36,7 @@ def provenance(
         "mode": mode,
         "window": None,
         "border": job.border,
-        "dtype": job.dtype,
+        "dtype": stored_dtype(job.labels, job.dtype, job.network.out_channels),
         "precision": job.precision,  # the arithmetic's (the output's dtype is `dtype`)
         "roi": None if whole else [[a, b] for a, b in zip(region.lo, region.hi, strict=True)],
         "plan": plan,
@@ -43,6 +44,10 @@ def provenance(
         "input_array": resolved(volume.ome.array_path if volume.ome else job.input_path),
         "input_shape": [int(s) for s in volume.array.shape],
         "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        # docs/design.md "Labels, masks and empty blocks": what was stored and skipped
+        "labels": job.labels,
+        "mask": None if job.mask_path is None else resolved(job.mask_path),
+        "skip_empty": job.skip_empty,
     }
     if mode == "windowed":
         record["window"] = {"window": plan.get("window"), "overlap": plan.get("overlap"),

@@ -24,6 +24,8 @@ from znni.engine.io.pyramid import Factors, PyramidBuilder, cumulative, level_sh
 from znni.engine.io.stores import basename, driver_of, holds_anything, zarr_store
 from znni.engine.io.volume import InputVolume, open_or_create_output, output_compressors
 from znni.engine.job import SegmentJob
+from znni.engine.output.form import stored_job_dtype
+from znni.engine.output.labels import parse_labels
 from znni.engine.output.provenance import ATTR, provenance
 
 FORMATS = ("zarr", "ome-zarr")
@@ -102,10 +104,11 @@ def _check_levels(job: SegmentJob, out_shape: tuple[int, ...], steps: Factors,
         except Exception as e:  # zarr raises several unrelated types for "not an array"
             raise ValueError(f"existing output {path} has no level {k} array ({e})") from e
         want = (out_shape[0], *shape)
-        if tuple(arr.shape) != want or np.dtype(arr.dtype) != np.dtype(job.dtype):
+        dtype = stored_job_dtype(job)  # --labels: uint8 or uint16
+        if tuple(arr.shape) != want or np.dtype(arr.dtype) != np.dtype(dtype):
             raise ValueError(
                 f"existing output {path} level {k} is {tuple(arr.shape)} {arr.dtype}, expected "
-                f"{want} {job.dtype}; remove it or choose another output path"
+                f"{want} {dtype}; remove it or choose another output path"
             )
 
 
@@ -125,6 +128,7 @@ class OutputTarget:
     steps: Factors
     dtype: str
     builder: PyramidBuilder | None = None
+    labels: bool = False  # --labels: pyramid levels by nearest, not mean
 
     def worker_job(self, job: SegmentJob) -> SegmentJob:
         """The job as block workers see it: writing straight into the level-0 array."""
@@ -139,7 +143,7 @@ class OutputTarget:
             return lambda block, values: record(block)
         shape = volume_shape(tuple(self.level0.shape))
         self.builder = PyramidBuilder(self.level0, self.levels, self.steps, shape, self.dtype,
-                                      blocks, done, record)
+                                      blocks, done, record, labels=self.labels)
         return self.builder.land
 
     def close(self) -> None:
@@ -159,19 +163,21 @@ def open_target(job: SegmentJob, volume: InputVolume, out_shape: tuple[int, ...]
     checked by `segment.prepare_run`, which also checked an existing output's levels)."""
     fmt, steps = output_plan(job, volume, out_shape, check=False)
     record = provenance(job, volume, region, plan)
+    dtype = stored_job_dtype(job)  # --labels: uint8 or uint16 (output/labels.py)
     if fmt == "precomputed":  # neuroglancer's image, its provenance in znni.json
-        array = open_or_create(job.output_path, out_shape, job.dtype, chunks,
-                               output_geometry(volume.array, volume.ome), ctx=job.store)
+        array = open_or_create(job.output_path, out_shape, dtype, chunks,
+                               output_geometry(volume.array, volume.ome), ctx=job.store,
+                               volume_type="segmentation" if job.labels else "image")
         array.attrs.update({ATTR: record})
-        return OutputTarget(job.output_path, fmt, array, job.output_path, [], [], job.dtype)
+        return OutputTarget(job.output_path, fmt, array, job.output_path, [], [], dtype)
     if fmt == "zarr":
-        array = open_or_create_output(job.output_path, out_shape, job.dtype, chunks,
+        array = open_or_create_output(job.output_path, out_shape, dtype, chunks,
                                       ctx=job.store)
         array.attrs.update({ATTR: record})
-        return OutputTarget(job.output_path, fmt, array, job.output_path, [], [], job.dtype)
+        return OutputTarget(job.output_path, fmt, array, job.output_path, [], [], dtype)
     arrays, level0_path = _open_ome(job, volume, out_shape, chunks, steps, record)
     return OutputTarget(job.output_path, fmt, arrays[0], level0_path, arrays[1:], steps,
-                        job.dtype)
+                        dtype, labels=job.labels is not None)
 
 
 def _open_ome(job: SegmentJob, volume: InputVolume, out_shape: tuple[int, ...], chunks: Triple,
@@ -189,14 +195,36 @@ def _open_ome(job: SegmentJob, volume: InputVolume, out_shape: tuple[int, ...], 
         return [zarr.open_array(store=zarr_store(p, read_only=False, ctx=ctx), mode="r+")
                 for p in paths], paths[0]
     meta = output_metadata(cumulative(steps), volume.ome, basename(path))
+    home, root_meta = labels_layout(job.labels, meta)
     group = zarr.create_group(store=zarr_store(path, read_only=False, ctx=ctx), zarr_format=3,
-                              overwrite=True, attributes={"ome": meta, ATTR: record})
-    arrays = []
+                              overwrite=True, attributes={"ome": root_meta, ATTR: record})
+    levels_group = group
+    for name, attrs in home:  # --labels: labels/NAME, the NGFF label image
+        levels_group = levels_group.create_group(name, attributes={"ome": attrs})
+    arrays, dtype = [], stored_job_dtype(job)
     for k, shape in enumerate(level_shapes(volume.shape, steps)):
         level_chunks = tuple(min(c, n) for c, n in zip(chunks, shape, strict=True))
-        arrays.append(group.create_array(
+        arrays.append(levels_group.create_array(
             str(k), shape=(out_shape[0], *shape), chunks=(out_shape[0], *level_chunks),
-            dtype=job.dtype, fill_value=0, dimension_names=DIMENSIONS,
-            compressors=output_compressors(job.dtype),
+            dtype=dtype, fill_value=0, dimension_names=DIMENSIONS,
+            compressors=output_compressors(dtype),
         ))
-    return arrays, ome_level(path, 0, {"ome": meta}, ctx=ctx).array_path
+    return arrays, ome_level(path, 0, {"ome": root_meta}, ctx=ctx).array_path
+
+
+def labels_layout(labels: str | None, meta: dict[str, Any]
+                  ) -> tuple[list[tuple[str, dict[str, Any]]], dict[str, Any]]:
+    """(the groups from the image down to its level arrays, each with its `ome` attributes;
+    the image's own `ome`) for an OME-Zarr output's NGFF metadata `meta`. Labels live in the
+    NGFF label image `labels/NAME` (`image-label` metadata, its levels `0`..`K`), and the
+    image's own multiscales name those same arrays (`labels/NAME/k`), so a reader of the
+    image, znni's resume and `znni preview` find level 0 where they always do."""
+    if labels is None:
+        return [], meta
+    name = parse_labels(labels).name
+    image_label = {"version": "0.5", "source": {"image": "../../"}}
+    scales = [{**ms, "datasets": [{**d, "path": f"labels/{name}/{d['path']}"}
+                                  for d in ms["datasets"]]} for ms in meta["multiscales"]]
+    return ([("labels", {"version": "0.5", "labels": [name]}),
+             (name, {**meta, "image-label": image_label})],
+            {**meta, "multiscales": scales})

@@ -52,6 +52,8 @@ def run_block_task(spec: Spec, block: Block) -> tuple[str, dict[str, float]]:
     t2 = time.perf_counter()
     worker.write(block, out)
     times = {"read": t1 - t0, "compute": t2 - t1, "write": time.perf_counter() - t2}
+    if getattr(worker, "last_skipped", False):  # written as the fill value (workers/finish)
+        times["skipped"] = 1.0
     return block.key, times
 
 
@@ -78,9 +80,11 @@ def run_dask(
     timer: StageTimer,
     scheduler: str,
     cancel: threading.Event | None = None,
+    skipped: set[str] | None = None,
 ) -> None:
     """Run `blocks` as tasks; `on_done(block, None)` is called in this process as each one
-    finishes (its values stay on the workers). The spec carries the store options."""
+    finishes (its values stay on the workers). The spec carries the store options. The keys
+    of blocks written without compute (`workers/finish.py`) are added to `skipped`."""
     if not blocks:
         return
     from distributed import as_completed
@@ -100,6 +104,8 @@ def run_dask(
             pending.discard(fut)
             fut.release()  # forget the result, so a later worker death cannot resurrect it
             timer.add("wait", time.perf_counter() - t_wait)
+            if times.pop("skipped", 0.0) and skipped is not None:
+                skipped.add(key)
             timer.merge(times)
             on_done(by_key[key], None)
             if cancel is not None and cancel.is_set() and pending:

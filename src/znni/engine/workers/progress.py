@@ -45,6 +45,9 @@ class Progress:
         self.blocks_total, self.voxels_total = blocks_total, voxels_total
         self.blocks_done, self.voxels_done = blocks_done, voxels_done
         self.voxels_this_run = 0
+        # blocks written as the fill value without compute (mask, --skip-empty): they count
+        # as done, but not towards the rate, so the ETA stays that of the compute left
+        self.blocks_skipped, self.voxels_skipped = 0, 0
         self.callback = callback
         self.quiet = quiet
         self.start = time.perf_counter()
@@ -62,12 +65,17 @@ class Progress:
         return time.perf_counter() - self.start
 
     def voxels_per_second(self) -> float:
-        return self.voxels_this_run / max(self.elapsed_s(), 1e-9)
+        """Computed output voxels per second (skipped blocks' voxels left out)."""
+        computed = self.voxels_this_run - self.voxels_skipped
+        return computed / max(self.elapsed_s(), 1e-9)
 
-    def block_done(self, voxels: int) -> None:
+    def block_done(self, voxels: int, skipped: bool = False) -> None:
         self.blocks_done += 1
         self.voxels_done += voxels
         self.voxels_this_run += voxels
+        if skipped:
+            self.blocks_skipped += 1
+            self.voxels_skipped += voxels
         rate = self.voxels_per_second()
         if self.callback is not None:
             self.callback(

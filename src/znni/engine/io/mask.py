@@ -1,0 +1,123 @@
+"""The `--mask` volume: where the output is wanted, at the mask's own (often coarse) resolution.
+
+A mask is a Zarr array, an OME-Zarr image (level 0) or level, local or a URL, of
+(z, y, x) or (1, z, y, x), whose spatial shape divides the input's: each mask voxel
+covers `factor` input voxels per axis (input shape / mask shape), nonzero meaning
+inside. A block's coverage is decided from the mask voxels under its write box alone
+(a read of the coarse array, no upsampling), so a block wholly outside costs one small
+read; a partly covered block gets the mask upsampled (nearest) over its write box.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from znni.engine.context import StoreContext
+from znni.engine.geometry import Box, Triple
+from znni.engine.io.stores import check_readable
+
+OUTSIDE, PARTIAL, INSIDE = "outside", "partial", "inside"
+
+
+@dataclass(frozen=True)
+class MaskSpec:
+    """A checked mask: its path and its factor per axis (picklable; workers open it)."""
+
+    path: str
+    factor: Triple
+    store: StoreContext = field(default_factory=StoreContext)
+
+
+def check_mask(path: str, input_shape: Triple, *, ctx: StoreContext) -> MaskSpec:
+    """Open the mask and check that its shape divides the input's; ValueError naming it."""
+    volume = _open(path, ctx)
+    shape = volume.shape
+    if any(n % m for n, m in zip(input_shape, shape, strict=True)):
+        raise ValueError(
+            f"mask {path} has shape {shape}, which does not divide the input's "
+            f"{input_shape}; a mask voxel must cover a whole number of input voxels per axis"
+        )
+    factor = (input_shape[0] // shape[0], input_shape[1] // shape[1],
+              input_shape[2] // shape[2])
+    return MaskSpec(path, factor, ctx)
+
+
+def _open(path: str, ctx: StoreContext) -> Any:
+    """The mask as an InputVolume of one channel; errors name it as the mask."""
+    from znni.engine.io.volume import open_input
+
+    try:
+        check_readable(path, "mask", ctx=ctx)
+        return open_input(path, 1, ctx=ctx)
+    except ValueError as e:
+        text = str(e)
+        raise ValueError("mask" + text[len("input"):] if text.startswith("input") else text) \
+            from None
+
+
+class Mask:
+    """An opened mask in a worker: coverage and voxels of write boxes."""
+
+    def __init__(self, spec: MaskSpec) -> None:
+        self.spec = spec
+        self.volume = _open(spec.path, spec.store)
+
+    def coarse_box(self, box: Box) -> Box:
+        """The box of the mask voxels under an input `box`."""
+        f = self.spec.factor
+        lo = (box.lo[0] // f[0], box.lo[1] // f[1], box.lo[2] // f[2])
+        hi = (-(-box.hi[0] // f[0]), -(-box.hi[1] // f[1]), -(-box.hi[2] // f[2]))
+        return Box(lo, hi)
+
+    def coarse(self, box: Box) -> tuple[Box, np.ndarray]:
+        """(the mask voxels' box, their values as bool (Z, Y, X)) under an input `box`."""
+        cbox = self.coarse_box(box)
+        return cbox, self.volume.read(cbox)[0] != 0  # (MZ, MY, MX)
+
+    def coverage(self, box: Box) -> str:
+        """OUTSIDE, PARTIAL or INSIDE for the input voxels of `box`."""
+        _, inside = self.coarse(box)
+        if not inside.any():
+            return OUTSIDE
+        return INSIDE if inside.all() else PARTIAL
+
+    def voxels(self, box: Box) -> np.ndarray:
+        """Bool (Z, Y, X) over `box` at the input's resolution (each mask voxel repeated)."""
+        cbox, inside = self.coarse(box)
+        f = self.spec.factor
+        for axis, n in enumerate(f):
+            if n > 1:
+                inside = np.repeat(inside, n, axis=axis)
+        start = [b - c * n for b, c, n in zip(box.lo, cbox.lo, f, strict=True)]
+        s = box.shape
+        return inside[start[0]:start[0] + s[0], start[1]:start[1] + s[1],
+                      start[2]:start[2] + s[2]]
+
+
+WHOLE_READ_VOXELS = 2**26  # a coarse mask up to this size is read once to plan with
+
+
+def outside_boxes(spec: MaskSpec, boxes: list[Box]) -> list[bool]:
+    """Whether each box (input coordinates) lies wholly outside the mask: the plan's count of
+    blocks not computed. The mask voxels under all the boxes are read at once when few
+    enough (WHOLE_READ_VOXELS), else box by box."""
+    if not boxes:
+        return []
+    mask = Mask(spec)
+    lo = tuple(min(b.lo[i] for b in boxes) for i in range(3))
+    hi = tuple(max(b.hi[i] for b in boxes) for i in range(3))
+    whole = Box(lo, hi)  # type: ignore[arg-type]
+    cbox = mask.coarse_box(whole)
+    if cbox.size > WHOLE_READ_VOXELS:
+        return [mask.coverage(b) == OUTSIDE for b in boxes]
+    _, inside = mask.coarse(whole)  # (MZ, MY, MX) over cbox
+    out = []
+    for b in boxes:
+        c = mask.coarse_box(b)
+        part = inside[tuple(slice(a - o, e - o) for a, e, o in zip(c.lo, c.hi, cbox.lo,
+                                                                   strict=True))]
+        out.append(not part.any())
+    return out

@@ -1,0 +1,61 @@
+"""The stored form of a job's output: channels and dtype (labels or the network's values),
+the mask and the empty-block value, checked together before anything is written."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from znni.engine.geometry import Box, Triple
+from znni.engine.io.mask import MaskSpec, check_mask, outside_boxes
+from znni.engine.output.labels import LabelSpec, check_labels, stored_channels, stored_dtype
+from znni.planner.blocks import Edges, edges_blocks
+
+if TYPE_CHECKING:
+    from znni.engine.job import SegmentJob
+
+
+@dataclass(frozen=True)
+class OutputForm:
+    """What `segment` stores and what it may skip (docs/design.md, "Labels, masks and empty
+    blocks")."""
+
+    channels: int  # the output array's channels (1 for labels)
+    dtype: str  # the output array's dtype (uint8/uint16 for labels)
+    labels: LabelSpec | None = None
+    mask: MaskSpec | None = None
+    skip_empty: float | None = None
+
+    def outside(self, edges: Edges) -> frozenset[int]:
+        """The blocks of a layout (indices in `planner.blocks.edges_blocks` order) wholly
+        outside the mask: the plan counts them as written without compute."""
+        if self.mask is None:
+            return frozenset()
+        boxes = [Box(lo, hi) for lo, hi in edges_blocks(edges)]  # type: ignore[arg-type]
+        return frozenset(i for i, out in enumerate(outside_boxes(self.mask, boxes)) if out)
+
+    def parts(self) -> dict[str, Any]:
+        """The fingerprint keywords (`ledger.fingerprint_parts`) of these options."""
+        return {"labels": None if self.labels is None else self.labels.text(),
+                "mask": None if self.mask is None else self.mask.path,
+                "skip_empty": self.skip_empty}
+
+
+def output_form(job: SegmentJob, volume_shape: Triple) -> OutputForm:
+    """The job's output form, checked (labels against the network's channels and --dtype,
+    the mask's shape against the input's); ValueError of one sentence, nothing written."""
+    channels = job.network.out_channels
+    labels = check_labels(job.labels, job.dtype, channels)
+    if job.skip_empty is not None and not math.isfinite(job.skip_empty):
+        raise ValueError(f"--skip-empty {job.skip_empty} must be a finite number")
+    mask = None if job.mask_path is None else check_mask(job.mask_path, volume_shape,
+                                                          ctx=job.store)
+    return OutputForm(stored_channels(job.labels, channels),
+                      stored_dtype(job.labels, job.dtype, channels), labels, mask,
+                      job.skip_empty)
+
+
+def stored_job_dtype(job: SegmentJob) -> str:
+    """The output array's dtype for `job` (labels set it), without opening anything."""
+    return stored_dtype(job.labels, job.dtype, job.network.out_channels)
