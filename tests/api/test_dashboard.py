@@ -110,6 +110,10 @@ def test_block_map_of_an_roi_job_covers_the_roi(server) -> None:
         job = wait_job(client, r.json()["id"], ("succeeded",))
         body = client.get(f"/v1/jobs/{job['id']}/blocks").json()
     assert body["region"] == roi
+    # the grid is the layout the plan priced and the engine cut (issue 39: a thin remainder
+    # merged into its neighbour is one block, drawn as one cell)
+    edges = job["plan"]["block_edges"]
+    assert body["edges"] == edges and body["grid"] == [len(e) - 1 for e in edges]
     assert body["total"] == body["done"] == job["progress"]["total"]
     assert body["state"] == "1" * body["total"]
     assert all(s % c == 0 for s, c in zip(body["step"], [3, 5, 4]))  # whole chunks

@@ -121,6 +121,17 @@ def test_engine_cuts_the_plans_layout(tmp_path: Path) -> None:
         widths = [b - a for a, b in zip(cuts, cuts[1:])]
         assert len(widths) == 1 or min(widths) >= 8
     assert report.blocks_total == len(planned)
+    # the dashboard's block map draws that layout: every block finished, merged ones too
+    from znni.api.blockmap import block_map
+    from znni.engine.context import StoreContext
+
+    edges = [list(e) for e in prep.plan.block_edges]
+    drawn = block_map(job.output_path, ctx=StoreContext(), edges=edges)
+    assert drawn["done"] == drawn["total"] == len(planned) and drawn["edges"] == edges
+    plain = block_map(job.output_path, ctx=StoreContext())  # the grid of the block shape
+    assert plain["edges"] is None
+    if plain["grid"] != drawn["grid"]:  # a merged remainder is not a cell of the plain grid
+        assert plain["done"] < plain["total"]
 
 
 def test_job_seconds_counts_every_stage(tmp_path: Path, monkeypatch) -> None:

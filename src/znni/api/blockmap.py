@@ -8,6 +8,7 @@ blocks by key ('z0:z1,y0:y1,x0:x1'). Rebuilding the grid from the same three fac
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from znni.engine.context import StoreContext
@@ -22,9 +23,12 @@ class NoBlockMapError(ValueError):
     """The output has no ledger yet (the job has not started writing)."""
 
 
-def block_map(output_path: str, *, ctx: StoreContext) -> dict[str, Any]:
+def block_map(output_path: str, *, ctx: StoreContext,
+              edges: list[list[int]] | None = None) -> dict[str, Any]:
     """The BlockMapRead fields but `job`; NoBlockMapError before the ledger exists,
-    ValueError when the output or its ledger cannot be read as the engine wrote them."""
+    ValueError when the output or its ledger cannot be read as the engine wrote them.
+    `edges`: the job's planned layout (Plan.block_edges), which the engine cut exactly
+    (a thin remainder merged into its neighbour); without it, the plain grid."""
     header, done_keys = read_ledger(output_path, ctx=ctx)
     if header is None:
         raise NoBlockMapError(f"output {output_path} has no block ledger yet")
@@ -37,6 +41,10 @@ def block_map(output_path: str, *, ctx: StoreContext) -> dict[str, Any]:
     chunks = [int(c) for c in array.chunks[-3:]]
     step = [-(-b // c) * c for b, c in zip(block, chunks, strict=True)]
     spans = [grid_spans(lo, hi, s) for (lo, hi), s in zip(region, step, strict=True)]
+    if edges is not None and _covers(edges, region):
+        spans = [list(itertools.pairwise(int(c) for c in e)) for e in edges]
+    else:
+        edges = None
     grid = [len(s) for s in spans]
     total = grid[0] * grid[1] * grid[2]
     cells = _cells(spans, done_keys)
@@ -47,9 +55,16 @@ def block_map(output_path: str, *, ctx: StoreContext) -> dict[str, Any]:
             marks[i] = ord("1")
         state = marks.decode()
     return {
-        "region": region, "step": step, "grid": grid, "total": total,
+        "region": region, "step": step, "grid": grid, "total": total, "edges": edges,
         "done": len(cells), "max_blocks": MAX_BLOCKS, "state": state,
     }
+
+
+def _covers(edges: list[list[int]], region: list[tuple[int, int]]) -> bool:
+    """Whether `edges` run from the region's start to its end on every axis, increasing."""
+    return len(edges) == 3 and all(
+        len(e) >= 2 and e[0] == lo and e[-1] == hi and all(a < b for a, b in itertools.pairwise(e))
+        for e, (lo, hi) in zip(edges, region, strict=True))
 
 
 def _region(key: str) -> list[tuple[int, int]]:

@@ -61,7 +61,8 @@ def _blocks(job_id: int, state: ServerState) -> BlockMapRead:
         raise HTTPException(status.HTTP_409_CONFLICT,
                             detail=f"job {job_id} is {record.status} and has not started")
     try:
-        found = block_map(record.output_path, ctx=state.stores)
+        edges = (record.plan or {}).get("block_edges")  # the layout the engine cut
+        found = block_map(record.output_path, ctx=state.stores, edges=edges)
     except NoBlockMapError as e:
         detail = relative_to_root(state.settings.data_root, str(e))
         raise HTTPException(status.HTTP_409_CONFLICT, detail=detail) from e

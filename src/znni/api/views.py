@@ -19,12 +19,34 @@ from znni.jobs.store import JobRecord
 JSON_CACHE_ENTRIES = 1024  # jobs whose latest poll body is kept (~2 kB each)
 
 
+def predicted_seconds(record: JobRecord) -> float | None:
+    """The whole run's predicted seconds in the job's stored plan (planner/jobtime.py)."""
+    job = (record.plan or {}).get("job_seconds") or {}
+    total = job.get("total_s")
+    return float(total) if isinstance(total, int | float) else None
+
+
+def eta_seconds(record: JobRecord, predicted: float | None) -> float | None:
+    """A running job's seconds to go: the prediction less the time spent until blocks are
+    done, then more and more the measured rate's (weighted by the fraction done), so the
+    ETA starts at the prediction and ends at the measurement."""
+    if record.status != "running":
+        return None
+    rate = record.voxels_per_second
+    measured = ((record.voxels_total - record.voxels_done) / rate
+                if rate and rate > 0 else None)
+    planned = None if predicted is None else max(0.0, predicted - (record.elapsed_s or 0.0))
+    if measured is None or planned is None:
+        return None if measured is None and planned is None else max(0.0, measured or planned)
+    done = record.voxels_done / max(record.voxels_total, 1)
+    return max(0.0, (1.0 - done) * planned + done * measured)
+
+
 def job_read(record: JobRecord, data_root: Path) -> JobRead:
     """The API view of a job: paths relative to the data root, progress and ETA."""
     rate = record.voxels_per_second
-    eta = None
-    if record.status == "running" and rate and rate > 0:
-        eta = max(0.0, (record.voxels_total - record.voxels_done) / rate)
+    predicted = predicted_seconds(record)
+    eta = eta_seconds(record, predicted)
     return JobRead(
         id=record.id,
         status=record.status,  # type: ignore[arg-type]
@@ -40,6 +62,7 @@ def job_read(record: JobRecord, data_root: Path) -> JobRead:
         ),
         voxels_per_second=rate,
         eta_s=eta,
+        predicted_s=predicted,
         elapsed_s=record.elapsed_s,
         error=record.error,
         plan=record.plan,

@@ -160,6 +160,27 @@ def job_seconds(
                       len(seen), sum(1 for b in per_block if not b[3]))
 
 
+def graph_job_seconds(
+    region_s: float, region: Sequence[int], block: Sequence[int], margin: Sequence[int], *,
+    in_channels: int, out_channels: int, in_bytes: int, out_dtype: str,
+) -> dict[str, float | int]:
+    """A graph model's whole run: start-up, its windows or tiles over the region (`region_s`,
+    the graph planner's time with its first pass, engine.compute.graph_choice) and the reads
+    and writes the read-ahead and write-behind do not hide (as _exposed_io). Blocks are
+    `block` (clipped to the region), each read with `margin` voxels of context in all."""
+    counts = [-(-int(r) // int(b)) for r, b in zip(region, block, strict=True)]
+    n = prod(counts)
+    out_block = [min(int(b), int(r)) for b, r in zip(block, region, strict=True)]
+    read_s = (prod(b + m for b, m in zip(out_block, margin, strict=True)) * in_channels
+              * in_bytes / READ_BYTES_PER_S)
+    write_s = prod(out_block) * out_channels / WRITE_VALUES_PER_S.get(out_dtype, 39e6)
+    per_block = [(region_s / n, read_s, write_s, 0, 0)] * n
+    io_s = _exposed_io(per_block)
+    return {"startup_s": STARTUP_S, "windows_s": region_s, "io_s": io_s,
+            "io_total_s": n * (read_s + write_s), "blocks": n,
+            "total_s": STARTUP_S + region_s + io_s}
+
+
 def _block_bytes(network: Network, read: int, write: int, in_bytes: int) -> int:
     """A block in flight: its input raw and as float32, its output and the encoded copy
     (engine.compute.layout.block_bytes)."""
@@ -209,7 +230,9 @@ def predicted_line(plan: dict[str, Any] | None) -> str | None:
     measured = process_seconds()
     shown = "-" if measured is None else f"{measured:.1f} s"
     ratio = "" if measured is None else f" ({measured / max(job['total_s'], 1e-9):.2f}x)"
-    return (f"whole run: predicted {job['total_s']:.1f} s, measured {shown}{ratio}; "
-            f"{job['blocks']} blocks, {job['patches']} patches, computed "
+    head = f"whole run: predicted {job['total_s']:.1f} s, measured {shown}{ratio}; "
+    if "patches" not in job:  # a graph model's run (graph_job_seconds): windows, not patches
+        return head + f"{job['blocks']} block{'s' * (job['blocks'] != 1)}"
+    return (head + f"{job['blocks']} blocks, {job['patches']} patches, computed "
             f"{job['computed_voxels'] / max(job['ideal_voxels'], 1):.2f}x the ideal tiling's "
             "output voxels")

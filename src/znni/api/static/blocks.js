@@ -111,8 +111,12 @@ export function landingZ(map) {
   const layer = Math.floor(last / (ny * nx));
   const [lo, hi] = map.region[0];
   const step = map.step[0];
-  const starts = [lo];  // the cuts of the engine's grid: lo, then multiples of step
-  for (let c = (Math.floor(lo / step) + 1) * step; c < hi; c += step) starts.push(c);
+  // the cuts of the engine's grid: the planned layout's (a remainder merged), else lo,
+  // then multiples of step
+  const starts = map.edges ? map.edges[0].slice(0, -1) : [lo];
+  if (!map.edges) {
+    for (let c = (Math.floor(lo / step) + 1) * step; c < hi; c += step) starts.push(c);
+  }
   const top = layer + 1 < starts.length ? starts[layer + 1] : hi;
   return Math.floor((starts[layer] + top - 1) / 2);
 }
