@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from znni.engine.context import StoreContext
+from znni.engine.io.retry import tries
 from znni.engine.io.stores import (
     driver_of,
     is_url,
@@ -115,6 +116,16 @@ def ts_spec(path: str, ctx: StoreContext) -> dict[str, Any]:
     return {"driver": "neuroglancer_precomputed", "kvstore": kv, "scale_index": scale_index(path)}
 
 
+def ts_context() -> Any:
+    """TensorStore's context: its requests retried ZNNI_STORE_RETRIES times in all (default
+    5), with backoff from 0.2 s, as znni's own store requests are (TensorStore's default
+    keeps retrying a refused connection for minutes)."""
+    import tensorstore as ts
+
+    retries = {"max_retries": tries(), "initial_delay": "0.2s", "max_delay": "5s"}
+    return ts.Context({f"{kind}_request_retries": retries for kind in ("http", "s3", "gcs")})
+
+
 def _sentence(e: BaseException) -> str:
     """TensorStore's error without the spec it appends, on one line."""
     return " ".join(str(e).split(" [tensorstore_spec")[0].split())
@@ -127,7 +138,7 @@ def read_info(path: str, what: str, *, ctx: StoreContext) -> dict[str, Any] | No
 
     location = storage_path(path)
     try:
-        store = ts.KvStore.open(kvstore_spec(location, ctx)).result()
+        store = ts.KvStore.open(kvstore_spec(location, ctx), context=ts_context()).result()
         raw = store.read("info").result()
     except ValueError as e:  # an unreachable or refusing store: TensorStore's sentence
         raise ValueError(f"{what} {path} could not be read ({_sentence(e)})") from e
@@ -227,7 +238,7 @@ def open_volume(path: str, what: str, *, ctx: StoreContext, write: bool = False)
                              "volume)")
         scale_of(info, path, what)
     try:
-        handle = ts.open(ts_spec(path, ctx), read=True, write=write).result()
+        handle = ts.open(ts_spec(path, ctx), read=True, write=write, context=ts_context()).result()
     except ValueError as e:
         raise ValueError(f"{what} {path} could not be opened ({_sentence(e)})") from e
     return TsArray(handle, path, driver_of(path) == "precomputed", ctx, info)
@@ -291,7 +302,7 @@ def create_output(path: str, shape: tuple[int, ...], dtype: str, chunks: Triple,
         "create": True, "open": True,
     }
     try:
-        handle = ts.open(spec).result()
+        handle = ts.open(spec, context=ts_context()).result()
     except ValueError as e:
         raise ValueError(f"output {path} could not be created ({_sentence(e)})") from e
     return TsArray(handle, path, True, ctx, read_info(path, "output", ctx=ctx))
