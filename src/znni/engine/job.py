@@ -66,6 +66,8 @@ class SegmentJob:
     labels: str | None = None
     mask_path: str | None = None  # --mask: blocks wholly outside it are not computed
     skip_empty: float | None = None  # --skip-empty: blocks whose input is all this value
+    # test-time flips: "flips" or "flips:AXES" (engine/compute/tta.py); None: none
+    tta: str | None = None
 
 
 class SegmentCancelled(Exception):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from znni.engine.compute.tta import canonical
 from znni.engine.context import StoreContext
 from znni.engine.job import OUTPUT_FORMATS, SegmentJob
 from znni.jobs.catalogue import Model, ModelOptions, NetworkCatalogue, model_mode
@@ -22,7 +23,7 @@ OME_FIELDS = ("output_format", "pyramid", "level")
 # the engine and model name their options as `znni segment` flags; the API's are fields
 FLAG_FIELDS = {f"--{f.replace('_', '-')}": f for f in (*WINDOW_FIELDS, "scale", "shift",
                                                         "output_name", *OME_FIELDS,
-                                                        "precision", "device")}
+                                                        "precision", "device", "tta")}
 
 
 def segment_job(
@@ -59,6 +60,7 @@ def segment_job(
         pyramid=params.get("pyramid"),
         store=store if store is not None else StoreContext(),
         on_bad_chunk=params.get("on_bad_chunk", "fail"),
+        tta=canonical(params.get("tta")),  # test-time flips, in their recorded form
         **windowed,
     )
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from znni.engine.compute.device_stream import DeviceBlocks, download
 from znni.engine.compute.graph_device import run_graph_device
+from znni.engine.compute.tta import FlipSpec, flip_back_into
 from znni.model.graph import Graph
 from znni.primitives.gpu.graph_device import DeviceGraphOps
 from znni.triple import Triple
@@ -29,9 +30,10 @@ class DeviceTiles(DeviceBlocks):
     """Runs exact-graph blocks of one graph (input `tile`, output `out`) on the device."""
 
     def __init__(self, ops: DeviceGraphOps, graph: Graph, tile: Triple, out: Triple,
-                 primitives: Mapping[str, str], batch: int) -> None:
+                 primitives: Mapping[str, str], batch: int, flips: FlipSpec | None = None) -> None:
         super().__init__(ops.device, batch, ops.dtype)
         self.ops, self.graph, self.tile, self.out = ops, graph, tile, out
+        self.flips = flips  # test-time flips: a tile's copies are consecutive batch items
         self.primitives = dict(primitives)
 
     def block(self, x: np.ndarray, starts: Sequence[Sequence[int]],
@@ -49,16 +51,22 @@ class DeviceTiles(DeviceBlocks):
         y = dev.alloc((self.graph.out_channels, *extent), F32, "tile outputs")  # (Cout, *E)
         made.append(y)
         rels = [tuple(p[a] - origin[a] for a in range(3)) for p in product(*starts)]
+        variants = self.flips.variants() if self.flips is not None else ((),)
+        items = [(r, k) for r in rels for k in range(len(variants))]  # a tile's copies together
+        mean = None if self.flips is None else dev.alloc((self.graph.out_channels, *out), F32,
+                                                        "flip mean")  # (Cout, *out)
+        if mean is not None:
+            made.append(mean)
         stream = self.inputs((self.graph.in_channels, *tile))
-        for i in range(0, len(rels), self.batch):
-            batch = rels[i: i + self.batch]
+        for i in range(0, len(items), self.batch):
+            batch = items[i: i + self.batch]
 
-            def fill(host: np.ndarray, batch: list[tuple[int, ...]] = batch) -> None:
-                for j, r in enumerate(batch):
+            def fill(host: np.ndarray, batch: list[tuple[tuple[int, ...], int]] = batch) -> None:
+                for j, (r, k) in enumerate(batch):
                     src = tuple(slice(r[a], r[a] + tile[a]) for a in range(3))
-                    host[j] = x[(slice(None), *src)]
+                    host[j] = np.flip(x[(slice(None), *src)], tuple(1 + v for v in variants[k]))
 
-            stream.submit(len(batch), fill, self._placer(y, batch, made), "tiles")
+            stream.submit(len(batch), fill, self._placer(y, batch, mean, variants, made), "tiles")
         part = y[(slice(None), *keep)]
         kept = dev.alloc(tuple(part.shape), F32, "block output")  # (Cout, *write)
         made.append(kept)
@@ -67,15 +75,24 @@ class DeviceTiles(DeviceBlocks):
         self.free_made(made)
         return values
 
-    def _placer(self, y: Any, batch: list[tuple[int, ...]], made: list[Any]) -> Any:
+    def _placer(self, y: Any, batch: list[tuple[tuple[int, ...], int]], mean: Any,
+                variants: tuple[tuple[int, ...], ...], made: list[Any]) -> Any:
+        """The batch's launch: each tile's output placed in `y`; with flips, each copy's
+        flipped back into the tile's `mean`, placed after its last copy."""
         ops, graph, prims, out = self.ops, self.graph, self.primitives, self.out
+        n = len(variants)
 
         def work(inputs: Any) -> None:
             outs = run_graph_device(graph, inputs, ops, prims)  # (B, Cout, *out)
             made.append(outs)
-            for j, r in enumerate(batch):
+            for j, (r, k) in enumerate(batch):
                 dst = tuple(slice(r[a], r[a] + out[a]) for a in range(3))
-                y[(slice(None), *dst)] = outs[j]
+                if mean is None:
+                    y[(slice(None), *dst)] = outs[j]
+                    continue
+                flip_back_into(ops.device.xp, mean, outs[j], variants[k], k == 0, k == n - 1, n)
+                if k == n - 1:
+                    y[(slice(None), *dst)] = mean
             ops.free(outs)
 
         return work

@@ -27,6 +27,7 @@ import numpy as np
 
 from znni.engine.compute.device_stream import DeviceBlocks, download
 from znni.engine.compute.graph_device import run_graph_device
+from znni.engine.compute.tta import FlipSpec, flip_back_into
 from znni.engine.compute.windows import (
     BlendMode,
     WindowGrid,
@@ -91,9 +92,11 @@ class DeviceWindows(DeviceBlocks):
     """Runs windowed blocks of one graph on `ops.device` (one per worker)."""
 
     def __init__(self, ops: DeviceGraphOps, graph: Graph, grid: WindowGrid, mode: BlendMode,
-                 primitives: Mapping[str, str], batch: int, kept_bytes: int) -> None:
+                 primitives: Mapping[str, str], batch: int, kept_bytes: int,
+                 flips: FlipSpec | None = None) -> None:
         super().__init__(ops.device, batch, ops.dtype)
         self.ops, self.graph, self.grid, self.mode = ops, graph, grid, mode
+        self.flips = flips  # test-time flips: a window's copies are consecutive batch items
         self.primitives = dict(primitives)
         self.kept = _Kept(int(kept_bytes))
         self.cout = graph.out_channels
@@ -158,6 +161,9 @@ class DeviceWindows(DeviceBlocks):
                    made: list[Any]) -> None:
         """Queue the group's upload and its graph run; the outputs of `keep` are copied
         into kept arrays on the same launch."""
+        if self.flips is not None:
+            self._run_flipped(group, keep, x, origin, made, self.flips)
+            return
         stream = self.inputs((self.graph.in_channels, *self.grid.window))
         slots = [self._keep_slot(s) for s in keep]
         ops, graph, prims = self.ops, self.graph, self.primitives
@@ -175,6 +181,42 @@ class DeviceWindows(DeviceBlocks):
                     slot.fill(dev, group.outs[starts.index(s)].copy())
 
         stream.submit(len(starts), fill, work, "windows")
+
+    def _run_flipped(self, group: _Group, keep: list[Triple], x: np.ndarray, origin: Triple,
+                     made: list[Any], flips: FlipSpec) -> None:
+        """The group's windows times their flipped copies, `batch` items an upload; each
+        output flipped back into its window's float32 mean (compute/tta.py), which the
+        group's blends read once its last batch has run."""
+        stream = self.inputs((self.graph.in_channels, *self.grid.window))
+        ops, graph, prims, grid = self.ops, self.graph, self.primitives, self.grid
+        dev, starts, variants = ops.device, group.starts, flips.variants()
+        n = len(variants)
+        means = dev.alloc((len(starts), self.cout, *grid.window), F32, "flip means")
+        made.append(means)  # (B, Cout, *W)
+        items = [(j, k) for j in range(len(starts)) for k in range(n)]
+        slots = [self._keep_slot(s) for s in keep]
+        for i in range(0, len(items), self.batch):
+            part = items[i: i + self.batch]
+            done = i + self.batch >= len(items)
+
+            def fill(host: np.ndarray, part: list[tuple[int, int]] = part) -> None:
+                for m, (j, k) in enumerate(part):
+                    win = window_input(x, origin, starts[j], grid)  # (C, *W)
+                    host[m] = np.flip(win, tuple(1 + v for v in variants[k]))
+
+            def work(batch: Any, part: list[tuple[int, int]] = part, done: bool = done) -> None:
+                ys = run_graph_device(graph, batch, ops, prims)  # (b, Cout, *W)
+                made.append(ys)
+                for m, (j, k) in enumerate(part):
+                    flip_back_into(dev.xp, means[j], ys[m], variants[k], k == 0, k == n - 1, n)
+                ops.free(ys)
+                if done:
+                    group.outs = means
+                    for s, slot in zip(keep, slots, strict=True):
+                        if slot is not None:
+                            slot.fill(dev, means[starts.index(s)].copy())
+
+            stream.submit(len(part), fill, work, "windows")
 
     def _blend_step(self, acc: Any, wsum: Any, imp: Any, source: Any, start: Triple,
                     lo: Triple, hi: Triple, groups: dict[Triple, _Group]) -> Any:

@@ -59,6 +59,7 @@ class GraphChoice:
     plan: GraphPlan
     passes: int  # windows or tiles over the region
     predicted_voxels_per_second: float
+    flips: int = 1  # forward passes per window or tile: 2^k with test-time flips (tta.py)
 
     # what the engine runs, from the plan: device, precision, batch, primitive per conv node
     @property
@@ -89,12 +90,15 @@ class GraphChoice:
 def plan_window(model: OnnxModel, window: Triple, budget_bytes: int, region: Triple,
                 overlap: float = 0.25, machine: MachineProfile | None = None, *,
                 device: str = "cpu", precision: str = "fp32",
-                device_cap: int | None = None) -> GraphChoice:
+                device_cap: int | None = None, flips: int = 1) -> GraphChoice:
     """The plan of one given window or tile on `machine` (default this one, as planned for
     runs); ValueError when it does not fit the budget. `device`: "cpu" or "gpu" (planned at
-    `precision` within `device_cap` bytes of device memory, None: gpu_search's cap)."""
+    `precision` within `device_cap` bytes of device memory, None: gpu_search's cap);
+    `flips`: forward passes per window (test-time flips run through the same batch, so
+    they cost time, not memory)."""
     model.check_window(window)
-    n = _passes(model, window, region, overlap)
+    windows = _passes(model, window, region, overlap)
+    n = windows * flips
     graph = model.graph(window)
     machine = machine or planning_machine()
     if device == "gpu":
@@ -103,7 +107,7 @@ def plan_window(model: OnnxModel, window: Triple, budget_bytes: int, region: Tri
     else:
         plan = _cpu_plan(model, graph, machine, budget_bytes, n, device, precision)
     run_s = n * plan.predicted_window_s + first_pass_seconds(plan)
-    return GraphChoice(window, plan, n, prod(region) / max(1e-12, run_s))
+    return GraphChoice(window, plan, windows, prod(region) / max(1e-12, run_s), flips)
 
 
 def _cpu_plan(model: OnnxModel, graph: Graph, machine: MachineProfile, budget_bytes: int,
@@ -204,10 +208,10 @@ def _batched(graph: Graph, plan: GraphPlan, budget_bytes: int, passes: int,
 def choose(model: OnnxModel, budget_bytes: int, region: Triple,
            overlap: float = 0.25, machine: MachineProfile | None = None, *,
            device: str = "cpu", precision: str = "fp32",
-           device_cap: int | None = None) -> GraphChoice:
+           device_cap: int | None = None, flips: int = 1) -> GraphChoice:
     """The candidate with the most predicted voxels/s whose pass fits the budget (its
-    first pass's extra cost counted once); `device`, `precision`, `device_cap` as
-    plan_window takes them."""
+    first pass's extra cost counted once); `device`, `precision`, `device_cap`, `flips`
+    as plan_window takes them."""
     candidates = ([model.fixed_window] if model.fixed_window
                   else _fewer_passes(model, _candidates(model, region), region, overlap))
     best: GraphChoice | None = None
@@ -215,7 +219,8 @@ def choose(model: OnnxModel, budget_bytes: int, region: Triple,
     for window in candidates:
         try:
             choice = plan_window(model, window, budget_bytes, region, overlap, machine,
-                                 device=device, precision=precision, device_cap=device_cap)
+                                 device=device, precision=precision, device_cap=device_cap,
+                                 flips=flips)
         except ValueError as e:
             errors.append(str(e))
             break  # larger candidates need more memory still

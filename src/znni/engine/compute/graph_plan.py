@@ -27,7 +27,7 @@ def graph_plan(
     model: OnnxModel, limit_bytes: int | None, region: tuple[int, int, int] | None = None,
     overlap: float = 0.25, machine: MachineProfile | None = None,
     window: tuple[int, int, int] | None = None, *, device: str = "cpu",
-    precision: str = "fp32",
+    precision: str = "fp32", flips: int = 1,
 ) -> dict[str, Any]:
     """A JSON-ready summary (the `znni plan` and POST /v1/plan body for graph models): the
     window `segment` would choose for `region` (the volume or ROI; None: UNBOUNDED) under
@@ -35,7 +35,8 @@ def graph_plan(
     computer's profile (its budget, without a limit, half its memory), else this one;
     `window`: the given window (or tile) instead of the chosen one; `device` "gpu": the GPU
     plan at `precision` within the device cap (--memory-limit caps it too), with each conv
-    node's primitive and the predicted time of every candidate."""
+    node's primitive and the predicted time of every candidate; `flips`: forward passes
+    per window (test-time flips, engine/compute/tta.py), counted in every time."""
     budget = pass_budget_bytes(limit_bytes, machine.memory_bytes if machine else None)
     shape = region or UNBOUNDED
     common = {
@@ -51,7 +52,8 @@ def graph_plan(
 
         machine = machine or planning_machine()
         gpu["device_cap_bytes"] = device_cap_bytes(machine, limit_bytes)
-    how = {"device": device, "precision": precision, "device_cap": gpu.get("device_cap_bytes")}
+    how = {"device": device, "precision": precision, "device_cap": gpu.get("device_cap_bytes"),
+           "flips": flips}
     if window is not None:  # segment's --window: planned and checked, not chosen
         choice = plan_window(model, window, budget, shape, overlap, machine, **how)
     else:
@@ -63,6 +65,7 @@ def graph_plan(
         "region_given": region is not None,
         "window_given": window is not None,
         "passes": choice.passes,
+        "flips": choice.flips,  # forward passes per window or tile (test-time flips)
         "predicted_seconds": region_seconds(shape, choice.predicted_voxels_per_second),
         "window": list(choice.window),
         "window_peak_bytes": choice.plan.peak_bytes,
@@ -117,6 +120,7 @@ def run_summary(job: SegmentJob, choice: GraphChoice | None, volume_shape: Tripl
         "predicted_voxels_per_second": choice.predicted_voxels_per_second,
         "peak_bytes": choice.plan.peak_bytes, "batch": choice.plan.batch,
         "primitives": choice.plan.primitives, "block_shape": list(block_shape),
+        "tta": job.tta, "flips": choice.flips,
     }
     if model.mode == "exact":
         return {"mode": "exact", "tile": list(window),

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from math import prod
 from typing import Any
 
+from znni.engine.compute.tta import flipped_plan
 from znni.engine.geometry import Box, Triple
 from znni.model.network import FLOAT_BYTES, Network
 from znni.planner.blocks import Edges, axis_options, grid_cuts
@@ -205,14 +206,15 @@ def plan_with_layout(
     network: Network, device: str, chunks: Triple, region: Box, budget_bytes: int,
     in_dtype_bytes: int, out_dtype: str, step: Triple | None = None, merge: bool = True,
     plan_for: Callable[[int], Plan] | None = None, known_machine: bool = True,
-    skip: Callable[[Edges], frozenset[int]] | None = None,
+    flips: int = 1, skip: Callable[[Edges], frozenset[int]] | None = None,
 ) -> Plan:
     """Patch, batch and blocks chosen together: the planner's best plan within each of
     PASS_FRACTIONS of the budget, laid out over the region (with_layout; `step` and
     `merge` as there), and of those the least predicted whole run (with_job_time); ties
     go to the larger pass budget. `plan_for(pass_bytes)`: the planner (default this
-    machine's, execution.plan_job; `znni plan --machine` passes its profile's). `skip`:
-    the blocks of a layout that the mask leaves uncomputed (with_job_time)."""
+    machine's, execution.plan_job; `znni plan --machine` passes its profile's). `flips`:
+    passes per patch (test-time flips, compute/tta.flipped_plan), counted in every time.
+    `skip`: the blocks of a layout that the mask leaves uncomputed (with_job_time)."""
     from znni.engine.compute.execution import plan_job
 
     if plan_for is None:
@@ -223,7 +225,7 @@ def plan_with_layout(
     tried, refusal = set(), None
     for fraction in PASS_FRACTIONS:
         try:
-            plan = plan_for(int(budget_bytes * fraction))
+            plan = flipped_plan(plan_for(int(budget_bytes * fraction)), flips)
         except ValueError:
             if best is None and fraction == PLAN_FRACTION:
                 raise

@@ -19,6 +19,7 @@ import numpy as np
 
 from znni.engine.compute.graph_device import device_graph_ops, device_run_report
 from znni.engine.compute.graph_forward import CompiledForward, make_graph_backend, run_graph
+from znni.engine.compute.tta import tta_forward
 from znni.engine.geometry import Block, Triple
 from znni.engine.io.volume import open_input, write_block
 from znni.primitives.base import Backend
@@ -78,8 +79,9 @@ class GraphWorker(VolumeWorker):
     """A VolumeWorker that runs an ONNX model's graph at one input size (the exact tile or
     the window) with the planner's primitives: the exact-graph and windowed workers' shared
     set-up. `spec` also has `model`, `backend_name`, `spectra_bytes`, `primitives`,
-    `precision`, `device_bytes` (a GPU backend's memory cap; 0: the device's own), `batch`
-    and `compiled` ("openvino-network": the whole window on OpenVINO)."""
+    `precision`, `device_bytes` (a GPU backend's memory cap; 0: the device's own), `batch`,
+    `compiled` ("openvino-network": the whole window on OpenVINO) and `flips` (test-time
+    flips, engine/compute/tta.py, or None)."""
 
     def __init__(self, spec: Any, size: Triple, backend: Backend | None = None,
                  output_array: Any = None) -> None:
@@ -107,6 +109,14 @@ class GraphWorker(VolumeWorker):
                 self.compiled = None
                 self.primitives = {}  # the compiled plan chose no per-conv primitives
         return run_graph(self.graph, x, self.backend, self.primitives)
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """`forward`, averaged over the spec's test-time flips (`flips`, engine/compute/tta.py)
+        where it has some: the batch's flipped copies run `batch` at a time."""
+        flips = getattr(self.spec, "flips", None)
+        if flips is None:
+            return self.forward(x)
+        return tta_forward(self.forward, x, flips, self.spec.batch)
 
     def device_report(self) -> dict[str, Any]:
         """On a GPU: what really ran (conv primitives by their real names, fallbacks, the

@@ -15,6 +15,7 @@ import numpy as np
 from znni.engine.compute.cpu_gpu import run_patches_cpu_gpu
 from znni.engine.compute.execution import Execution, build_backends, default_split_op, execution_for
 from znni.engine.compute.graph_device import conv_run_report
+from znni.engine.compute.tta import FlipSpec, flipped_items, unflipped_means
 from znni.engine.context import StoreContext
 from znni.engine.geometry import Block, Box, Triple, patch_tiling
 from znni.engine.io.borders import read_with_border
@@ -42,6 +43,8 @@ class BlockSpec:
     input_cache_bytes: int = 0  # decoded input chunks kept between blocks (0: none)
     # store options and caches (`engine/context.py`); a Dask worker gets the options only
     store: StoreContext = field(default_factory=StoreContext)
+    # test-time flips (compute/tta.py): each patch's flipped copies stream through the batch
+    flips: FlipSpec | None = None
 
 
 def default_backend_name() -> str:
@@ -96,11 +99,16 @@ class BlockWorker(VolumeWorker):
         boxes = list(patch_tiling(extent, patch))
         grown = [box.grow((0, 0, 0), (halo[0], halo[1], halo[2])) for box in boxes]
         patches = (x[(slice(None), *g.slices())][None] for g in grown)  # (1, C, nz, ny, nx)
+        flips, copies = self.spec.flips, 1 if self.spec.flips is None else self.spec.flips.count
+        if flips is not None:  # exact: a flipped patch's dense output is its windows' flipped
+            patches = flipped_items(patches, flips)
         stacks = _stacked(patches, self.spec.batch)  # (S, C, nz, ny, nx) each
         outputs = (ys[i] for ys in self._forward(stacks) for i in range(ys.shape[0]))
+        if flips is not None:
+            outputs = unflipped_means(outputs, flips)
         for box, y in zip(boxes, outputs, strict=True):  # y: (Cout, pz, py, px)
             out[(slice(None), *box.slices())] = y
-        self._warm(grown[0].shape, min(self.spec.batch, len(boxes)))
+        self._warm(grown[0].shape, min(self.spec.batch, len(boxes) * copies))
         keep = Box((0, 0, 0), block.write.shape)
         result = encode_output(out[(slice(None), *keep.slices())], self.spec.dtype)
         trace_block(block)
