@@ -57,8 +57,6 @@ class JobCreate(BaseModel):
     # an input chunk that does not decode: fail the job (naming it), or compute on with the
     # fill value and list it in the output's provenance (--on-bad-chunk)
     on_bad_chunk: Literal["fail", "fill"] = "fail"
-    # test-time flips (--tta): "flips" (z, y and x: 8 passes a window) or "flips:AXES"
-    tta: Annotated[str, Field(pattern=r"^flips(:[zyx]{1,3})?$", max_length=9)] | None = None
 
 
 class Progress(BaseModel):
@@ -108,6 +106,16 @@ class LayerNetworkRead(BaseModel):
     digest: str
 
 
+class PackageRead(BaseModel):
+    """A bioimage.io model package's listing: what it is, how to cite it, its channels."""
+
+    name: str
+    description: str
+    cite: list[dict[str, str]]  # {"text", "doi"?, "url"?}
+    channel_names: list[str]
+    format_version: str
+
+
 class GraphNetworkRead(BaseModel):
     """An ONNX graph model, run on a grid of windows: blended overlapping windows
     (`windowed`) or tiles of a window-independent graph (`exact`). A job's `window` must be
@@ -122,6 +130,7 @@ class GraphNetworkRead(BaseModel):
     fixed_window: Triple | None
     context: Triple | None  # exact mode: input voxels a window has beyond its output
     digest: str
+    package: PackageRead | None = None  # a bioimage.io package (zip or folder)
 
 
 class NetworkRead(RootModel[LayerNetworkRead | GraphNetworkRead]):

@@ -22,10 +22,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "plan), or an ONNX model (MODEL.onnx)")
     p.add_argument("--weights", help="weights .npz (default: the spec's 'weights', if present)")
     p.add_argument("--device", choices=DEVICES, default="auto")
-    from znni.cli.segment import add_model_options, add_precision_option, add_tta_option
+    from znni.cli.segment import add_model_options, add_precision_option
 
     add_precision_option(p)
-    add_tta_option(p)
     p.add_argument("--memory-limit", help="host memory budget, e.g. 12GiB (default: available)")
     p.add_argument(
         "--machine",
@@ -74,28 +73,27 @@ def run(args: argparse.Namespace) -> int:
     from znni.model.onnx_model import OnnxModel
 
     limit = parse_bytes(args.memory_limit) if args.memory_limit else None
-    if Path(args.network).suffix.lower() == ".onnx":
-        from znni.cli.segment import model_from_args
+    from znni.model.bioimage_package import is_package
+
+    if Path(args.network).suffix.lower() == ".onnx" or (
+            Path(args.network).suffix.lower() != ".json" and is_package(args.network)):
+        from znni.cli.segment import model_from_args  # ONNX, or a bioimage.io package
 
         network = model_from_args(args)
     else:
         network = network_for_planning(args.network, args.weights)
     check_plan_precision(args, isinstance(network, OnnxModel))
-    from znni.engine.compute.tta import flip_count, flipped_plan
-
-    flips = flip_count(args.tta)  # test-time flips: passes per window or patch
     region = region_from_args(args, network.in_channels)
     if isinstance(network, OnnxModel):
-        summary = graph_summary(args, network, limit, region, flips)
+        summary = graph_summary(args, network, limit, region)
         print(json.dumps(summary, indent=2) if args.json else format_graph_plan(summary))
         return 0
     if args.window:
         raise ValueError(f"--window applies to ONNX graph models; {args.network} is a "
                          "sequential network, whose patch the planner chooses")
     plan, machine = sequential_plan(network, args.device, limit, args.machine, region)
-    plan = flipped_plan(plan, flips)
     if region is not None:
-        plan = replace(job_plan(args, network, limit, machine, flips),
+        plan = replace(job_plan(args, network, limit, machine),
                        alternatives=plan.alternatives)
     if args.json:
         from znni.engine.compute.layout import region_seconds
@@ -116,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def job_plan(args: argparse.Namespace, network: Network, limit: int | None,
-             machine: MachineProfile, flips: int = 1) -> Plan:
+             machine: MachineProfile) -> Plan:
     """The plan `znni segment` would make over --input (--roi, --chunks): patch, batch and
     blocks chosen together, and the whole run's predicted time (engine.compute.layout)."""
     from znni.engine.compute.layout import memory_budget_bytes, plan_with_layout
@@ -142,7 +140,7 @@ def job_plan(args: argparse.Namespace, network: Network, limit: int | None,
 
     return plan_with_layout(network, args.device, chunks, region, budget,
                             volume.dtype.itemsize, args.dtype, plan_for=plan_for,
-                            known_machine=args.machine is None, flips=flips)
+                            known_machine=args.machine is None)
 
 
 def job_lines(plan: Plan) -> str:
@@ -167,7 +165,7 @@ def job_lines(plan: Plan) -> str:
 
 
 def graph_summary(args: argparse.Namespace, model: Any, limit: int | None,
-                  region: tuple[int, int, int] | None, flips: int = 1) -> dict[str, Any]:
+                  region: tuple[int, int, int] | None) -> dict[str, Any]:
     """engine.graph_plan's summary for the command line's options."""
     from znni.engine.compute.graph_plan import graph_plan
     from znni.engine.units import parse_triple
@@ -191,7 +189,7 @@ def graph_summary(args: argparse.Namespace, model: Any, limit: int | None,
 
         calibrate_gpus()
     return graph_plan(model, limit, region, args.overlap, machine, window, device=device,
-                      precision=args.precision, flips=flips)
+                      precision=args.precision)
 
 
 def check_plan_precision(args: argparse.Namespace, graph: bool) -> None:
@@ -294,8 +292,7 @@ def format_graph_plan(s: dict) -> str:
         + (f" of {s['batch']} windows" if s.get("batch", 1) > 1 else ""),
         f"predicted {s['predicted_window_s']:.3f} s per {what[1][:-1]}, "
         f"{s['predicted_voxels_per_second']:,.0f} output voxels/s; {s['passes']} "
-        f"{what[1] if s['passes'] != 1 else what[1][:-1]}"
-        + (f" x {s['flips']} test-time flips" if s.get("flips", 1) > 1 else "") + ", about "
+        f"{what[1] if s['passes'] != 1 else what[1][:-1]}, about "
         f"{_seconds(s['predicted_seconds'])} s in all",
     ]
     if s.get("compiled"):

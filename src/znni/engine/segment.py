@@ -33,8 +33,8 @@ from znni.engine.compute.layout import (
     with_job_time,
     with_layout,
 )
+from znni.engine.compute.statistics import with_input_statistics
 from znni.engine.compute.tiles import tile_output
-from znni.engine.compute.tta import FlipSpec, canonical, flip_count
 from znni.engine.compute.windows import WindowGrid
 from znni.engine.geometry import Block, Box, Halo, Triple, split_blocks
 from znni.engine.io.faults import VolumeFault, check_bad_chunk_policy, raise_setup_fault
@@ -75,6 +75,7 @@ from znni.engine.workers.windowed import (
     WindowedSpec,
     check_window_options,
 )
+from znni.model.bioimage_package import check_halo
 from znni.model.onnx_model import OnnxModel
 from znni.primitives.base import Backend
 from znni.triple import as_triple
@@ -141,14 +142,18 @@ def _prepare_run(job: SegmentJob, plan: Plan | None) -> PreparedRun:
         net.digest, job.input_path, tuple(int(s) for s in volume.array.shape),
         str(volume.dtype), region.key(), job.border, job.dtype, **form.parts(),
     )
-    if job.tta is not None:  # flips change the output: a resume must agree on them
-        parts["tta"] = canonical(job.tta)
     header, done = read_ledger(job.output_path, ctx=ctx) if existing else (None, set())
+    net, stats = with_input_statistics(net, volume, region, header, parts)  # bioimage.io
+    if stats is not None:  # a first pass over the input, or on resume the ledger's values
+        job = replace(job, network=net)
+        parts["statistics"] = stats
     budget = memory_budget_bytes(job.memory_limit_bytes)
     window, choice = None, None
     if isinstance(net, OnnxModel):
         choice = _window_for(job, net, header, budget, region)
         window = choice.window
+        if net.mode == "windowed":
+            check_halo(net, window, job.overlap, region.shape)  # a package's output halo
         parts = _windowed_parts(parts, window, job) if net.mode == "windowed" else {
             **parts, "mode": "exact"}
     resume = header is not None and header.get("fingerprint") == fingerprint(parts)
@@ -173,7 +178,7 @@ def _prepare_run(job: SegmentJob, plan: Plan | None) -> PreparedRun:
     if plan is None:  # patch, batch and blocks together (compute/layout.py)
         plan = plan_with_layout(net, job.device, chunks, region, budget,
                                 volume.dtype.itemsize, job.dtype, step, job.block is None,
-                                flips=flip_count(job.tta), skip=form.outside)
+                                skip=form.outside)
     patch, primitives = _patch_from_plan(job, plan)
     plan = with_job_time(with_layout(plan, net, chunks, region, budget, volume.dtype.itemsize,
                                      step, merge=job.block is None),
@@ -198,11 +203,9 @@ def _window_for(
         window = tuple(int(v) for v in recorded["window"])  # type: ignore[assignment]
     else:
         where = graph_pass_device(job.device, job.precision, job.memory_limit_bytes)
-        return choose(model, pass_budget, region.shape, job.overlap, **where,
-                      flips=flip_count(job.tta))
+        return choose(model, pass_budget, region.shape, job.overlap, **where)
     return plan_window(model, window, pass_budget, region.shape, job.overlap,
-                       **graph_pass_device(job.device, job.precision, job.memory_limit_bytes),
-                       flips=flip_count(job.tta))
+                       **graph_pass_device(job.device, job.precision, job.memory_limit_bytes))
 
 
 def _windowed_parts(parts: dict[str, Any], window: Triple, job: SegmentJob) -> dict[str, Any]:
@@ -229,7 +232,6 @@ def _check_options(job: SegmentJob) -> None:
         )
 
     check_bad_chunk_policy(job.on_bad_chunk, job.scheduler)
-    FlipSpec.parse(job.tta)  # --tta: one sentence naming a bad value
     check_device(job.device)
     check_precision(job.device, job.precision)
     if job.precision != "fp32" and not isinstance(job.network, OnnxModel):
@@ -273,7 +275,7 @@ def segment(
         plan = prep.plan
         plan_dict = plan.to_dict() if plan is not None else run_summary(
             job, prep.choice, prep.volume.shape, prep.block_shape)
-        target, ledger, blocks, spec, worker, reads, lock = _set_up(setup, prep, plan_dict,
+        target, ledger, blocks, spec, worker, reads, lock = _set_up(prep.job, prep, plan_dict,
                                                                     backend, timer)
     todo = [b for b in blocks if b.key not in prep.done]
     done_voxels = sum(b.write.size for b in blocks if b.key in prep.done)
@@ -373,8 +375,7 @@ def _blocks_and_spec(job: SegmentJob, prep: PreparedRun) -> tuple[list[Block], A
                    "primitives": tuple(sorted(plan.primitives.items())),
                    "spectra_bytes": plan.spectra_bytes, "input_cache_bytes": cached,
                    "store": job.store, "precision": plan.precision, "compiled": plan.compiled,
-                   "device_bytes": graph_device_cap(job.device, job.memory_limit_bytes),
-                   "flips": FlipSpec.parse(job.tta)}
+                   "device_bytes": graph_device_cap(job.device, job.memory_limit_bytes)}
         if net.mode == "exact":
             return blocks, ExactGraphSpec(net, job.input_path, job.output_path, job.border,
                                           job.dtype, prep.window, **planned,
@@ -391,6 +392,6 @@ def _blocks_and_spec(job: SegmentJob, prep: PreparedRun) -> tuple[list[Block], A
     spec = BlockSpec(
         net, job.input_path, job.output_path, job.border, job.dtype, prep.patch,
         prep.primitives, execution_for(prep.plan, job.device), max(1, int(prep.plan.batch)),
-        cached, store=job.store, flips=FlipSpec.parse(job.tta),
+        cached, store=job.store,
     )
     return blocks, spec

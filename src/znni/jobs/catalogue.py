@@ -1,5 +1,6 @@
 """The networks a server offers: `NAME.json` (+ its weights) or `NAME.onnx` in the models
-directory.
+directory, or a bioimage.io model package `NAME.zip` or `NAME/` (a folder with its rdf.yaml),
+listed with its name, description and citations.
 
 An ONNX model's input transform (`scale`, `shift`) and chosen output (`output_name`)
 are part of the model (they change its digest), so models are cached per
@@ -24,7 +25,7 @@ from znni.model.onnx_model import OnnxModel
 log = logging.getLogger("znni.server")
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
-SUFFIXES = (".json", ".onnx")
+SUFFIXES = (".json", ".onnx", ".zip")  # and NAME/ folders of bioimage.io packages
 CACHE_ENTRIES = 64  # loaded models kept, over all names and ONNX option combinations
 
 Model = Network | OnnxModel
@@ -75,20 +76,23 @@ class NetworkCatalogue:
         self._lock = threading.Lock()
 
     def names(self) -> list[str]:
-        return sorted(
-            {
-                p.stem
-                for suffix in SUFFIXES
-                for p in self.models_dir.glob(f"*{suffix}")
-                if p.is_file() and NAME_PATTERN.match(p.stem)
-            }
-        )
+        files = {
+            p.stem
+            for suffix in SUFFIXES
+            for p in self.models_dir.glob(f"*{suffix}")
+            if p.is_file() and NAME_PATTERN.match(p.stem)
+        }
+        folders = {p.name for p in self.models_dir.iterdir()
+                   if _package_folder(p) and NAME_PATTERN.match(p.name)}
+        return sorted(files | folders)
 
     def model_path(self, name: str) -> Path:
         """`NAME.json` or `NAME.onnx`; ValueError when there is neither, or both."""
         if not NAME_PATTERN.match(name):
             raise UnknownNetworkError(f"network name {name!r} is not a valid name")
         found = [p for p in (self.models_dir / f"{name}{s}" for s in SUFFIXES) if p.is_file()]
+        if _package_folder(self.models_dir / name):
+            found.append(self.models_dir / name)
         if not found:
             known = ", ".join(self.names()) or "none"
             raise UnknownNetworkError(f"unknown network {name!r}; available networks: {known}")
@@ -104,6 +108,11 @@ class NetworkCatalogue:
         options = options or ModelOptions()
         path = self.model_path(name)
         onnx = path.suffix == ".onnx"
+        package = path.suffix == ".zip" or path.is_dir()  # a bioimage.io package
+        if package and options.given():
+            raise ValueError(f"{', '.join(options.given())} apply to bare ONNX models only; "
+                             f"network {name!r} is a bioimage.io package with its own "
+                             "preprocessing")
         if not onnx and options.given():
             given = options.given()
             raise ValueError(
@@ -111,7 +120,10 @@ class NetworkCatalogue:
                 f"only; network {name!r} is a JSON spec (one output, and its input transform "
                 "set in its 'input' block)"
             )
+        onnx = onnx or package
         stamp = _stamp(path) + (() if onnx else _stamp(path.with_suffix(".npz")))
+        if path.is_dir():  # a package folder: its description and its files
+            stamp = _stamps(sorted(p for p in path.iterdir() if p.is_file()))
         key = (name, *options.key()) if onnx else (name,)
         with self._lock:
             cached = self._cache.get(key)
@@ -129,7 +141,7 @@ class NetworkCatalogue:
             raise ValueError(
                 f"network {name!r} cannot be loaded: {type(e).__name__}: {_local(e, path.parent)}"
             ) from e
-        files = _data_files(path) if onnx else []  # weights beside the graph count too
+        files = _data_files(path) if onnx and not package else []  # weights beside the graph
         with self._lock:
             self._cache[key] = (stamp + _stamps(files), model, files)
             self._cache.move_to_end(key)
@@ -170,6 +182,7 @@ def describe(name: str, network: Model) -> dict:
             "fixed_window": network.fixed_window,
             "context": getattr(network, "context", None) if mode == "exact" else None,
             "digest": network.digest,
+            **_package(network),
         }
     return {
         "name": name,
@@ -183,10 +196,25 @@ def describe(name: str, network: Model) -> dict:
     }
 
 
+def _package(network: OnnxModel) -> dict:
+    """A bioimage.io package's name, description, citations and channel names."""
+    info = getattr(network, "package", None)
+    if info is None:
+        return {}
+    keys = ("name", "description", "cite", "format_version")
+    return {"package": {**{k: info[k] for k in keys},
+                        "channel_names": list(network.channel_names)}}
+
+
 def _layer_dict(layer: dict) -> dict:
     if layer["kind"] != "leaky_relu":
         layer.pop("slope", None)
     return {k: v for k, v in layer.items() if v is not None}
+
+
+def _package_folder(path: Path) -> bool:
+    """A folder holding a bioimage.io package's rdf.yaml (or bioimageio.yaml)."""
+    return path.is_dir() and any((path / n).is_file() for n in ("rdf.yaml", "bioimageio.yaml"))
 
 
 def _data_files(path: Path) -> list[Path]:

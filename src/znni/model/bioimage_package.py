@@ -74,7 +74,7 @@ def _first_error(descr: Any) -> str:
     if not errors:
         return "the library gave no reason"
     best = next((e for e in errors if e.msg.startswith("Value error")), errors[0])
-    loc = ".".join(str(v) for v in best.loc if re.fullmatch(r"\w+", str(v)))
+    loc = ".".join(str(v) for v in best.loc if re.fullmatch(r"[a-z0-9_]+", str(v)))
     msg = best.msg.removeprefix("Value error, ")
     return f"{loc}: {msg}" if loc else msg
 

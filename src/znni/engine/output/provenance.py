@@ -38,7 +38,6 @@ def provenance(
         "border": job.border,
         "dtype": stored_dtype(job.labels, job.dtype, job.network.out_channels),
         "precision": job.precision,  # the arithmetic's (the output's dtype is `dtype`)
-        "tta": job.tta,  # test-time flips (engine/compute/tta.py), as the CLI/API canonicalise
         "roi": None if whole else [[a, b] for a, b in zip(region.lo, region.hi, strict=True)],
         "plan": plan,
         "input": resolved(job.input_path),
@@ -53,6 +52,13 @@ def provenance(
     if mode == "windowed":
         record["window"] = {"window": plan.get("window"), "overlap": plan.get("overlap"),
                             "blend": plan.get("blend")}
+    package = getattr(job.network, "package", None)
+    if package is not None:  # a bioimage.io package: its processing, statistics resolved
+        net = job.network
+        record["package"] = {
+            **package, "channel_names": list(net.channel_names), "halo": list(net.halo),
+            "preprocessing": [op.record() for op in net.preprocessing],
+            "postprocessing": [op.record() for op in net.postprocessing]}
     if volume.ome is not None:
         record["level"] = volume.ome.level
         record["voxel_size"] = list(volume.ome.scale)

@@ -195,6 +195,9 @@ def _open_ome(job: SegmentJob, volume: InputVolume, out_shape: tuple[int, ...], 
         return [zarr.open_array(store=zarr_store(p, read_only=False, ctx=ctx), mode="r+")
                 for p in paths], paths[0]
     meta = output_metadata(cumulative(steps), volume.ome, basename(path))
+    names = getattr(job.network, "channel_names", ())  # a bioimage.io package's
+    if names and job.labels is None:
+        meta["omero"] = {"channels": [{"label": str(n), "active": True} for n in names]}
     home, root_meta = labels_layout(job.labels, meta)
     group = zarr.create_group(store=zarr_store(path, read_only=False, ctx=ctx), zarr_format=3,
                               overwrite=True, attributes={"ome": root_meta, ATTR: record})

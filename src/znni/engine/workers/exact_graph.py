@@ -19,13 +19,13 @@ import numpy as np
 
 from znni.engine.compute.device_tiles import DeviceTiles
 from znni.engine.compute.tiles import context_lo, tile_output, tile_starts
-from znni.engine.compute.tta import FlipSpec
 from znni.engine.context import StoreContext
 from znni.engine.geometry import Block, Box, Triple
 from znni.engine.io.borders import read_with_border
 from znni.engine.io.volume import encode_output
 from znni.engine.workers.base import GraphWorker, trace_block
 from znni.model.onnx_model import OnnxModel
+from znni.model.processing import apply_chain
 from znni.primitives.base import Backend
 
 
@@ -49,7 +49,6 @@ class ExactGraphSpec:
     precision: str = "fp32"  # tensors' storage between ops (primitives/precision.py)
     device_bytes: int = 0  # a GPU backend's memory cap (0: the device's own)
     compiled: str = ""  # "openvino-network": the planner compiles the whole window
-    flips: FlipSpec | None = None  # test-time flips of every tile (compute/tta.py)
 
 
 class ExactGraphWorker(GraphWorker):
@@ -63,8 +62,7 @@ class ExactGraphWorker(GraphWorker):
         super().__init__(spec, spec.tile, backend, output_array)
         self.out = tile_output(spec.model, spec.tile)
         self.on_device = None if self.device_ops is None else DeviceTiles(
-            self.device_ops, self.graph, spec.tile, self.out, self.primitives, spec.batch,
-            spec.flips)
+            self.device_ops, self.graph, spec.tile, self.out, self.primitives, spec.batch)
 
     def _starts(self, block: Block) -> list[list[int]]:
         f = self.spec.model.size_factor
@@ -91,13 +89,18 @@ class ExactGraphWorker(GraphWorker):
             x *= np.float32(model.input_scale)
         if model.input_shift != 0.0:
             x += np.float32(model.input_shift)
+        if model.preprocessing:  # a bioimage.io package's, its statistics resolved
+            x = apply_chain(model.preprocessing, x)
         starts = self._starts(block)
         origin = [s[0] for s in starts]
         if self.on_device is not None:  # tiles batched and placed on the GPU
             keep = tuple(slice(block.write.lo[a] - origin[a], block.write.hi[a] - origin[a])
                          for a in range(3))
             trace_block(block)
-            return encode_output(self.on_device.block(x, starts, keep), self.spec.dtype)
+            y = self.on_device.block(x, starts, keep)
+            if model.postprocessing:
+                y = apply_chain(model.postprocessing, np.asarray(y, np.float32))
+            return encode_output(y, self.spec.dtype)
         extent = [starts[a][-1] + out[a] - origin[a] for a in range(3)]
         y = np.empty((model.out_channels, *extent), np.float32)  # (Cout, EZ, EY, EX)
         for pz in starts[0]:
@@ -112,9 +115,11 @@ class ExactGraphWorker(GraphWorker):
             slice(block.write.lo[a] - origin[a], block.write.hi[a] - origin[a]) for a in range(3)
         )
         trace_block(block)
-        return encode_output(y[(slice(None), *keep)], self.spec.dtype)
+        y = y[(slice(None), *keep)]
+        if model.postprocessing:  # a bioimage.io package's
+            y = apply_chain(model.postprocessing, y)
+        return encode_output(y, self.spec.dtype)
 
     def _run(self, window: np.ndarray) -> np.ndarray:
-        """(1, C, *tile) -> (Cout, *tile output) with the planned primitives (averaged over
-        the flips, if any)."""
-        return self.predict(window)[0]
+        """(1, C, *tile) -> (Cout, *tile output) with the planned primitives."""
+        return self.forward(window)[0]

@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 
 from znni.engine.compute.device_windows import DeviceWindows
-from znni.engine.compute.tta import FlipSpec
 from znni.engine.compute.windows import (
     BlendMode,
     WindowGrid,
@@ -31,6 +30,7 @@ from znni.engine.io.volume import encode_output
 from znni.engine.workers.base import GraphWorker, trace_block
 from znni.lru import BytesLRU
 from znni.model.onnx_model import OnnxModel
+from znni.model.processing import apply_chain
 from znni.primitives.base import Backend
 
 BLEND_MODES = ("gaussian", "constant")
@@ -63,7 +63,6 @@ class WindowedSpec:
     precision: str = "fp32"  # tensors' storage between ops (primitives/precision.py)
     device_bytes: int = 0  # a GPU backend's memory cap (0: the device's own)
     compiled: str = ""  # "openvino-network": the planner compiles the whole window
-    flips: FlipSpec | None = None  # test-time flips of every window (compute/tta.py)
 
 
 class WindowedWorker(GraphWorker):
@@ -78,7 +77,7 @@ class WindowedWorker(GraphWorker):
         self._kept = BytesLRU(spec.window_cache_bytes)  # an LRU bounded in bytes
         self.on_device = None if self.device_ops is None else DeviceWindows(
             self.device_ops, self.graph, spec.grid, spec.blend, self.primitives,  # type: ignore[arg-type]
-            spec.batch, spec.window_cache_bytes, spec.flips)
+            spec.batch, spec.window_cache_bytes)
 
     def read_box(self, block: Block) -> Box:
         """The input (volume coordinates) that the windows touching the block, and the
@@ -102,9 +101,13 @@ class WindowedWorker(GraphWorker):
             x *= np.float32(model.input_scale)
         if model.input_shift != 0.0:
             x += np.float32(model.input_shift)
+        if model.preprocessing:  # a bioimage.io package's, its statistics resolved
+            x = apply_chain(model.preprocessing, x)
         origin = self.read_box(block).lo
         if self.on_device is not None:  # windows batched, run and blended on the GPU
             out = self.on_device.block(x, origin, block.write.lo, block.write.hi)
+            if model.postprocessing:  # on the blended output, as bioimageio.core does
+                out = apply_chain(model.postprocessing, np.asarray(out, np.float32))
             trace_block(block)
             return encode_output(out, self.spec.dtype)
         ready: dict[Triple, np.ndarray] = {}  # batched with an earlier window of this block
@@ -122,6 +125,8 @@ class WindowedWorker(GraphWorker):
 
         mode: BlendMode = self.spec.blend  # type: ignore[assignment]
         out = blend_box(grid, block.write.lo, block.write.hi, run_window, mode, model.out_channels)
+        if model.postprocessing:  # on the blended output, as bioimageio.core does
+            out = apply_chain(model.postprocessing, out)
         trace_block(block)
         return encode_output(out, self.spec.dtype)
 
@@ -133,7 +138,7 @@ class WindowedWorker(GraphWorker):
         grid = self.spec.grid
         group = window_group(grid, start, self.spec.batch)
         batch = np.stack([window_input(x, origin, s, grid) for s in group])  # (B, C, *W)
-        outs = self.predict(batch)  # (B, Cout, *W), averaged over the flips if any
+        outs = self.forward(batch)  # (B, Cout, *W)
         for s, out in zip(group, outs, strict=True):
             if not window_inside(grid, s, block.write.lo, block.write.hi):
                 self._keep(s, out if len(group) == 1 else out.copy())  # not the whole batch
