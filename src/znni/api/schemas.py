@@ -57,6 +57,8 @@ class JobCreate(BaseModel):
     # an input chunk that does not decode: fail the job (naming it), or compute on with the
     # fill value and list it in the output's provenance (--on-bad-chunk)
     on_bad_chunk: Literal["fail", "fill"] = "fail"
+    # test-time flips (--tta): "flips" (z, y and x: 8 passes a window) or "flips:AXES"
+    tta: Annotated[str, Field(pattern=r"^flips(:[zyx]{1,3})?$", max_length=9)] | None = None
 
 
 class Progress(BaseModel):

@@ -22,9 +22,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "plan), or an ONNX model (MODEL.onnx)")
     p.add_argument("--weights", help="weights .npz (default: the spec's 'weights', if present)")
     p.add_argument("--device", choices=DEVICES, default="auto")
-    from znni.cli.segment import add_model_options, add_precision_option
+    from znni.cli.segment import add_model_options, add_precision_option, add_tta_option
 
     add_precision_option(p)
+    add_tta_option(p)
     p.add_argument("--memory-limit", help="host memory budget, e.g. 12GiB (default: available)")
     p.add_argument(
         "--machine",
@@ -83,17 +84,21 @@ def run(args: argparse.Namespace) -> int:
     else:
         network = network_for_planning(args.network, args.weights)
     check_plan_precision(args, isinstance(network, OnnxModel))
+    from znni.engine.compute.tta import flip_count, flipped_plan
+
+    flips = flip_count(args.tta)  # test-time flips: passes per window or patch
     region = region_from_args(args, network.in_channels)
     if isinstance(network, OnnxModel):
-        summary = graph_summary(args, network, limit, region)
+        summary = graph_summary(args, network, limit, region, flips)
         print(json.dumps(summary, indent=2) if args.json else format_graph_plan(summary))
         return 0
     if args.window:
         raise ValueError(f"--window applies to ONNX graph models; {args.network} is a "
                          "sequential network, whose patch the planner chooses")
     plan, machine = sequential_plan(network, args.device, limit, args.machine, region)
+    plan = flipped_plan(plan, flips)
     if region is not None:
-        plan = replace(job_plan(args, network, limit, machine),
+        plan = replace(job_plan(args, network, limit, machine, flips),
                        alternatives=plan.alternatives)
     if args.json:
         from znni.engine.compute.layout import region_seconds
@@ -114,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def job_plan(args: argparse.Namespace, network: Network, limit: int | None,
-             machine: MachineProfile) -> Plan:
+             machine: MachineProfile, flips: int = 1) -> Plan:
     """The plan `znni segment` would make over --input (--roi, --chunks): patch, batch and
     blocks chosen together, and the whole run's predicted time (engine.compute.layout)."""
     from znni.engine.compute.layout import memory_budget_bytes, plan_with_layout
@@ -140,7 +145,7 @@ def job_plan(args: argparse.Namespace, network: Network, limit: int | None,
 
     return plan_with_layout(network, args.device, chunks, region, budget,
                             volume.dtype.itemsize, args.dtype, plan_for=plan_for,
-                            known_machine=args.machine is None)
+                            known_machine=args.machine is None, flips=flips)
 
 
 def job_lines(plan: Plan) -> str:
@@ -165,7 +170,7 @@ def job_lines(plan: Plan) -> str:
 
 
 def graph_summary(args: argparse.Namespace, model: Any, limit: int | None,
-                  region: tuple[int, int, int] | None) -> dict[str, Any]:
+                  region: tuple[int, int, int] | None, flips: int = 1) -> dict[str, Any]:
     """engine.graph_plan's summary for the command line's options."""
     from znni.engine.compute.graph_plan import graph_plan
     from znni.engine.units import parse_triple
@@ -189,7 +194,7 @@ def graph_summary(args: argparse.Namespace, model: Any, limit: int | None,
 
         calibrate_gpus()
     return graph_plan(model, limit, region, args.overlap, machine, window, device=device,
-                      precision=args.precision)
+                      precision=args.precision, flips=flips)
 
 
 def check_plan_precision(args: argparse.Namespace, graph: bool) -> None:
@@ -292,7 +297,8 @@ def format_graph_plan(s: dict) -> str:
         + (f" of {s['batch']} windows" if s.get("batch", 1) > 1 else ""),
         f"predicted {s['predicted_window_s']:.3f} s per {what[1][:-1]}, "
         f"{s['predicted_voxels_per_second']:,.0f} output voxels/s; {s['passes']} "
-        f"{what[1] if s['passes'] != 1 else what[1][:-1]}, about "
+        f"{what[1] if s['passes'] != 1 else what[1][:-1]}"
+        + (f" x {s['flips']} test-time flips" if s.get("flips", 1) > 1 else "") + ", about "
         f"{_seconds(s['predicted_seconds'])} s in all",
     ]
     if s.get("compiled"):

@@ -40,6 +40,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--block", help="block shape z,y,x, rounded up to whole chunks (default: auto)")
     p.add_argument("--device", choices=DEVICES, default="auto")
     add_precision_option(p)
+    add_tta_option(p)
     p.add_argument("--memory-limit", help="host memory budget, e.g. 12GiB (default: available)")
     p.add_argument("--scheduler", help="Dask: tcp://HOST:PORT or local:N workers")
     p.add_argument("--overwrite", action="store_true", help="recompute into an existing output")
@@ -79,6 +80,7 @@ def job_from_args(args: argparse.Namespace) -> SegmentJob:
         chunks=parse_triple(args.chunks, "--chunks") if args.chunks else None,
         device=args.device,
         precision=args.precision,
+        tta=tta_value(args.tta),
         memory_limit_bytes=parse_bytes(args.memory_limit) if args.memory_limit else None,
         scheduler=args.scheduler,
         overwrite=args.overwrite,
@@ -112,6 +114,21 @@ def add_precision_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", default="fp32", metavar="|".join(PRECISIONS),
                    help="arithmetic precision (default fp32); tf32, bf16 and fp16 need "
                    "--device gpu (tf32 and bf16 a GPU of compute capability 8.0 or more)")
+
+
+def add_tta_option(p: argparse.ArgumentParser) -> None:
+    """--tta, shared by segment and plan; checked where the job is (one sentence, exit 2)."""
+    p.add_argument("--tta", metavar="flips[:AXES]",
+                   help="test-time flips: every window's prediction is the mean over its input "
+                   "flipped on all subsets of z, y, x (flips: 8 passes) or of AXES (flips:zx: "
+                   "4), before blending, as nnU-Net's mirroring")
+
+
+def tta_value(text: str | None) -> str | None:
+    """A --tta value checked and in its recorded form (`flips:zyx` is `flips`)."""
+    from znni.engine.compute.tta import canonical
+
+    return canonical(text)
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:

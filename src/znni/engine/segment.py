@@ -35,6 +35,7 @@ from znni.engine.compute.layout import (
 )
 from znni.engine.compute.statistics import with_input_statistics
 from znni.engine.compute.tiles import tile_output
+from znni.engine.compute.tta import FlipSpec, canonical, flip_count
 from znni.engine.compute.windows import WindowGrid
 from znni.engine.geometry import Block, Box, Halo, Triple, split_blocks
 from znni.engine.io.faults import VolumeFault, check_bad_chunk_policy, raise_setup_fault
@@ -142,6 +143,8 @@ def _prepare_run(job: SegmentJob, plan: Plan | None) -> PreparedRun:
         net.digest, job.input_path, tuple(int(s) for s in volume.array.shape),
         str(volume.dtype), region.key(), job.border, job.dtype, **form.parts(),
     )
+    if job.tta is not None:  # flips change the output: a resume must agree on them
+        parts["tta"] = canonical(job.tta)
     header, done = read_ledger(job.output_path, ctx=ctx) if existing else (None, set())
     net, stats = with_input_statistics(net, volume, region, header, parts)  # bioimage.io
     if stats is not None:  # a first pass over the input, or on resume the ledger's values
@@ -178,7 +181,7 @@ def _prepare_run(job: SegmentJob, plan: Plan | None) -> PreparedRun:
     if plan is None:  # patch, batch and blocks together (compute/layout.py)
         plan = plan_with_layout(net, job.device, chunks, region, budget,
                                 volume.dtype.itemsize, job.dtype, step, job.block is None,
-                                skip=form.outside)
+                                flips=flip_count(job.tta), skip=form.outside)
     patch, primitives = _patch_from_plan(job, plan)
     plan = with_job_time(with_layout(plan, net, chunks, region, budget, volume.dtype.itemsize,
                                      step, merge=job.block is None),
@@ -203,9 +206,11 @@ def _window_for(
         window = tuple(int(v) for v in recorded["window"])  # type: ignore[assignment]
     else:
         where = graph_pass_device(job.device, job.precision, job.memory_limit_bytes)
-        return choose(model, pass_budget, region.shape, job.overlap, **where)
+        return choose(model, pass_budget, region.shape, job.overlap, **where,
+                      flips=flip_count(job.tta))
     return plan_window(model, window, pass_budget, region.shape, job.overlap,
-                       **graph_pass_device(job.device, job.precision, job.memory_limit_bytes))
+                       **graph_pass_device(job.device, job.precision, job.memory_limit_bytes),
+                       flips=flip_count(job.tta))
 
 
 def _windowed_parts(parts: dict[str, Any], window: Triple, job: SegmentJob) -> dict[str, Any]:
@@ -232,6 +237,7 @@ def _check_options(job: SegmentJob) -> None:
         )
 
     check_bad_chunk_policy(job.on_bad_chunk, job.scheduler)
+    FlipSpec.parse(job.tta)  # --tta: one sentence naming a bad value
     check_device(job.device)
     check_precision(job.device, job.precision)
     if job.precision != "fp32" and not isinstance(job.network, OnnxModel):
@@ -375,7 +381,8 @@ def _blocks_and_spec(job: SegmentJob, prep: PreparedRun) -> tuple[list[Block], A
                    "primitives": tuple(sorted(plan.primitives.items())),
                    "spectra_bytes": plan.spectra_bytes, "input_cache_bytes": cached,
                    "store": job.store, "precision": plan.precision, "compiled": plan.compiled,
-                   "device_bytes": graph_device_cap(job.device, job.memory_limit_bytes)}
+                   "device_bytes": graph_device_cap(job.device, job.memory_limit_bytes),
+                   "flips": FlipSpec.parse(job.tta)}
         if net.mode == "exact":
             return blocks, ExactGraphSpec(net, job.input_path, job.output_path, job.border,
                                           job.dtype, prep.window, **planned,
@@ -392,6 +399,6 @@ def _blocks_and_spec(job: SegmentJob, prep: PreparedRun) -> tuple[list[Block], A
     spec = BlockSpec(
         net, job.input_path, job.output_path, job.border, job.dtype, prep.patch,
         prep.primitives, execution_for(prep.plan, job.device), max(1, int(prep.plan.batch)),
-        cached, store=job.store,
+        cached, store=job.store, flips=FlipSpec.parse(job.tta),
     )
     return blocks, spec

@@ -38,6 +38,7 @@ def provenance(
         "border": job.border,
         "dtype": stored_dtype(job.labels, job.dtype, job.network.out_channels),
         "precision": job.precision,  # the arithmetic's (the output's dtype is `dtype`)
+        "tta": job.tta,  # test-time flips (engine/compute/tta.py), as the CLI/API canonicalise
         "roi": None if whole else [[a, b] for a, b in zip(region.lo, region.hi, strict=True)],
         "plan": plan,
         "input": resolved(job.input_path),

@@ -19,6 +19,7 @@ import numpy as np
 
 from znni.engine.compute.device_tiles import DeviceTiles
 from znni.engine.compute.tiles import context_lo, tile_output, tile_starts
+from znni.engine.compute.tta import FlipSpec
 from znni.engine.context import StoreContext
 from znni.engine.geometry import Block, Box, Triple
 from znni.engine.io.borders import read_with_border
@@ -49,6 +50,7 @@ class ExactGraphSpec:
     precision: str = "fp32"  # tensors' storage between ops (primitives/precision.py)
     device_bytes: int = 0  # a GPU backend's memory cap (0: the device's own)
     compiled: str = ""  # "openvino-network": the planner compiles the whole window
+    flips: FlipSpec | None = None  # test-time flips of every tile (compute/tta.py)
 
 
 class ExactGraphWorker(GraphWorker):
@@ -62,7 +64,8 @@ class ExactGraphWorker(GraphWorker):
         super().__init__(spec, spec.tile, backend, output_array)
         self.out = tile_output(spec.model, spec.tile)
         self.on_device = None if self.device_ops is None else DeviceTiles(
-            self.device_ops, self.graph, spec.tile, self.out, self.primitives, spec.batch)
+            self.device_ops, self.graph, spec.tile, self.out, self.primitives, spec.batch,
+            spec.flips)
 
     def _starts(self, block: Block) -> list[list[int]]:
         f = self.spec.model.size_factor
@@ -121,5 +124,6 @@ class ExactGraphWorker(GraphWorker):
         return encode_output(y, self.spec.dtype)
 
     def _run(self, window: np.ndarray) -> np.ndarray:
-        """(1, C, *tile) -> (Cout, *tile output) with the planned primitives."""
-        return self.forward(window)[0]
+        """(1, C, *tile) -> (Cout, *tile output) with the planned primitives (averaged over
+        the flips, if any)."""
+        return self.predict(window)[0]

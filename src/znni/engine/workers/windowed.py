@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from znni.engine.compute.device_windows import DeviceWindows
+from znni.engine.compute.tta import FlipSpec
 from znni.engine.compute.windows import (
     BlendMode,
     WindowGrid,
@@ -63,6 +64,7 @@ class WindowedSpec:
     precision: str = "fp32"  # tensors' storage between ops (primitives/precision.py)
     device_bytes: int = 0  # a GPU backend's memory cap (0: the device's own)
     compiled: str = ""  # "openvino-network": the planner compiles the whole window
+    flips: FlipSpec | None = None  # test-time flips of every window (compute/tta.py)
 
 
 class WindowedWorker(GraphWorker):
@@ -77,7 +79,7 @@ class WindowedWorker(GraphWorker):
         self._kept = BytesLRU(spec.window_cache_bytes)  # an LRU bounded in bytes
         self.on_device = None if self.device_ops is None else DeviceWindows(
             self.device_ops, self.graph, spec.grid, spec.blend, self.primitives,  # type: ignore[arg-type]
-            spec.batch, spec.window_cache_bytes)
+            spec.batch, spec.window_cache_bytes, spec.flips)
 
     def read_box(self, block: Block) -> Box:
         """The input (volume coordinates) that the windows touching the block, and the
@@ -138,7 +140,7 @@ class WindowedWorker(GraphWorker):
         grid = self.spec.grid
         group = window_group(grid, start, self.spec.batch)
         batch = np.stack([window_input(x, origin, s, grid) for s in group])  # (B, C, *W)
-        outs = self.forward(batch)  # (B, Cout, *W)
+        outs = self.predict(batch)  # (B, Cout, *W), averaged over the flips if any
         for s, out in zip(group, outs, strict=True):
             if not window_inside(grid, s, block.write.lo, block.write.hi):
                 self._keep(s, out if len(group) == 1 else out.copy())  # not the whole batch
