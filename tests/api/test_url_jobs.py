@@ -3,7 +3,9 @@ nothing stored), credentials from the server's environment, results equal the re
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from urllib.parse import unquote
 
 import numpy as np
 import pytest
@@ -68,6 +70,9 @@ def test_a_job_under_an_allowed_prefix_runs_on_the_store(url_server: dict, s3) -
                                           "block": [4, 8, 4]})
         assert r.status_code == 201, r.text
         assert r.json()["output"] == out
+        state = json.loads(unquote(r.json()["viewer_url"].split("#!", 1)[1]))  # both are URLs
+        assert [(x["type"], x["source"]) for x in state["layers"]] == [
+            ("image", f"zarr://{url_server['input']}"), ("image", f"zarr://{out}")]
         done = wait_job(client, r.json()["id"], ("succeeded",))
         assert done["progress"]["done"] == done["progress"]["total"] > 1
     with pytest.MonkeyPatch.context() as mp:

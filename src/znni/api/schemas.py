@@ -87,6 +87,9 @@ class JobRead(BaseModel):
     created_at: float
     started_at: float | None
     finished_at: float | None
+    # a neuroglancer link showing the input and output where both are URLs neuroglancer reads
+    # (s3://, gs://, https://); null for local paths (`znni view --serve` serves those)
+    viewer_url: str | None = None
 
 
 class JobList(BaseModel):

@@ -14,6 +14,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from znni.api.schemas import JobRead, Progress
+from znni.engine.output.viewer import job_viewer_url
 from znni.jobs.store import JobRecord
 
 JSON_CACHE_ENTRIES = 1024  # jobs whose latest poll body is kept (~2 kB each)
@@ -72,6 +73,8 @@ def job_read(record: JobRecord, data_root: Path) -> JobRead:
         created_at=record.created_at,
         started_at=record.started_at,
         finished_at=record.finished_at,
+        viewer_url=job_viewer_url(record.input_path, record.output_path,
+                                  labels=bool(record.parameters.get("labels"))),
     )
 
 

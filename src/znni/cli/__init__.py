@@ -21,10 +21,10 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from znni.cli import bench, check, demo, plan, preview, segment, serve
+from znni.cli import bench, check, demo, plan, preview, segment, serve, view
 
 # subcommand modules, in the order `znni --help` lists them
-COMMANDS = (segment, plan, check, preview, serve, bench, demo)
+COMMANDS = (segment, plan, check, preview, view, serve, bench, demo)
 
 EXIT_BAD_INPUT = 2
 EXIT_STORE_DOWN = 1
