@@ -161,3 +161,23 @@ def test_bad_precomputed_input_is_one_sentence_and_writes_nothing(tmp_path: Path
             "num_channels 3 (expected 2)")
     assert sorted(p.name for p in other.rglob("*")) == before
     assert not list(tmp_path.glob("*.lock"))
+
+
+def test_gs_precomputed_at_the_emulator_equals_the_zarr_run(
+        gcs, gcs_env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    # TensorStore's gcs kvstore takes an emulator from TENSORSTORE_GCS_HTTP_URL, not from
+    # STORAGE_EMULATOR_HOST (which gcsfs, for the ledger and lease, reads)
+    monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", gcs.endpoint)
+    case = make_case(tmp_path, 7)
+    prefix = gcs.prefix()
+    bucket, key = prefix[5:].split("/", 1)
+    kv = {"driver": "gcs", "bucket": bucket}
+    write_precomputed({**kv, "path": f"{key}/in.pc/"}, case["vol"])
+    run = subprocess.run(segment_cmd(case["spec"], f"precomputed://{prefix}/in.pc",
+                                     f"precomputed://{prefix}/out.pc"),
+                         env=child_env(ZNNI_BACKEND="reference"), timeout=WAIT_S)
+    assert run.returncode == 0
+    got, info = read_back({**kv, "path": f"{key}/out.pc/"})
+    assert np.array_equal(got, case["expected"])
+    assert (info["scales"][0]["resolution"], info["scales"][0]["voxel_offset"]) == (RES, OFFSET)
+    assert any(n.endswith("znni-ledger") for n in gcs.fs().ls(f"{prefix}/out.pc"))
