@@ -191,3 +191,18 @@ def test_bad_options_are_refused_before_anything_is_written(
 def test_argmax_of_one_channel_is_refused_with_a_hint() -> None:
     with pytest.raises(ValueError, match="use --labels threshold:T"):
         LabelSpec("argmax").check(1)
+
+
+@pytest.mark.slow
+def test_dask_local_cluster_skips_and_labels_as_the_local_run(
+        tmp_path: Path, volumes: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ZNNI_BACKEND", "reference")  # the workers' backend
+    opts = dict(mask_path=volumes["mask"], skip_empty=0.0, labels="argmax")
+    local, out_local = _run(tmp_path, "local.zarr", volumes, **opts)
+    job = SegmentJob(output_path=str(tmp_path / "dask.zarr"), scheduler="local:2",
+                     **volumes["base"], **opts)
+    report = segment(job)
+    assert (report.blocks_computed, report.blocks_skipped) == (36, 28)
+    assert (local.blocks_computed, local.blocks_skipped) == (36, 28)
+    assert np.array_equal(zarr.open_array(job.output_path)[...],
+                          zarr.open_array(out_local)[...])

@@ -59,6 +59,12 @@ class JobCreate(BaseModel):
     on_bad_chunk: Literal["fail", "fill"] = "fail"
     # test-time flips (--tta): "flips" (z, y and x: 8 passes a window) or "flips:AXES"
     tta: Annotated[str, Field(pattern=r"^flips(:[zyx]{1,3})?$", max_length=9)] | None = None
+    # labels instead of the float output (--labels): "argmax" or "threshold:T[:CHANNEL]"
+    labels: Annotated[str, Field(pattern=r"^(argmax|threshold:.{1,40})$")] | None = None
+    # a mask under the data root (or an allowed URL) whose shape divides the input's (--mask),
+    # and the input value of empty blocks (--skip-empty): such blocks are written as 0
+    mask: UserPath | None = None
+    skip_empty: FiniteFloat | None = None
 
 
 class Progress(BaseModel):

@@ -26,6 +26,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     add_precision_option(p)
     add_tta_option(p)
+    from znni.cli.output_options import add_output_options
+
+    add_output_options(p)  # --labels, --mask, --skip-empty: with --input, as segment takes them
     p.add_argument("--memory-limit", help="host memory budget, e.g. 12GiB (default: available)")
     p.add_argument(
         "--machine",
@@ -70,6 +73,7 @@ def network_for_planning(spec_path: str, weights: str | None) -> Network:
 
 
 def run(args: argparse.Namespace) -> int:
+    from znni.cli.output_options import form_fields, form_line
     from znni.engine.units import parse_bytes
     from znni.model.onnx_model import OnnxModel
 
@@ -109,12 +113,15 @@ def run(args: argparse.Namespace) -> int:
             "predicted_seconds": region_seconds(region,
                                                 region_voxels_per_second(plan, region)),
             "predicted_job_seconds": plan.job_seconds["total_s"],
-            "job_peak_bytes": plan.job_seconds["peak_bytes"]}
+            "job_peak_bytes": plan.job_seconds["peak_bytes"],
+            **form_fields(args, network.out_channels, plan.job_seconds)}
         print(json.dumps({"mode": "exact", **plan.to_dict(), **extra}, indent=2))
     else:
         print(EXACT_MODE + "\n" + format_plan(plan, network, machine, region))
         if plan.job_seconds is not None:
             print(job_lines(plan))
+            if line := form_line(form_fields(args, network.out_channels, plan.job_seconds)):
+                print(line)
     return 0
 
 
@@ -122,6 +129,7 @@ def job_plan(args: argparse.Namespace, network: Network, limit: int | None,
              machine: MachineProfile, flips: int = 1) -> Plan:
     """The plan `znni segment` would make over --input (--roi, --chunks): patch, batch and
     blocks chosen together, and the whole run's predicted time (engine.compute.layout)."""
+    from znni.cli.output_options import plan_form
     from znni.engine.compute.layout import memory_budget_bytes, plan_with_layout
     from znni.engine.geometry import Box
     from znni.engine.io.volume import output_chunks
@@ -132,8 +140,8 @@ def job_plan(args: argparse.Namespace, network: Network, limit: int | None,
                                                volume.shape)
     region = Box((z0, y0, x0), (z1, y1, x1))
     asked = parse_triple(args.chunks, "--chunks") if args.chunks else None
-    chunks = output_chunks(asked, None, volume.shape, network.out_channels, args.dtype,
-                           "the output")
+    form = plan_form(args, network.out_channels, volume.shape)  # --labels, --mask
+    chunks = output_chunks(asked, None, volume.shape, form.channels, form.dtype, "the output")
     budget = memory_budget_bytes(limit, machine.memory_bytes if args.machine else None)
     plan_for = None  # this machine: as segment plans (execution.plan_job)
     if args.machine:
@@ -144,7 +152,8 @@ def job_plan(args: argparse.Namespace, network: Network, limit: int | None,
                              memory_limit_bytes=pass_bytes, max_output=region.shape)
 
     return plan_with_layout(network, args.device, chunks, region, budget,
-                            volume.dtype.itemsize, args.dtype, plan_for=plan_for,
+                            volume.dtype.itemsize, form.dtype, plan_for=plan_for,
+                            skip=form.outside,
                             known_machine=args.machine is None, flips=flips)
 
 

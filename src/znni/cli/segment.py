@@ -11,6 +11,7 @@ if TYPE_CHECKING:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    from znni.cli.output_options import add_output_options
     from znni.engine.job import (
         BLEND_MODES,
         BORDER_MODES,
@@ -41,6 +42,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", choices=DEVICES, default="auto")
     add_precision_option(p)
     add_tta_option(p)
+    add_output_options(p)  # --labels, --mask, --skip-empty
     p.add_argument("--memory-limit", help="host memory budget, e.g. 12GiB (default: available)")
     p.add_argument("--scheduler", help="Dask: tcp://HOST:PORT or local:N workers")
     p.add_argument("--overwrite", action="store_true", help="recompute into an existing output")
@@ -68,7 +70,8 @@ def job_from_args(args: argparse.Namespace) -> SegmentJob:
     from znni.engine.units import parse_bytes, parse_roi, parse_triple
 
     network = model_from_args(args)
-    ctx = context_for((args.input, args.output), parse_storage_options(args.storage_option))
+    paths = (args.input, args.output, *([args.mask] if args.mask else []))
+    ctx = context_for(paths, parse_storage_options(args.storage_option))
     return SegmentJob(
         network=network,
         input_path=(args.input if args.level is None
@@ -93,6 +96,9 @@ def job_from_args(args: argparse.Namespace) -> SegmentJob:
         store=ctx,
         on_bad_chunk=args.on_bad_chunk,
         wait_for_output=args.wait,
+        labels=args.labels,
+        mask_path=args.mask,
+        skip_empty=args.skip_empty,
     )
 
 
@@ -166,7 +172,9 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"wrote {report.output_path}: {report.voxels_written:,} voxels in "
             f"{report.elapsed_s:.1f} s ({report.voxels_per_second:,.0f} output voxels/s), "
-            f"{report.blocks_computed}/{report.blocks_total} blocks computed",
+            f"{report.blocks_computed}/{report.blocks_total} blocks computed"
+            + (f", {report.blocks_skipped} skipped (outside the mask or empty input)"
+               if report.blocks_skipped else ""),
             file=sys.stderr,
         )
         from znni.planner.jobtime import predicted_line

@@ -15,7 +15,7 @@ from znni.jobs.events import log_event
 from znni.jobs.paths import relative_to_root
 from znni.jobs.settings import Settings
 from znni.jobs.store import JobRecord, JobStore
-from znni.jobs.submission import segment_job
+from znni.jobs.submission import locate_mask, segment_job
 from znni.planner.plan import Plan
 
 log = logging.getLogger("znni.server")
@@ -115,6 +115,8 @@ class JobRunner:
             record.output_path,
             record.parameters,
             scheduler=self.settings.scheduler,
+            mask_path=locate_mask(self.settings.data_root, self.settings.allow_url,
+                                  record.parameters),
         )
         if resumed and job.overwrite:
             keep = dataclasses.replace(job, overwrite=False)

@@ -35,10 +35,12 @@ def segment_job(
     scheduler: str | None = None,
     overwrite: bool | None = None,
     store: StoreContext | None = None,
+    mask_path: str | None = None,
 ) -> SegmentJob:
     """The engine job for stored parameters (paths already confined and resolved; with a
     `level`, `input_path` is already that level's array, as `check_submission` stored it).
-    `store`: the context whose caches the job may share (default: a fresh one)."""
+    `store`: the context whose caches the job may share (default: a fresh one). `mask_path`:
+    the `mask` field confined (`locate_mask`)."""
     roi = params.get("roi")
     windowed = {k: params[k] for k in ("overlap", "blend") if params.get(k) is not None}
     return SegmentJob(
@@ -61,6 +63,9 @@ def segment_job(
         store=store if store is not None else StoreContext(),
         on_bad_chunk=params.get("on_bad_chunk", "fail"),
         tta=canonical(params.get("tta")),  # test-time flips, in their recorded form
+        labels=params.get("labels"),  # labels, mask, empty blocks (engine/output/form.py)
+        mask_path=mask_path,
+        skip_empty=params.get("skip_empty"),
         **windowed,
     )
 
@@ -104,7 +109,8 @@ def check_submission(
     if params.get("level") is not None:
         input_path = input_level(data_root, allow_url, input_path, input, int(params["level"]),
                                  store=store)
-    job = segment_job(net, input_path, output_path, params, scheduler=scheduler, store=store)
+    job = segment_job(net, input_path, output_path, params, scheduler=scheduler, store=store,
+                      mask_path=locate_mask(data_root, allow_url, params))
     check_overwrite(output_path, bool(params.get("overwrite", False)), output, store=store)
     try:
         check_and_plan(job)  # plans graph windows too: one too large for the budget fails
@@ -134,10 +140,17 @@ def plan_region(
 
 
 def _locate(root: Path, allow_url: tuple[str, ...], given: str, what: str) -> str:
-    """A confined local path (the input must exist), or a URL under an allowed prefix."""
+    """A confined local path (the input and a mask must exist), or a URL under an allowed
+    prefix."""
     if looks_like_url(given):
         return confine_url(allow_url, given, what)
-    return str(confine(root, given, what, must_exist=what == "input"))
+    return str(confine(root, given, what, must_exist=what in ("input", "mask")))
+
+
+def locate_mask(root: Path, allow_url: tuple[str, ...], params: dict[str, Any]) -> str | None:
+    """The job's `mask` field confined as the input is (None without one)."""
+    mask = params.get("mask")
+    return None if mask is None else _locate(root, allow_url, str(mask), "mask")
 
 
 def _overlap(a: str, b: str) -> bool:

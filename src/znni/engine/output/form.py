@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from znni.engine.context import StoreContext
 from znni.engine.geometry import Box, Triple
 from znni.engine.io.mask import MaskSpec, check_mask, outside_boxes
 from znni.engine.output.labels import LabelSpec, check_labels, stored_channels, stored_dtype
@@ -45,15 +46,19 @@ class OutputForm:
 def output_form(job: SegmentJob, volume_shape: Triple) -> OutputForm:
     """The job's output form, checked (labels against the network's channels and --dtype,
     the mask's shape against the input's); ValueError of one sentence, nothing written."""
-    channels = job.network.out_channels
-    labels = check_labels(job.labels, job.dtype, channels)
-    if job.skip_empty is not None and not math.isfinite(job.skip_empty):
-        raise ValueError(f"--skip-empty {job.skip_empty} must be a finite number")
-    mask = None if job.mask_path is None else check_mask(job.mask_path, volume_shape,
-                                                          ctx=job.store)
-    return OutputForm(stored_channels(job.labels, channels),
-                      stored_dtype(job.labels, job.dtype, channels), labels, mask,
-                      job.skip_empty)
+    return make_form(job.labels, job.dtype, job.mask_path, job.skip_empty,
+                     job.network.out_channels, volume_shape, ctx=job.store)
+
+
+def make_form(labels: str | None, dtype: str, mask_path: str | None, skip_empty: float | None,
+              channels: int, volume_shape: Triple, *, ctx: StoreContext) -> OutputForm:
+    """`output_form` from the options themselves (`znni plan` has no job)."""
+    spec = check_labels(labels, dtype, channels)
+    if skip_empty is not None and not math.isfinite(skip_empty):
+        raise ValueError(f"--skip-empty {skip_empty} must be a finite number")
+    mask = None if mask_path is None else check_mask(mask_path, volume_shape, ctx=ctx)
+    return OutputForm(stored_channels(labels, channels), stored_dtype(labels, dtype, channels),
+                      spec, mask, skip_empty)
 
 
 def stored_job_dtype(job: SegmentJob) -> str:
