@@ -24,9 +24,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("network", help="network spec JSON, an ONNX model (MODEL.onnx), or a "
                    "bioimage.io model package (.zip, folder or rdf.yaml)")
     p.add_argument("input", help="input Zarr array or OME-Zarr image, e.g. data/em.zarr/raw, "
-                   "or an s3://, gs:// or http(s):// URL")
+                   "or an s3://, gs:// or http(s):// URL; precomputed://PATH_OR_URL or n5://... "
+                   "through TensorStore")
     p.add_argument("output", help="output Zarr array or OME-Zarr image (created when missing), "
-                   "or an s3:// or gs:// URL")
+                   "or an s3:// or gs:// URL; precomputed://PATH_OR_URL: a neuroglancer volume")
     p.add_argument("--level", "--mip", type=int, help="OME-Zarr input: the level to run on; "
                    "precomputed:// input: the scale (default 0)")
     p.add_argument("--output-format", choices=OUTPUT_FORMATS,
