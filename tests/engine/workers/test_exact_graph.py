@@ -67,6 +67,27 @@ def test_exact_equals_one_whole_volume_run(setup, border, block, tile) -> None:
     assert close(zarr.open_array(str(out))[...], _whole_run(setup, border))
 
 
+def test_default_blocks_run_the_fewest_tiles(setup) -> None:
+    """Without --block, blocks take the extent whose blocks run the fewest tiles
+    (tiles.exact_block_shape; issue 39), the run reports it, its whole-run prediction
+    counts those tiles, and the output is the whole-volume run's."""
+    from znni.engine.compute.tiles import block_tiles, exact_block_shape
+    from znni.engine.geometry import Box
+
+    out = setup["tmp"] / "o_default_blocks.zarr"
+    job = SegmentJob(setup["model"], setup["inp"], str(out), chunks=(5, 8, 8))
+    report = segment(job)
+    assert close(zarr.open_array(str(out))[...], _whole_run(setup, "reflect"))
+    plan = report.plan
+    tile = tuple(plan["tile"])
+    region = Box((0, 0, 0), setup["vol"].shape)
+    assert tuple(plan["block_shape"]) == exact_block_shape(setup["model"], tile, (5, 8, 8),
+                                                           region)
+    ran = block_tiles(setup["model"], tile, tuple(plan["block_shape"]), region)
+    one_block_s = region.size / plan["predicted_voxels_per_second"]  # `passes` tiles
+    assert plan["job_seconds"]["windows_s"] == pytest.approx(one_block_s * ran / plan["passes"])
+
+
 def test_roi_resume_and_the_plan(setup, capsys) -> None:
     out = setup["tmp"] / "roi.zarr"
     job = SegmentJob(setup["model"], setup["inp"], str(out), roi=((2, 11), (3, 27), (None, None)),
