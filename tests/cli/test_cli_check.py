@@ -126,3 +126,11 @@ def test_format_04_package_passes(onnx, tmp_path, capsys) -> None:
     pkg = bp.build_v04(tmp_path / "pkg04", onnx, pre04, [{"name": "sigmoid"}], PRE, POST)
     assert main(["check", str(pkg)]) == 0
     assert capsys.readouterr().out.rstrip().endswith("PASS")
+
+
+def test_plan_shows_the_package_window_grid(onnx, tmp_path, capsys) -> None:
+    pkg = bp.build(tmp_path / "pkg", onnx, [], POST, size={"min": 12, "step": 4})
+    assert main(["plan", str(pkg), "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "network tiny-unet: 2 -> 2 channels" in out
+    assert "windows: 12x12x12 plus multiples of 4x4x4" in out

@@ -118,6 +118,23 @@ def test_statistics_and_channel_names_recorded(onnx, volumes, tmp_path) -> None:
     assert header["parts"]["statistics"]["percentile:1.5:channel"] == lower
 
 
+def test_overwrite_computes_the_statistics_again(onnx, tmp_path) -> None:
+    pre = [{"id": "zero_mean_unit_variance", "kwargs": {"axes": ["batch", *SPATIAL]}}]
+    pkg = bp.build(tmp_path / "pkg", onnx, pre, [])
+    vol = np.random.default_rng(8).normal(10, 2, (2, 12, 16, 16)).astype(np.float32)
+    inp = write_volume(tmp_path / "in.zarr", vol, 3, (1, 12, 16, 16))
+    out = tmp_path / "out.zarr"
+
+    def recorded_mean() -> list[float]:
+        return zarr.open_array(str(out)).attrs["znni"]["package"]["preprocessing"][0]["mean"]
+
+    _run(pkg, inp, out)
+    assert recorded_mean() == pytest.approx(vol.reshape(2, -1).mean(axis=1), rel=1e-6)
+    zarr.open_array(inp)[...] = vol + 5  # new values, same shape and dtype
+    _run(pkg, inp, out, overwrite=True)
+    assert recorded_mean() == pytest.approx(vol.reshape(2, -1).mean(axis=1) + 5, rel=1e-6)
+
+
 def test_halo_needs_enough_overlap(onnx, volumes, tmp_path) -> None:
     pkg = bp.build(tmp_path / "pkg", onnx, [], [], halo=3)
     model = load_model(pkg)

@@ -146,7 +146,8 @@ def _prepare_run(job: SegmentJob, plan: Plan | None) -> PreparedRun:
     if job.tta is not None:  # flips change the output: a resume must agree on them
         parts["tta"] = canonical(job.tta)
     header, done = read_ledger(job.output_path, ctx=ctx) if existing else (None, set())
-    net, stats = with_input_statistics(net, volume, region, header, parts)  # bioimage.io
+    net, stats = with_input_statistics(net, volume, region, None if job.overwrite else header,
+                                       parts)  # a bioimage.io package's; fresh on --overwrite
     if stats is not None:  # a first pass over the input, or on resume the ledger's values
         job = replace(job, network=net)
         parts["statistics"] = stats
