@@ -206,3 +206,22 @@ def test_dask_local_cluster_skips_and_labels_as_the_local_run(
     assert (local.blocks_computed, local.blocks_skipped) == (36, 28)
     assert np.array_equal(zarr.open_array(job.output_path)[...],
                           zarr.open_array(out_local)[...])
+
+
+def test_precomputed_labels_output_is_a_segmentation(tmp_path: Path, volumes: dict) -> None:
+    """A precomputed:// output of labels is neuroglancer's `segmentation` type, read back by
+    TensorStore equal to the Zarr run's labels."""
+    import json
+
+    import tensorstore as ts
+
+    path = tmp_path / "seg"
+    job = SegmentJob(output_path=f"precomputed://{path}", labels="argmax",
+                     mask_path=volumes["mask"], **volumes["base"])
+    assert segment(job, backend=make_backend("reference")).blocks_skipped == 16
+    info = json.loads((path / "info").read_text())
+    assert info["type"] == "segmentation" and info["data_type"] == "uint8"
+    store = ts.open({"driver": "neuroglancer_precomputed", "kvstore": f"file://{path}"}).result()
+    got = np.asarray(store.read().result())[..., 0].transpose(2, 1, 0)  # (x, y, z) -> (z, y, x)
+    expect = np.where(volumes["inside"], np.argmax(volumes["float"], axis=0), 0)
+    assert np.array_equal(got, expect)
