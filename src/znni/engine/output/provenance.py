@@ -36,7 +36,8 @@ def provenance(
         "mode": mode,
         "window": None,
         "border": job.border,
-        "dtype": stored_dtype(job.labels, job.dtype, job.network.out_channels),
+        "dtype": job.dtype if job.labels is None else stored_dtype(
+            job.labels, job.dtype, job.network.out_channels),  # --labels: uint8 or uint16
         "precision": job.precision,  # the arithmetic's (the output's dtype is `dtype`)
         "tta": job.tta,  # test-time flips (engine/compute/tta.py), as the CLI/API canonicalise
         "roi": None if whole else [[a, b] for a, b in zip(region.lo, region.hi, strict=True)],
