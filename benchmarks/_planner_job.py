@@ -4,11 +4,13 @@
         e.g. n337:24:100,130,150:4GiB
 
 Per case: a random uint8 volume of SHAPE in 64^3 chunks and the ZNNi network NET with
-WIDTH channels per hidden layer (random weights); `znni plan --input --json` gives
-predicted_job_seconds and the layout's computed and ideal output voxels, then the whole
-`znni segment` process is timed (wall, from before its interpreter starts to its exit).
-Rows run in order in one cache directory, so a patch shape an earlier row ran is warm for
-a later one, as the prediction knows. Ratios are measured / predicted.
+WIDTH channels per hidden layer (random weights), or NET basicunet: MONAI's BasicUNet with
+features (W, W, 2W, 4W, 8W, W) exported to ONNX (windows planned, patch column: window);
+`znni plan --input --json` gives predicted_job_seconds and the layout's computed and ideal
+output voxels, then the whole `znni segment` process is timed (wall, from before its
+interpreter starts to its exit). Rows run in order in one cache directory, so a patch
+shape an earlier row ran is warm for a later one, as the prediction knows. Ratios are
+measured / predicted.
 """
 
 from __future__ import annotations
@@ -60,9 +62,25 @@ def write_volume(shape: tuple[int, ...], out: Path) -> Path:
     return path
 
 
+def write_basicunet(width: int, out: Path) -> Path:
+    """MONAI's BasicUNet with features (w, w, 2w, 4w, 8w, w), exported to ONNX with dynamic
+    spatial axes (benchmarks/unets.py's export; random weights, seeded)."""
+    import torch
+    from unets import make_model
+
+    path = out / f"basicunet{width}.onnx"
+    if not path.exists():
+        torch.manual_seed(0)
+        model = make_model("basicunet", (width, width, 2 * width, 4 * width, 8 * width, width))
+        torch.onnx.export(model, (torch.zeros(1, 1, 64, 64, 64),), path, input_names=["x"],
+                          dynamo=False, dynamic_axes={"x": {2: "z", 3: "y", 4: "x"}})
+    return path
+
+
 def row(case: str, tmp: Path) -> str:
     name, width, shape_s, limit = case.split(":")
-    spec = write_network(name, int(width), tmp)
+    graph = name == "basicunet"
+    spec = write_basicunet(int(width), tmp) if graph else write_network(name, int(width), tmp)
     inp = write_volume(tuple(int(v) for v in shape_s.split(",")), tmp)
     common = ["--memory-limit", limit]
     planned = subprocess.run([*ZNNI, "plan", str(spec), "--input", str(inp), *common, "--json"],
@@ -75,9 +93,13 @@ def row(case: str, tmp: Path) -> str:
                     "--quiet"], check=True)
     measured = time.perf_counter() - t0
     predicted = plan["predicted_job_seconds"]
-    return (f"| {name} w{width} | {shape_s.replace(',', 'x')} | {limit} | "
-            f"{'x'.join(map(str, plan['output_size']))} | {job['blocks']} | {job['patches']} | "
-            f"{job['computed_voxels'] / job['ideal_voxels']:.2f} | {predicted:.1f} | "
+    if graph:  # windows over the region: each computed once (blended where they overlap)
+        patch, patches, computed = "x".join(map(str, plan["window"])), plan["passes"], "-"
+    else:
+        patch, patches = "x".join(map(str, plan["output_size"])), job["patches"]
+        computed = f"{job['computed_voxels'] / job['ideal_voxels']:.2f}"
+    return (f"| {name} w{width} | {shape_s.replace(',', 'x')} | {limit} | {patch} | "
+            f"{job['blocks']} | {patches} | {computed} | {predicted:.1f} | "
             f"{measured:.1f} | {measured / predicted:.2f} |")
 
 
