@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--window applies to ONNX graph models; {args.network} is a "
                          "sequential network, whose patch the planner chooses")
     plan, machine = sequential_plan(network, args.device, limit, args.machine, region)
-    plan = flipped_plan(plan, flips)
+    plan = flipped_plan(plan, flips, network)
     if region is not None:
         plan = replace(job_plan(args, network, limit, machine, flips),
                        alternatives=plan.alternatives)

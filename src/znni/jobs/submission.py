@@ -62,7 +62,7 @@ def segment_job(
         pyramid=params.get("pyramid"),
         store=store if store is not None else StoreContext(),
         on_bad_chunk=params.get("on_bad_chunk", "fail"),
-        tta=canonical(params.get("tta")),  # test-time flips, in their recorded form
+        tta=_tta(params.get("tta")),  # test-time flips, in their recorded form
         labels=params.get("labels"),  # labels, mask, empty blocks (engine/output/form.py)
         mask_path=mask_path,
         skip_empty=params.get("skip_empty"),
@@ -216,6 +216,14 @@ def api_words(text: str) -> str:
     for flag, name in FLAG_FIELDS.items():
         text = text.replace(flag, name)
     return text
+
+
+def _tta(value: Any) -> str | None:
+    """The `tta` field checked (a refusal in the API's words) and in its recorded form."""
+    try:
+        return canonical(value)
+    except ValueError as e:
+        raise ValueError(api_words(str(e))) from e
 
 
 def _triple(value: Any) -> Triple | None:

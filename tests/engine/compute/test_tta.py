@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -108,3 +109,5 @@ def test_flipped_plan_counts_every_pass() -> None:
     assert flipped.predicted_patch_s == 4.0 and flipped.predicted_voxels_per_second == 250.0
     assert flipped.layers[0].predicted_s == 4.0 and flipped.peak_bytes == plan.peak_bytes
     assert flipped_plan(plan, 1) is plan
+    net = SimpleNamespace(in_channels=2, out_channels=3)  # the batch's copies, one mean
+    assert flipped_plan(plan, 8, net).peak_bytes == 1000 + 4 * (2 * 2 * 1000 + 3 * 512)

@@ -208,12 +208,16 @@ def test_plan_counts_the_flips(capsys, tmp_path, volume, onnx_models, sequential
                   "--tta", "flips")
     assert flips["flips"] == 8 and flips["passes"] == plain["passes"]
     assert 7.0 < flips["predicted_seconds"] / plain["predicted_seconds"] <= 8.0
+    # beside the batch: the group's unflipped inputs and its means, (1 + 3 channels) x W
+    extra = flips["window_peak_bytes"] - plain["window_peak_bytes"]
+    assert extra == flips["batch"] * 4 * (1 + 3) * 8 * 16 * 12
     two = _plan(capsys, onnx, "--window", "8,16,12", "--memory-limit", "1GiB", "--tta", "flips:x")
     assert 1.8 < two["predicted_seconds"] / plain["predicted_seconds"] <= 2.0
     seq = str(sequential[0])
     base = _plan(capsys, seq, "--memory-limit", "1GiB")
     flipped = _plan(capsys, seq, "--memory-limit", "1GiB", "--tta", "flips")
     assert flipped["predicted_patch_s"] == pytest.approx(8 * base["predicted_patch_s"])
+    assert flipped["peak_bytes"] > base["peak_bytes"]
     _, inp = volume
     job = _plan(capsys, seq, "--memory-limit", "1GiB", "--input", inp, "--tta", "flips")
     assert job["job_seconds"]["patches_s"] > 0

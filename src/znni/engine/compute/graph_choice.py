@@ -18,7 +18,7 @@ the host budget; the window's download is its share of the region's blended outp
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import ceil, prod
 
 from znni.engine.compute.execution import planning_machine
@@ -26,7 +26,7 @@ from znni.engine.compute.tiles import tile_output
 from znni.engine.compute.windows import WindowGrid
 from znni.model.graph import Graph
 from znni.model.onnx_model import OnnxModel
-from znni.planner.graph.gpu_search import device_cap_bytes, plan_graph_gpu
+from znni.planner.graph.gpu_search import device_cap_bytes, plan_graph_gpu, window_bytes
 from znni.planner.graph.network_costs import openvino_network_plan
 from znni.planner.graph.search import GraphPlan, first_pass_seconds, plan_graph
 from znni.planner.machine import MachineProfile
@@ -94,20 +94,35 @@ def plan_window(model: OnnxModel, window: Triple, budget_bytes: int, region: Tri
     """The plan of one given window or tile on `machine` (default this one, as planned for
     runs); ValueError when it does not fit the budget. `device`: "cpu" or "gpu" (planned at
     `precision` within `device_cap` bytes of device memory, None: gpu_search's cap);
-    `flips`: forward passes per window (test-time flips run through the same batch, so
-    they cost time, not memory)."""
+    `flips`: forward passes per window (test-time flips run through the same batch: they
+    cost time, and memory only for each window's means, `_flip_bytes`)."""
     model.check_window(window)
     windows = _passes(model, window, region, overlap)
     n = windows * flips
     graph = model.graph(window)
     machine = machine or planning_machine()
+    host, dev = _flip_bytes(graph, flips)
+    most = 1 if model.mode == "exact" else GPU_BATCHES[-1] if device == "gpu" else BATCHES[-1]
     if device == "gpu":
-        plan = _gpu_plan(model, graph, machine, budget_bytes, region, n,
-                         precision=precision, device_cap=device_cap)
+        cap = device_cap if device_cap is not None else device_cap_bytes(machine)
+        plan = _gpu_plan(model, graph, machine, budget_bytes, region, n, precision=precision,
+                         device_cap=cap - dev * most)
+        plan = replace(plan, device_peak_bytes=plan.device_peak_bytes + dev * plan.batch)
     else:
-        plan = _cpu_plan(model, graph, machine, budget_bytes, n, device, precision)
+        plan = _cpu_plan(model, graph, machine, budget_bytes - host * most, n, device, precision)
+        plan = replace(plan, peak_bytes=plan.peak_bytes + host * plan.batch)
     run_s = n * plan.predicted_window_s + first_pass_seconds(plan)
     return GraphChoice(window, plan, windows, prod(region) / max(1e-12, run_s), flips)
+
+
+def _flip_bytes(graph: Graph, flips: int) -> tuple[int, int]:
+    """Per window of a batch with test-time flips: the host's bytes beside the planned
+    batch (the group's unflipped inputs, its float32 means: engine/compute/tta.tta_forward)
+    and the device's (the means: device_windows, device_tiles); none without flips."""
+    if flips == 1:
+        return 0, 0
+    inputs, outputs = window_bytes(graph)
+    return inputs + outputs, outputs
 
 
 def _cpu_plan(model: OnnxModel, graph: Graph, machine: MachineProfile, budget_bytes: int,

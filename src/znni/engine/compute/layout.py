@@ -225,7 +225,7 @@ def plan_with_layout(
     tried, refusal = set(), None
     for fraction in PASS_FRACTIONS:
         try:
-            plan = flipped_plan(plan_for(int(budget_bytes * fraction)), flips)
+            plan = flipped_plan(plan_for(int(budget_bytes * fraction)), flips, network)
         except ValueError:
             if best is None and fraction == PLAN_FRACTION:
                 raise

@@ -15,11 +15,13 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
+from math import prod
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 if TYPE_CHECKING:
+    from znni.model.network import Network
     from znni.planner.plan import Plan
 
 AXIS_NAMES = "zyx"
@@ -149,17 +151,21 @@ def unflipped_means(outputs: Iterable[np.ndarray], spec: FlipSpec) -> Iterator[n
             k, acc = 0, None
 
 
-def flipped_plan(plan: Plan, count: int) -> Plan:
+def flipped_plan(plan: Plan, count: int, network: Network | None = None) -> Plan:
     """A sequential network's plan with `count` flipped passes per patch: its patch and
-    layer times times `count`, its throughput divided (the memory is the batch's: the
-    flipped copies stream through the planned batch)."""
+    layer times times `count`, its throughput divided. The flipped copies stream through
+    the planned batch; beside it the peak counts the batch's flipped copies before they
+    are stacked and one patch's float32 mean (workers/mpf.py), given the `network`."""
     if count == 1:
         return plan
     layers = tuple(replace(layer, predicted_s=layer.predicted_s * count)
                    for layer in plan.layers)
+    extra = 0 if network is None else 4 * (
+        plan.batch * network.in_channels * prod(plan.input_size)
+        + network.out_channels * prod(plan.output_size))
     return replace(plan, predicted_patch_s=plan.predicted_patch_s * count,
                    predicted_voxels_per_second=plan.predicted_voxels_per_second / count,
-                   layers=layers)
+                   layers=layers, peak_bytes=plan.peak_bytes + extra)
 
 
 def flip_back_into(xp: Any, total: Any, y: Any, variant: tuple[int, ...], first: bool,
