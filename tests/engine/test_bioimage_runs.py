@@ -21,6 +21,7 @@ from znni.engine.io.ledger import read_ledger
 from znni.engine.job import SegmentJob
 from znni.engine.segment import segment
 from znni.engine.workers.base import TRACE_ENV
+from znni.model.bioimage_package import halo_min_window
 from znni.model.loading import load_model
 
 pytest.importorskip("torch")
@@ -144,6 +145,14 @@ def test_halo_needs_enough_overlap(onnx, volumes, tmp_path) -> None:
     with pytest.raises(ValueError, match=r"halo of 3 voxels on axis y.*--overlap 0\.375"):
         segment(job)
     assert not (tmp_path / "o.zarr").exists()
+    # the planner's grid starts where neighbours share 6 voxels: 22 - int(22 * 0.75) = 6
+    assert halo_min_window(model, 0.25, (20, 30, 26)).min_window == (8, 22, 22)
+    assert halo_min_window(model, 0.25, (20, 16, 20)).min_window == (8, 16, 20)  # one window
+    planned = SegmentJob(model, volumes["uint8"][1], str(tmp_path / "p.zarr"), overlap=0.25)
+    segment(planned)  # the planner's window: neighbours share at least 2 * halo voxels
+    window = zarr.open_array(str(tmp_path / "p.zarr")).attrs["znni"]["window"]["window"]
+    for w, n in zip(window[1:], (30, 26), strict=True):
+        assert w >= n or w - int(w * 0.75) >= 6
 
 
 def test_window_grid_follows_the_package_step(onnx, volumes, tmp_path) -> None:

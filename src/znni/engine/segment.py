@@ -33,7 +33,7 @@ from znni.engine.compute.layout import (
     with_job_time,
     with_layout,
 )
-from znni.engine.compute.statistics import with_input_statistics
+from znni.engine.compute.statistics import prepare_package
 from znni.engine.compute.tiles import tile_output
 from znni.engine.compute.tta import FlipSpec, canonical, flip_count
 from znni.engine.compute.windows import WindowGrid
@@ -76,7 +76,6 @@ from znni.engine.workers.windowed import (
     WindowedSpec,
     check_window_options,
 )
-from znni.model.bioimage_package import check_halo
 from znni.model.onnx_model import OnnxModel
 from znni.primitives.base import Backend
 from znni.triple import as_triple
@@ -146,18 +145,13 @@ def _prepare_run(job: SegmentJob, plan: Plan | None) -> PreparedRun:
     if job.tta is not None:  # flips change the output: a resume must agree on them
         parts["tta"] = canonical(job.tta)
     header, done = read_ledger(job.output_path, ctx=ctx) if existing else (None, set())
-    net, stats = with_input_statistics(net, volume, region, None if job.overwrite else header,
-                                       parts)  # a bioimage.io package's; fresh on --overwrite
-    if stats is not None:  # a first pass over the input, or on resume the ledger's values
-        job = replace(job, network=net)
-        parts["statistics"] = stats
+    job, parts = prepare_package(job, volume, region, header, parts)  # bioimage.io
+    net = job.network
     budget = memory_budget_bytes(job.memory_limit_bytes)
     window, choice = None, None
     if isinstance(net, OnnxModel):
         choice = _window_for(job, net, header, budget, region)
         window = choice.window
-        if net.mode == "windowed":
-            check_halo(net, window, job.overlap, region.shape)  # a package's output halo
         parts = _windowed_parts(parts, window, job) if net.mode == "windowed" else {
             **parts, "mode": "exact"}
     resume = header is not None and header.get("fingerprint") == fingerprint(parts)

@@ -308,3 +308,21 @@ def check_halo(model: OnnxModel, window: Triple, overlap: float, region: Triple)
                 f"package {model.name!r} has a halo of {h} voxels on axis {SPATIAL[a]}, but "
                 f"windows of {w} with --overlap {overlap} share only {shared}; use "
                 f"--overlap {need:.3g} or more, or a larger --window")
+
+
+def halo_min_window(model: OnnxModel, overlap: float, region: Triple) -> OnnxModel:
+    """The model with its smallest window raised, per axis with a halo, to the first window
+    on its grid that overlaps its neighbours by twice the halo (or covers the region), so
+    the planner's window choice honours the halo."""
+    if not any(model.halo) or model.fixed_window is not None:
+        return model
+    from dataclasses import replace as with_fields
+
+    low = list(model.min_window)
+    for a in range(3):
+        h, f = model.halo[a], model.size_factor[a]
+        w = low[a]
+        while h and w < region[a] and w - max(int(w * (1 - overlap)), 1) < 2 * h:
+            w += f
+        low[a] = w
+    return with_fields(model, min_window=(low[0], low[1], low[2]))

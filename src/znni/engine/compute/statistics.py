@@ -205,3 +205,25 @@ def with_input_statistics(model: Any, volume: Any, region: Box, header: dict[str
         values = compute_statistics(volume.read, region, model.in_channels, volume.dtype, stats)
     resolved = resolve_chain(ops, values)
     return replace(model, preprocessing=resolved), {k: list(v) for k, v in values.items()}
+
+
+def prepare_package(job: Any, volume: Any, region: Box, header: dict[str, Any] | None,
+                    parts: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """(the job, its fingerprint parts) ready for a bioimage.io package: its preprocessing's
+    statistics resolved (recorded in the parts; taken from the ledger on resume, computed
+    again on --overwrite) and its window grid raised for its halo at the job's overlap (an
+    explicit --window is checked against the halo instead). Other models pass unchanged."""
+    from dataclasses import replace
+
+    from znni.model.bioimage_package import check_halo, halo_min_window
+
+    model = job.network
+    if getattr(model, "package", None) is None:
+        return job, parts
+    if job.window is not None:
+        check_halo(model, job.window, job.overlap, region.shape)
+    model = halo_min_window(model, job.overlap, region.shape)
+    model, stats = with_input_statistics(model, volume, region,
+                                         None if job.overwrite else header, parts)
+    return replace(job, network=model), parts if stats is None else {**parts,
+                                                                      "statistics": stats}
