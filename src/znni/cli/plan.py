@@ -22,12 +22,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "plan), or an ONNX model (MODEL.onnx)")
     p.add_argument("--weights", help="weights .npz (default: the spec's 'weights', if present)")
     p.add_argument("--device", choices=DEVICES, default="auto")
+    from znni.cli.output_options import add_output_options
     from znni.cli.segment import add_model_options, add_precision_option, add_tta_option
 
     add_precision_option(p)
     add_tta_option(p)
-    from znni.cli.output_options import add_output_options
-
     add_output_options(p)  # --labels, --mask, --skip-empty: with --input, as segment takes them
     p.add_argument("--memory-limit", help="host memory budget, e.g. 12GiB (default: available)")
     p.add_argument(
