@@ -185,6 +185,17 @@ def test_format_04_package_per_dataset_statistics(onnx, volumes, tmp_path) -> No
 
 
 @pytest.mark.slow
+def test_local_dask_cluster_equals_local_run(onnx, volumes, tmp_path) -> None:
+    """The resolved processing travels to Dask workers inside the picklable block spec."""
+    _, pre, post = CASES[1]
+    pkg = bp.build(tmp_path / "pkg", onnx, pre, post)
+    _, inp = volumes["float32"]
+    local = _run(pkg, inp, tmp_path / "local.zarr")
+    dask = _run(pkg, inp, tmp_path / "dask.zarr", scheduler="local:2")
+    assert np.array_equal(local, dask)
+
+
+@pytest.mark.slow
 def test_sigkill_then_resume_reuses_the_statistics(onnx, volumes, tmp_path,
                                                     monkeypatch) -> None:
     pre = CASES[1][1]
