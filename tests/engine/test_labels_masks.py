@@ -225,3 +225,33 @@ def test_precomputed_labels_output_is_a_segmentation(tmp_path: Path, volumes: di
     got = np.asarray(store.read().result())[..., 0].transpose(2, 1, 0)  # (x, y, z) -> (z, y, x)
     expect = np.where(volumes["inside"], np.argmax(volumes["float"], axis=0), 0)
     assert np.array_equal(got, expect)
+
+
+def test_windowed_model_labels_and_mask_equal_its_float_run(tmp_path: Path) -> None:
+    """A padded (windowed, MONAI-blended) ONNX model: labels and the mask wrap its worker as
+    they wrap MPF's; read boxes there are the windows' (clipped to the volume)."""
+    torch = pytest.importorskip("torch")
+    from znni.model.loading import load_model
+
+    torch.manual_seed(1)
+    net = torch.nn.Sequential(torch.nn.Conv3d(1, 3, 3, padding=1), torch.nn.Softmax(dim=1))
+    torch.onnx.export(net.eval(), (torch.zeros(1, 1, 8, 8, 8),), tmp_path / "w.onnx",
+                      input_names=["x"], dynamo=False,
+                      dynamic_axes={"x": {2: "z", 3: "y", 4: "x"}})
+    model = load_model(tmp_path / "w.onnx", scale=1 / 255)
+    assert model.mode == "windowed"
+    vol = np.random.default_rng(3).integers(1, 256, size=(16, 16, 16)).astype(np.uint8)
+    vol[8:] = 0
+    mask = np.ones((4, 4, 4), np.uint8)
+    mask[:, :2] = 0  # y < 8 off
+    base = dict(network=model, input_path=write_volume(tmp_path / "in.zarr", vol, 3, (8,) * 3),
+                window=(8, 8, 8), chunks=(8, 8, 8), block=(8, 8, 8))
+    segment(SegmentJob(output_path=str(tmp_path / "f.zarr"), **base))
+    job = SegmentJob(output_path=str(tmp_path / "l.zarr"), labels="argmax", skip_empty=0.0,
+                     mask_path=write_volume(tmp_path / "m.zarr", mask, 3, (4, 4, 4)), **base)
+    report = segment(job)
+    assert (report.blocks_computed, report.blocks_skipped) == (2, 6)
+    keep = np.zeros((16, 16, 16), bool)
+    keep[:8, 8:] = True
+    expect = np.where(keep, np.argmax(zarr.open_array(str(tmp_path / "f.zarr"))[...], 0), 0)
+    assert np.array_equal(zarr.open_array(job.output_path)[0], expect)
