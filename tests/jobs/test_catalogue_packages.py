@@ -46,6 +46,7 @@ def test_catalogue_lists_and_describes_packages(models: Path) -> None:
         assert info["package"]["channel_names"] == ["fg", "boundary"]
     with pytest.raises(ValueError, match="scale apply to bare ONNX models only"):
         cat.get("zipped", ModelOptions(scale=2.0))
+    assert NetworkCatalogue(models / "missing").names() == []  # no folder: nothing listed
 
 
 def test_server_lists_and_runs_packages(models: Path, tmp_path: Path) -> None:

@@ -82,8 +82,8 @@ class NetworkCatalogue:
             for p in self.models_dir.glob(f"*{suffix}")
             if p.is_file() and NAME_PATTERN.match(p.stem)
         }
-        folders = {p.name for p in self.models_dir.iterdir()
-                   if _package_folder(p) and NAME_PATTERN.match(p.name)}
+        folders = {p.name for p in (self.models_dir.iterdir() if self.models_dir.is_dir()
+                                    else ()) if _package_folder(p) and NAME_PATTERN.match(p.name)}
         return sorted(files | folders)
 
     def model_path(self, name: str) -> Path:
