@@ -255,3 +255,30 @@ def test_windowed_model_labels_and_mask_equal_its_float_run(tmp_path: Path) -> N
     keep[:8, 8:] = True
     expect = np.where(keep, np.argmax(zarr.open_array(str(tmp_path / "f.zarr"))[...], 0), 0)
     assert np.array_equal(zarr.open_array(job.output_path)[0], expect)
+
+
+def test_masks_of_bool_4d_and_ome_zarr_levels_cut_the_same_blocks(tmp_path: Path,
+                                                                   volumes: dict) -> None:
+    """The same mask as a full-resolution bool (1, z, y, x) array and as level 1 (1/4 per
+    axis) of an OME-Zarr image written by ome-zarr-py: the same blocks skipped, the same
+    output."""
+    import warnings
+
+    from ome_zarr.format import FormatV05
+    from ome_zarr.writer import write_multiscale
+
+    inside = volumes["inside"]
+    full = write_volume(tmp_path / "full.zarr", inside[None], 3, (1, 16, 16, 16))
+    group = zarr.open_group(str(tmp_path / "mask.ome.zarr"), mode="w", zarr_format=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        levels = [inside[::2, ::2, ::2].astype(np.uint8), inside[::4, ::4, ::4].astype(np.uint8)]
+        write_multiscale(levels, group, fmt=FormatV05(), axes="zyx",
+                         storage_options={"chunks": (8, 8, 8)})
+    outputs = []
+    for i, mask in enumerate((full, str(tmp_path / "mask.ome.zarr/s1"))):
+        report, out = _run(tmp_path, f"m{i}.zarr", volumes, mask_path=mask)
+        assert (report.blocks_computed, report.blocks_skipped) == (48, 16)
+        outputs.append(zarr.open_array(out)[...])
+    assert np.array_equal(outputs[0], outputs[1])
+    assert np.array_equal(outputs[0][:, inside], volumes["float"][:, inside])

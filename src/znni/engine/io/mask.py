@@ -11,13 +11,14 @@ read; a partly covered block gets the mask upsampled (nearest) over its write bo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from znni.engine.context import StoreContext
 from znni.engine.geometry import Box, Triple
-from znni.engine.io.stores import check_readable
+from znni.engine.io.stores import check_readable, is_url
 
 OUTSIDE, PARTIAL, INSIDE = "outside", "partial", "inside"
 
@@ -33,8 +34,7 @@ class MaskSpec:
 
 def check_mask(path: str, input_shape: Triple, *, ctx: StoreContext) -> MaskSpec:
     """Open the mask and check that its shape divides the input's; ValueError naming it."""
-    volume = _open(path, ctx)
-    shape = volume.shape
+    _, shape, _ = _open(path, ctx)
     if any(n % m for n, m in zip(input_shape, shape, strict=True)):
         raise ValueError(
             f"mask {path} has shape {shape}, which does not divide the input's "
@@ -45,17 +45,26 @@ def check_mask(path: str, input_shape: Triple, *, ctx: StoreContext) -> MaskSpec
     return MaskSpec(path, factor, ctx)
 
 
-def _open(path: str, ctx: StoreContext) -> Any:
-    """The mask as an InputVolume of one channel; errors name it as the mask."""
-    from znni.engine.io.volume import open_input
+def _open(path: str, ctx: StoreContext) -> tuple[Any, Triple, bool]:
+    """(the mask's array, its spatial shape, whether it has a channel axis of 1); a bool,
+    integer or float array, or an OME-Zarr image or level of one."""
+    from znni.engine.io.ome import find_ome
+    from znni.engine.io.volume import open_zarr_array
 
+    check_readable(path, "mask", ctx=ctx)
     try:
-        check_readable(path, "mask", ctx=ctx)
-        return open_input(path, 1, ctx=ctx)
-    except ValueError as e:
-        text = str(e)
-        raise ValueError("mask" + text[len("input"):] if text.startswith("input") else text) \
-            from None
+        ome = find_ome(path, ctx=ctx) if is_url(path) or Path(path).is_dir() else None
+    except ValueError as e:  # the OME reader names what it reads "input"
+        raise ValueError(str(e).replace("input", "mask", 1)) from None
+    arr = open_zarr_array(ome.array_path if ome else path, "mask", ctx=ctx)
+    shape = tuple(int(n) for n in arr.shape)
+    if np.dtype(arr.dtype).kind not in "biuf":
+        raise ValueError(f"mask {path} has dtype {arr.dtype}; expected bool, integer or float")
+    if len(shape) == 3:
+        return arr, (shape[0], shape[1], shape[2]), False
+    if len(shape) == 4 and shape[0] == 1:
+        return arr, (shape[1], shape[2], shape[3]), True
+    raise ValueError(f"mask {path} has shape {shape}; expected (z, y, x) or (1, z, y, x)")
 
 
 class Mask:
@@ -63,7 +72,7 @@ class Mask:
 
     def __init__(self, spec: MaskSpec) -> None:
         self.spec = spec
-        self.volume = _open(spec.path, spec.store)
+        self.array, _, self.channel_axis = _open(spec.path, spec.store)
 
     def coarse_box(self, box: Box) -> Box:
         """The box of the mask voxels under an input `box`."""
@@ -75,7 +84,8 @@ class Mask:
     def coarse(self, box: Box) -> tuple[Box, np.ndarray]:
         """(the mask voxels' box, their values as bool (Z, Y, X)) under an input `box`."""
         cbox = self.coarse_box(box)
-        return cbox, self.volume.read(cbox)[0] != 0  # (MZ, MY, MX)
+        index = (0, *cbox.slices()) if self.channel_axis else cbox.slices()
+        return cbox, np.asarray(self.array[index]) != 0  # (MZ, MY, MX)
 
     def coverage(self, box: Box) -> str:
         """OUTSIDE, PARTIAL or INSIDE for the input voxels of `box`."""
