@@ -23,10 +23,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--weights", help="weights .npz (default: the spec's 'weights', if present)")
     p.add_argument("--device", choices=DEVICES, default="auto")
     from znni.cli.output_options import add_output_options
-    from znni.cli.segment import add_model_options, add_precision_option, add_tta_option
+    from znni.cli.segment import add_model_options, add_precision_option
 
-    add_precision_option(p)
-    add_tta_option(p)
+    add_precision_option(p)  # and --tta
     add_output_options(p)  # --labels, --mask, --skip-empty: with --input, as segment takes them
     p.add_argument("--memory-limit", help="host memory budget, e.g. 12GiB (default: available)")
     p.add_argument(
@@ -73,6 +72,7 @@ def network_for_planning(spec_path: str, weights: str | None) -> Network:
 
 def run(args: argparse.Namespace) -> int:
     from znni.cli.output_options import form_fields, form_line
+    from znni.engine.compute.tta import flip_count
     from znni.engine.units import parse_bytes
     from znni.model.onnx_model import OnnxModel
 
@@ -87,8 +87,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         network = network_for_planning(args.network, args.weights)
     check_plan_precision(args, isinstance(network, OnnxModel))
-    from znni.engine.compute.tta import flip_count, flipped_plan
-
     flips = flip_count(args.tta)  # test-time flips: passes per window or patch
     region = region_from_args(args, network.in_channels)
     if isinstance(network, OnnxModel):
@@ -98,8 +96,7 @@ def run(args: argparse.Namespace) -> int:
     if args.window:
         raise ValueError(f"--window applies to ONNX graph models; {args.network} is a "
                          "sequential network, whose patch the planner chooses")
-    plan, machine = sequential_plan(network, args.device, limit, args.machine, region)
-    plan = flipped_plan(plan, flips, network)
+    plan, machine = sequential_plan(network, args.device, limit, args.machine, region, flips)
     if region is not None:
         plan = replace(job_plan(args, network, limit, machine, flips),
                        alternatives=plan.alternatives)
@@ -253,11 +250,12 @@ def input_volume(args: argparse.Namespace, in_channels: int) -> Any:
 
 def sequential_plan(
     network: Network, device: str, limit: int | None, machine_name: str | None,
-    region: tuple[int, int, int] | None,
+    region: tuple[int, int, int] | None, flips: int = 1,
 ) -> tuple[Plan, MachineProfile]:
     """The plan `znni segment` makes: within its pass budget (engine.layout), on this
-    machine or the --machine profile."""
+    machine or the --machine profile; `flips` passes a patch (compute/tta.flipped_plan)."""
     from znni.engine.compute.layout import pass_budget_bytes
+    from znni.engine.compute.tta import flipped_plan
     from znni.planner.detect import detect_machine
     from znni.planner.machine import MachineProfile
     from znni.planner.search import make_plan
@@ -266,7 +264,7 @@ def sequential_plan(
     budget = pass_budget_bytes(limit, machine.memory_bytes if machine_name else None)
     plan = make_plan(network, machine=machine, device=device, memory_limit_bytes=budget,
                      max_output=region)
-    return plan, machine
+    return flipped_plan(plan, flips, network), machine
 
 
 EXACT_MODE = (

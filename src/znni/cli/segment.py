@@ -41,8 +41,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chunks", help="output chunk shape z,y,x")
     p.add_argument("--block", help="block shape z,y,x, rounded up to whole chunks (default: auto)")
     p.add_argument("--device", choices=DEVICES, default="auto")
-    add_precision_option(p)
-    add_tta_option(p)
+    add_precision_option(p)  # and --tta
     add_output_options(p)  # --labels, --mask, --skip-empty
     p.add_argument("--memory-limit", help="host memory budget, e.g. 12GiB (default: available)")
     p.add_argument("--scheduler", help="Dask: tcp://HOST:PORT or local:N workers")
@@ -114,13 +113,15 @@ def model_from_args(args: argparse.Namespace) -> Any:
 
 
 def add_precision_option(p: argparse.ArgumentParser) -> None:
-    """--precision, shared by segment and plan; its value is checked where the job is (one
-    sentence, engine.compute.execution.check_precision), not by argparse's usage message."""
+    """--precision and --tta (add_tta_option), shared by segment and plan; the value is checked
+    where the job is (one sentence, engine.compute.execution.check_precision), not by
+    argparse's usage message."""
     from znni.engine.job import PRECISIONS
 
     p.add_argument("--precision", default="fp32", metavar="|".join(PRECISIONS),
                    help="arithmetic precision (default fp32); tf32, bf16 and fp16 need "
                    "--device gpu (tf32 and bf16 a GPU of compute capability 8.0 or more)")
+    add_tta_option(p)
 
 
 def add_tta_option(p: argparse.ArgumentParser) -> None:

@@ -17,7 +17,7 @@ from znni.engine.compute.tta import (
     unflip_mean,
     unflipped_means,
 )
-from znni.planner.plan import LayerPlan, Plan
+from znni.planner.plan import AlgorithmSummary, LayerPlan, Plan
 
 
 @pytest.mark.parametrize("text, axes, count, canonical", [
@@ -104,10 +104,12 @@ def test_stream_helpers_equal_the_batch_helpers() -> None:
 def test_flipped_plan_counts_every_pass() -> None:
     layer = LayerPlan(0, "conv", "cpu", "direct", 0.5, 100)
     plan = Plan("n", "m", "cpu", (10, 10, 10), (8, 8, 8), 2, None, ("direct",), (layer,), 1000,
-                0.5, 2000.0)
+                0.5, 2000.0, alternatives=(AlgorithmSummary("cpu", True,
+                                                             predicted_voxels_per_second=800.0),))
     flipped = flipped_plan(plan, 8)
     assert flipped.predicted_patch_s == 4.0 and flipped.predicted_voxels_per_second == 250.0
     assert flipped.layers[0].predicted_s == 4.0 and flipped.peak_bytes == plan.peak_bytes
+    assert flipped.alternatives[0].predicted_voxels_per_second == 100.0  # the table's too
     assert flipped_plan(plan, 1) is plan
     net = SimpleNamespace(in_channels=2, out_channels=3)  # the batch's copies, one mean
     assert flipped_plan(plan, 8, net).peak_bytes == 1000 + 4 * (2 * 2 * 1000 + 3 * 512)

@@ -153,9 +153,10 @@ def unflipped_means(outputs: Iterable[np.ndarray], spec: FlipSpec) -> Iterator[n
 
 def flipped_plan(plan: Plan, count: int, network: Network | None = None) -> Plan:
     """A sequential network's plan with `count` flipped passes per patch: its patch and
-    layer times times `count`, its throughput divided. The flipped copies stream through
-    the planned batch; beside it the peak counts the batch's flipped copies before they
-    are stacked and one patch's float32 mean (workers/mpf.py), given the `network`."""
+    layer times times `count`, its throughput (and its alternatives') divided. The flipped
+    copies stream through the planned batch; beside it the peak counts the batch's flipped
+    copies before they are stacked and one patch's float32 mean (workers/mpf.py), given
+    the `network`."""
     if count == 1:
         return plan
     layers = tuple(replace(layer, predicted_s=layer.predicted_s * count)
@@ -163,9 +164,11 @@ def flipped_plan(plan: Plan, count: int, network: Network | None = None) -> Plan
     extra = 0 if network is None else 4 * (
         plan.batch * network.in_channels * prod(plan.input_size)
         + network.out_channels * prod(plan.output_size))
+    alternatives = tuple(replace(a, predicted_voxels_per_second=a.predicted_voxels_per_second
+                                 / count) for a in plan.alternatives)
     return replace(plan, predicted_patch_s=plan.predicted_patch_s * count,
                    predicted_voxels_per_second=plan.predicted_voxels_per_second / count,
-                   layers=layers, peak_bytes=plan.peak_bytes + extra)
+                   layers=layers, peak_bytes=plan.peak_bytes + extra, alternatives=alternatives)
 
 
 def flip_back_into(xp: Any, total: Any, y: Any, variant: tuple[int, ...], first: bool,
