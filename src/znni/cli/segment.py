@@ -234,6 +234,8 @@ def plan_summary(plan: dict) -> str:
     if plan.get("compiled"):
         where += (f", the whole window as one OpenVINO network at {plan['precision']}, "
                   f"batch {plan['batch']}")
+    if plan.get("tta"):  # graph runs; a sequential run's rate counts them too
+        where += f", test-time {plan['tta']} ({plan['flips']} passes each)"
     if plan.get("mode") == "windowed":
         return (
             f"plan: windowed, window {'x'.join(str(v) for v in plan['window'])}, overlap "

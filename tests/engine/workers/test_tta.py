@@ -71,7 +71,9 @@ def test_windowed_equals_monai_of_the_flip_average(tmp_path, volume, capsys, onn
     args = ["segment", str(path), inp, str(out), "--window", ",".join(map(str, window)),
             "--overlap", "0.25", "--scale", str(1 / 255), "--chunks", "8,16,16",
             "--block", "8,16,16", "--tta", tta]
-    assert main(args) == 0, capsys.readouterr().err
+    assert main(args) == 0
+    count = 2 ** len(AXES[tta])
+    assert f"test-time {tta} ({count} passes each)" in capsys.readouterr().err  # the plan line
     got = zarr.open_array(str(out), mode="r")[...]
     x = torch.from_numpy(vol[None, None].astype(np.float32) / 255)
     with torch.no_grad():
@@ -84,7 +86,7 @@ def test_windowed_equals_monai_of_the_flip_average(tmp_path, volume, capsys, onn
     assert close(got, ref)
     assert not close(got, plain)  # the flips changed the output
     record = zarr.open_array(str(out), mode="r").attrs["znni"]
-    assert record["tta"] == tta and record["plan"]["flips"] == 2 ** len(AXES[tta])
+    assert record["tta"] == tta and record["plan"]["flips"] == count
 
 
 def _flipped_whole_run(net, model, vol: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
