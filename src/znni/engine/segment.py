@@ -35,7 +35,7 @@ from znni.engine.compute.layout import (
 )
 from znni.engine.compute.statistics import prepare_package
 from znni.engine.compute.tiles import tile_output
-from znni.engine.compute.tta import FlipSpec, canonical, flip_count
+from znni.engine.compute.tta import FlipSpec, flip_count, tta_parts
 from znni.engine.compute.windows import WindowGrid
 from znni.engine.geometry import Block, Box, Halo, Triple, split_blocks
 from znni.engine.io.faults import VolumeFault, check_bad_chunk_policy, raise_setup_fault
@@ -141,9 +141,7 @@ def _prepare_run(job: SegmentJob, plan: Plan | None) -> PreparedRun:
     parts = fingerprint_parts(
         net.digest, job.input_path, tuple(int(s) for s in volume.array.shape),
         str(volume.dtype), region.key(), job.border, job.dtype, **form.parts(),
-    )
-    if job.tta is not None:  # flips change the output: a resume must agree on them
-        parts["tta"] = canonical(job.tta)
+    ) | tta_parts(job.tta)  # test-time flips change the output: a resume must agree on them
     header, done = read_ledger(job.output_path, ctx=ctx) if existing else (None, set())
     job, parts = prepare_package(job, volume, region, header, parts)  # bioimage.io
     net = job.network

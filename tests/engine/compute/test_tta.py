@@ -14,6 +14,7 @@ from znni.engine.compute.tta import (
     flipped_items,
     flipped_plan,
     tta_forward,
+    tta_parts,
     unflip_mean,
     unflipped_means,
 )
@@ -29,6 +30,7 @@ def test_parse(text, axes, count, canonical) -> None:
     spec = FlipSpec.parse(text)
     assert spec is not None and spec.axes == axes and spec.count == count
     assert spec.text == canonical and flip_count(text) == count
+    assert tta_parts(text) == {"tta": canonical}  # the ledger's part: its recorded form
     subsets = spec.variants()
     assert subsets[0] == () and len(set(subsets)) == count  # every subset once, identity first
     assert set(subsets) == {c for k in range(len(axes) + 1)
@@ -43,7 +45,7 @@ def test_bad_values_are_one_sentence(text) -> None:
 
 
 def test_no_flips() -> None:
-    assert FlipSpec.parse(None) is None and flip_count(None) == 1
+    assert FlipSpec.parse(None) is None and flip_count(None) == 1 and tta_parts(None) == {}
 
 
 def _net(x: np.ndarray) -> np.ndarray:

@@ -35,8 +35,7 @@ def graph_plan(
     computer's profile (its budget, without a limit, half its memory), else this one;
     `window`: the given window (or tile) instead of the chosen one; `device` "gpu": the GPU
     plan at `precision` within the device cap (--memory-limit caps it too), with each conv
-    node's primitive and the predicted time of every candidate; `flips`: forward passes
-    per window (test-time flips, engine/compute/tta.py), counted in every time."""
+    node's primitive and the predicted time of every candidate; `flips`: passes a window."""
     budget = pass_budget_bytes(limit_bytes, machine.memory_bytes if machine else None)
     shape = region or UNBOUNDED
     common = {
@@ -52,20 +51,18 @@ def graph_plan(
 
         machine = machine or planning_machine()
         gpu["device_cap_bytes"] = device_cap_bytes(machine, limit_bytes)
-    how = {"device": device, "precision": precision, "device_cap": gpu.get("device_cap_bytes"),
-           "flips": flips}
+    how = {"device": device, "precision": precision, "device_cap": gpu.get("device_cap_bytes")}
     if window is not None:  # segment's --window: planned and checked, not chosen
-        choice = plan_window(model, window, budget, shape, overlap, machine, **how)
+        choice = plan_window(model, window, budget, shape, overlap, machine, **how, flips=flips)
     else:
-        choice = choose(model, budget, shape, overlap, machine, **how)
+        choice = choose(model, budget, shape, overlap, machine, **how, flips=flips)
     if device == "gpu":
         gpu.update(gpu_details(choice))
     planned = {
         "region": list(shape),
         "region_given": region is not None,
         "window_given": window is not None,
-        "passes": choice.passes,
-        "flips": choice.flips,  # forward passes per window or tile (test-time flips)
+        "passes": choice.passes, "flips": choice.flips,  # windows; passes each (test-time flips)
         "predicted_seconds": region_seconds(shape, choice.predicted_voxels_per_second),
         "window": list(choice.window),
         "window_peak_bytes": choice.plan.peak_bytes,

@@ -183,3 +183,9 @@ def flip_back_into(xp: Any, total: Any, y: Any, variant: tuple[int, ...], first:
         total += back
     if last:
         total /= xp.float32(count)
+
+
+def tta_parts(text: str | None) -> dict[str, str]:
+    """The ledger fingerprint's part for a --tta value (engine/io/ledger.py): its recorded
+    form, or nothing without flips, so earlier outputs' ledgers still match."""
+    return {} if text is None else {"tta": str(canonical(text))}
