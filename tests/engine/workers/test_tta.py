@@ -169,18 +169,25 @@ def test_standin_gpu_equals_the_cpu(tmp_path, volume, onnx_models, monkeypatch, 
     assert close(outs[1], outs[0])
 
 
-def test_resume_after_sigkill_keeps_the_same_output(tmp_path, volume, sequential) -> None:
+@pytest.mark.parametrize("kind", ["sequential", "windowed"])
+def test_resume_after_sigkill_keeps_the_same_output(tmp_path, volume, sequential, onnx_models,
+                                                    kind) -> None:
     from znni.engine.io.ledger import read_ledger
 
     _, inp = volume
-    path, _, _ = sequential
+    model = [str(sequential[0])] if kind == "sequential" else [
+        str(onnx_models.copy("unet", tmp_path / "unet.onnx")), "--window", "8,16,12",
+        "--scale", str(1 / 255)]
     whole, out = tmp_path / "whole.zarr", tmp_path / "killed.zarr"
-    common = ["--chunks", "8,8,8", "--block", "8,8,8", "--tta", "flips", "--quiet"]
-    cmd = [sys.executable, "-m", "znni.cli", "segment", str(path), inp, str(out), *common]
+    options = [*model[1:], "--chunks", "8,8,8", "--block", "8,8,8", "--quiet"]
+
+    def cmd(output: Path, tta: str = "flips") -> list[str]:
+        return [sys.executable, "-m", "znni.cli", "segment", model[0], inp, str(output),
+                *options, "--tta", tta]
+
     env = {**os.environ, "ZNNI_BACKEND": "reference", "OMP_NUM_THREADS": "1"}
-    uninterrupted = [*cmd[:6], str(whole), *cmd[7:]]
-    assert subprocess.run(uninterrupted, env=env).returncode == 0
-    proc = subprocess.Popen(cmd, env=env)
+    assert subprocess.run(cmd(whole), env=env).returncode == 0
+    proc = subprocess.Popen(cmd(out), env=env)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         if out.exists() and len(read_ledger(str(out), ctx=StoreContext())[1]) >= 3:
@@ -191,9 +198,9 @@ def test_resume_after_sigkill_keeps_the_same_output(tmp_path, volume, sequential
     assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
     total = 2 * 4 * 4  # blocks of 8x8x8 over 15x29x26
     assert 3 <= len(read_ledger(str(out), ctx=StoreContext())[1]) < total
-    other = [*cmd[:-4], "--tta", "flips:z"]  # other flips: another output, refused
-    assert subprocess.run(other, env=env, capture_output=True).returncode == 2
-    assert subprocess.run(cmd, env=env).returncode == 0
+    other = subprocess.run(cmd(out, "flips:z"), env=env, capture_output=True, text=True)
+    assert other.returncode == 2 and "(tta differs)" in other.stderr  # another output
+    assert subprocess.run(cmd(out), env=env).returncode == 0
     assert np.array_equal(zarr.open_array(str(out))[...], zarr.open_array(str(whole))[...])
 
 
