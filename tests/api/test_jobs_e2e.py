@@ -120,8 +120,15 @@ def test_plan_for_an_input_region(read_server, read_site) -> None:
             region_seconds_of(plan, (4, 4, shape[2])))
         assert all(o <= w for o, w in zip(plan["output_size"], whole["output_size"], strict=True))
         assert plan["output_size"] != whole["output_size"]
+        # the whole run as `znni plan --input` predicts it (issue 39): its blocks and stages
+        job = plan["job_seconds"]
+        assert plan["predicted_job_seconds"] == pytest.approx(job["total_s"])
+        assert job["total_s"] > job["patches_s"] > 0 and plan["block_edges"][0][0] == 0
+        assert "predicted_job_seconds" not in whole
         for body, words in (
             ({"input": "escape/secret.zarr"}, "outside the data root"),
+            ({"chunks": [8, 8, 8]}, "need an input"),
+            ({"input": "small.zarr", "precision": "bf16"}, "sequential networks are planned"),
             ({"input": "small.zarr", "roi": [[0, 999], [None, None], [None, None]]},
              "outside the volume"),
             ({"roi": [[0, 4], [None, None], [None, None]]}, "need an input"),

@@ -87,7 +87,11 @@ def test_windowed_job_equals_monai_sliding_window(server, onnx_site) -> None:
         assert params["window"] == [16, 32, 32] and params["blend"] == "constant"
         assert params["scale"] == 1 / 255 and params["output_name"] is None
         done = wait_job(client, r.json()["id"], ("succeeded",), timeout_s=300)
-    assert done["plan"] is None  # no planner's plan: the report says how it ran
+    # no planner's plan: the run's summary is stored when the run has made it, with its
+    # whole-run prediction, where the job's ETA starts (issue 39)
+    assert done["plan"]["mode"] == "windowed" and done["plan"]["window"] == [16, 32, 32]
+    assert done["predicted_s"] > 0
+    assert done["predicted_s"] == pytest.approx(done["plan"]["job_seconds"]["total_s"])
     ran = done["report"]["plan"]
     assert ran["mode"] == "windowed" and ran["window"] == [16, 32, 32] and ran["overlap"] == 0.5
     assert done["progress"]["done"] == done["progress"]["total"] > 1
@@ -103,6 +107,8 @@ def test_exact_onnx_chain_runs_with_scale(server, onnx_site) -> None:
         assert r.status_code == 201, r.text
         done = wait_job(client, r.json()["id"], ("succeeded",))
     assert done["plan"]["algorithm"] and done["report"]["blocks_computed"] >= 1
+    assert done["predicted_s"] > 0
+    assert done["predicted_s"] == pytest.approx(done["plan"]["job_seconds"]["total_s"])
 
 
 UNET = {"network": "unet", "input": "em.zarr", "output": "out/never.zarr"}
@@ -164,6 +170,8 @@ def test_plan_for_a_windowed_model(server, onnx_site) -> None:
     assert em["region"] == [16, *VOLUME[1:]] and em["region_given"] and em["overlap"] == 0.5
     assert not plan["region_given"] and plan["region"] == [512, 512, 512]
     assert em["passes"] >= 1 and all(w % 16 == 0 for w in em["window"])
+    assert em["predicted_job_seconds"] > em["predicted_seconds"] > 0  # start-up, reads, writes
+    assert "predicted_job_seconds" not in plan  # no input: no region's run to predict
     assert em["window"][0] == 16 and em["window"] != plan["window"]  # chosen for 16x41x36
     with server.client() as client:
         given = client.post("/v1/plan", json={"network": "unet", "input": "em.zarr",

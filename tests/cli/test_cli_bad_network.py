@@ -139,5 +139,6 @@ def test_network_that_is_a_directory(tmp_path, capsys):
     code = main(["segment", str(tmp_path / "in.zarr"), "x.zarr", str(tmp_path / "o.zarr")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1
-    assert "is a directory; give a JSON network spec or an .onnx model file" in err
+    assert "is a directory without an rdf.yaml; give a JSON network spec, an .onnx model " \
+        "file or a bioimage.io package" in err
     assert not (tmp_path / "o.zarr").exists()

@@ -170,10 +170,17 @@ def test_plan_for_an_input_is_what_segment_runs(tmp_path, volume, capsys, onnx_m
     ran = zarr.open_array(str(out), mode="r").attrs["znni"]["plan"]
     assert ran["window"] == plan["window"] and ran["batch"] == plan["batch"]
     assert ran["predicted_voxels_per_second"] == pytest.approx(plan["predicted_voxels_per_second"])
+    # the whole run (issue 39): start-up, the windows and the exposed reads and writes,
+    # the same prediction in the plan and in the run that followed it
+    job = plan["job_seconds"]
+    assert plan["predicted_job_seconds"] == pytest.approx(job["total_s"])
+    assert job["total_s"] == pytest.approx(job["startup_s"] + job["windows_s"] + job["io_s"])
+    assert job["windows_s"] == pytest.approx(plan["predicted_seconds"]) and job["blocks"] >= 1
+    assert ran["job_seconds"]["total_s"] == pytest.approx(job["total_s"], rel=1e-6)
     assert main(["plan", str(onnx_path), "--input", inp, *common]) == 0
     text = capsys.readouterr().out
     assert f"window {'x'.join(map(str, plan['window']))} for the volume 14x25x36" in text
-    assert f"{plan['passes']} window" in text
+    assert f"{plan['passes']} window" in text and "whole run: about" in text
     assert main(["plan", str(onnx_path), "--input", inp, *common, "--window", "8,16,12",
                  "--json"]) == 0
     given = json.loads(capsys.readouterr().out)

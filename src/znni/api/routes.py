@@ -25,7 +25,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
 from znni.api.metrics import RequestCounter
-from znni.api.planning import PlannerUnavailableError, plan_summary
+from znni.api.planning import JobShape, PlannerUnavailableError, plan_summary
 from znni.api.schemas import (
     ErrorRead,
     JobCreate,
@@ -283,14 +283,16 @@ def plan(body: PlanRequest, state: StateDep) -> PlanRead:
     settings = state.settings
     try:
         network = state.catalogue.get(body.network)
-        region = None
+        region, in_bytes = None, 1
         if body.input is not None:
-            region = plan_region(settings.data_root, settings.allow_url, network, body.input,
-                                 body.roi, body.level, store=state.stores)
-        elif body.roi is not None or body.level is not None:
-            raise ValueError("roi and level need an input, the volume to plan for")
+            region, in_bytes = plan_region(settings.data_root, settings.allow_url, network,
+                                           body.input, body.roi, body.level,
+                                           store=state.stores)
+        elif any(v is not None for v in (body.roi, body.level, body.chunks)):
+            raise ValueError("roi, level and chunks need an input, the volume to plan for")
         result = plan_summary(network, settings, body.device, body.memory_limit_bytes,
-                              region, body.overlap, body.window)
+                              region, body.overlap, body.window,
+                              job=JobShape(in_bytes, body.dtype, body.chunks, body.precision))
     except ValueError as e:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(e)) from e
     except PlannerUnavailableError as e:

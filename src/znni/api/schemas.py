@@ -83,7 +83,8 @@ class JobRead(BaseModel):
     parameters: dict[str, Any]
     progress: Progress
     voxels_per_second: float | None
-    eta_s: float | None
+    eta_s: float | None  # from predicted_s at the start, then more and more the measured rate
+    predicted_s: float | None  # the whole run's predicted seconds (its plan's job_seconds)
     elapsed_s: float | None
     error: str | None
     plan: dict[str, Any] | None
@@ -166,6 +167,10 @@ class PlanRequest(BaseModel):
     level: Annotated[int, Field(ge=0, le=64)] | None = None
     overlap: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.25  # windowed models
     window: tuple[PositiveSize, PositiveSize, PositiveSize] | None = None  # ONNX: not chosen
+    # as a job takes them: what its whole run's time (predicted_job_seconds) depends on
+    precision: Literal["fp32", "tf32", "bf16", "fp16"] = "fp32"
+    dtype: Literal["float32", "uint8"] = "float32"  # the output's: its writes are timed
+    chunks: tuple[PositiveSize, PositiveSize, PositiveSize] | None = None  # with input
 
 
 class PlanRead(BaseModel):
@@ -209,6 +214,9 @@ class BlockMapRead(BaseModel):
     region: tuple[tuple[int, int], tuple[int, int], tuple[int, int]]
     step: Triple  # the block shape on the chunk grid (edge blocks are clipped)
     grid: Triple  # blocks along z, y, x
+    # the planned layout's cuts per axis, from the region's start to its end, where the
+    # plan merged a thin remainder into its neighbour (null: the plain grid of `step`)
+    edges: tuple[list[int], list[int], list[int]] | None = None
     total: int
     done: int
     max_blocks: int

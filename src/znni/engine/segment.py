@@ -23,18 +23,16 @@ from znni.engine.compute.execution import (
     graph_pass_device,
 )
 from znni.engine.compute.graph_choice import GraphChoice, choose, plan_window
-from znni.engine.compute.graph_plan import run_summary
+from znni.engine.compute.graph_plan import default_block_shape, run_summary
 from znni.engine.compute.layout import (
     PLAN_FRACTION,
     input_cache_bytes,
     memory_budget_bytes,
     plan_with_layout,
-    windowed_block_shape,
     with_job_time,
     with_layout,
 )
 from znni.engine.compute.statistics import prepare_package
-from znni.engine.compute.tiles import tile_output
 from znni.engine.compute.tta import FlipSpec, flip_count, tta_parts
 from znni.engine.compute.windows import WindowGrid
 from znni.engine.geometry import Block, Box, Halo, Triple, split_blocks
@@ -164,8 +162,7 @@ def _prepare_run(job: SegmentJob, plan: Plan | None) -> PreparedRun:
         if resume and header is not None and "block_shape" in header:
             block = as_triple(header["block_shape"], "the ledger's block_shape")
         else:
-            span = window if net.mode == "windowed" else tile_output(net, window)  # type: ignore[union-attr]
-            block = job.block or windowed_block_shape(chunks, span, region.shape)
+            block = job.block or default_block_shape(net, window, chunks, region)  # type: ignore[arg-type]
         return PreparedRun(**checked, patch=window, block_shape=block, primitives=None,
                            plan=None, window=window, choice=choice)
     step = job.block  # --block: its plain grid; on resume the ledger's, remainders merged
@@ -265,23 +262,25 @@ def segment(
     cancel: threading.Event | None = None,
     backend: Backend | None = None,
     plan: Plan | None = None,
+    on_plan: Callable[[dict[str, Any]], None] | None = None,
 ) -> SegmentReport:
-    """Compute every unfinished block of the job and write it; see the module docstring."""
+    """Compute and write every unfinished block (module docstring); `on_plan` gets the plan."""
     timer = StageTimer()
     with job.store.remembering() as ctx:  # the setup asks each store question once
         setup = replace(job, store=ctx)
         prep = prepare_run(setup, plan)
         plan = prep.plan
         plan_dict = plan.to_dict() if plan is not None else run_summary(
-            job, prep.choice, prep.volume.shape, prep.block_shape)
+            job, prep.choice, prep.volume.shape, prep.block_shape, prep.region.shape,
+            prep.volume.dtype.itemsize)
         target, ledger, blocks, spec, worker, reads, lock = _set_up(prep.job, prep, plan_dict,
                                                                     backend, timer)
+    if on_plan is not None:
+        on_plan(dict(plan_dict))
     todo = [b for b in blocks if b.key not in prep.done]
     done_voxels = sum(b.write.size for b in blocks if b.key in prep.done)
-    meter = Progress(
-        len(blocks), prep.region.size, quiet=quiet, callback=progress,
-        blocks_done=len(blocks) - len(todo), voxels_done=done_voxels,
-    )
+    meter = Progress(len(blocks), prep.region.size, quiet=quiet, callback=progress,
+                     blocks_done=len(blocks) - len(todo), voxels_done=done_voxels)
     bad = getattr(getattr(worker, "volume", None), "bad_chunks", None)  # --on-bad-chunk
     skipped: set[str] = getattr(worker, "skipped", set())  # written without compute
 

@@ -70,6 +70,7 @@ class JobRunner:
                 progress=self._progress_callback(record),
                 cancel=self.current.cancel,
                 plan=plan,
+                on_plan=None if plan is not None else self._store_summary(record),
             )
         except SegmentCancelled:
             if self.current.shutdown:
@@ -130,15 +131,27 @@ class JobRunner:
     def _plan(self, record: JobRecord, job: SegmentJob) -> Plan | None:
         """The job's plan: the stored one on resume, else the planner's for this job.
 
-        None for a windowed model: it has no planner's plan (the engine chooses its window,
-        or reads the one its output's ledger recorded, and reports it in the job's report).
+        None for a graph model: it has no planner's plan (the engine chooses its window or
+        tile, or reads the one its output's ledger recorded; its run summary is stored as
+        the job's plan once made, `_store_summary`, and is not a Plan).
         """
-        if record.plan is not None and record.plan.get("mode", "exact") == "exact":
+        if record.plan is not None and "algorithm" in record.plan:  # a planner.Plan
             return Plan.from_dict(record.plan)
         plan = check_and_plan(job)
         if plan is not None:
             self.store.set_plan(record.id, plan.to_dict())
         return plan
+
+    def _store_summary(self, record: JobRecord) -> Any:
+        """A graph model's run summary (window, its whole-run prediction), stored as the
+        job's plan when the run has made it: the ETA starts from its prediction."""
+        def store(summary: dict[str, Any]) -> None:
+            try:
+                self.store.set_plan(record.id, summary)
+            except sqlite3.Error as e:  # a busy database must not fail the computation
+                log.warning("job %d: plan not recorded (%s)", record.id, e)
+
+        return store
 
     def _progress_callback(self, record: JobRecord) -> Any:
         def progress(event: ProgressEvent) -> None:

@@ -123,9 +123,10 @@ def plan_region(
     data_root: Path, allow_url: tuple[str, ...], model: Model, input: str,
     roi: tuple[tuple[int | None, int | None], ...] | None, level: int | None,
     store: StoreContext | None = None,
-) -> tuple[int, int, int]:
-    """The (z, y, x) shape of a plan request's input region, its input located as a job's
-    is (`check_submission`) and read from its metadata alone; ValueError in API words."""
+) -> tuple[tuple[int, int, int], int]:
+    """The (z, y, x) shape of a plan request's input region and the input's bytes per
+    value, its input located as a job's is (`check_submission`) and read from its metadata
+    alone; ValueError in API words."""
     from znni.engine.io.volume import open_input
     from znni.engine.units import roi_shape
 
@@ -134,7 +135,8 @@ def plan_region(
     if level is not None:
         path = input_level(data_root, allow_url, path, input, level, store=ctx)
     try:
-        return roi_shape(roi, open_input(path, model.in_channels, ctx=ctx).shape)
+        volume = open_input(path, model.in_channels, ctx=ctx)
+        return roi_shape(roi, volume.shape), int(volume.dtype.itemsize)
     except (ValueError, TypeError, FileNotFoundError, NotADirectoryError) as e:
         raise ValueError(api_words(relative_to_root(data_root, str(e)))) from e
 

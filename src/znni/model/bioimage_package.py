@@ -65,7 +65,9 @@ def _rdf_name(folder: Path) -> str:
     for name in RDF_NAMES:
         if (folder / name).is_file():
             return name
-    raise ValueError(f"bioimage.io package folder {folder} has no rdf.yaml")
+    raise ValueError(f"network {folder} is a directory without an rdf.yaml; give a JSON "
+                     "network spec, an .onnx model file or a bioimage.io package (a .zip, or "
+                     "a folder with its rdf.yaml)")
 
 
 def _first_error(descr: Any) -> str:

@@ -7,14 +7,15 @@ from typing import Any
 
 from znni.engine.compute.execution import graph_backend_name, planning_machine
 from znni.engine.compute.graph_choice import GraphChoice, choose, plan_window
-from znni.engine.compute.layout import pass_budget_bytes, region_seconds
-from znni.engine.compute.tiles import tile_output
+from znni.engine.compute.layout import pass_budget_bytes, region_seconds, windowed_block_shape
+from znni.engine.compute.tiles import block_tiles, exact_block_shape, tile_output
 from znni.engine.compute.windows import WindowGrid
+from znni.engine.geometry import Box
 from znni.engine.job import SegmentJob
 from znni.model.graph import window_dependence
 from znni.model.onnx_model import OnnxModel
 from znni.planner.machine import MachineProfile
-from znni.triple import Triple
+from znni.triple import Triple, as_triple
 
 UNBOUNDED = (512, 512, 512)  # no region given: plan for a 512^3 volume
 EXACT_REASON = (
@@ -102,7 +103,8 @@ def gpu_details(choice: GraphChoice) -> dict[str, Any]:
 
 
 def run_summary(job: SegmentJob, choice: GraphChoice | None, volume_shape: Triple,
-                block_shape: Triple) -> dict[str, Any]:
+                block_shape: Triple, region: Triple | None = None,
+                in_bytes: int = 1) -> dict[str, Any]:
     """A graph model run's plan for its report: mode, window or tile, where it runs and at
     what precision (what runs: our CPU kernels stay fp32), whether the whole window is one
     compiled network, predictions, primitives."""
@@ -118,12 +120,61 @@ def run_summary(job: SegmentJob, choice: GraphChoice | None, volume_shape: Tripl
         "peak_bytes": choice.plan.peak_bytes, "batch": choice.plan.batch,
         "primitives": choice.plan.primitives, "block_shape": list(block_shape),
         "tta": job.tta, "flips": choice.flips,
+        "passes": choice.passes,  # over the region in one block (tiles: blocks run more)
     }
     if model.mode == "exact":
-        return {"mode": "exact", "tile": list(window),
-                "tile_output": list(tile_output(model, window)),
-                "context": list(model.context), "size_factor": list(model.size_factor),
-                **predicted}
+        summary = {"mode": "exact", "tile": list(window),
+                   "tile_output": list(tile_output(model, window)),
+                   "context": list(model.context), "size_factor": list(model.size_factor),
+                   **predicted}
+        return _job_time(summary, model, region, in_bytes, job.dtype)
     grid = WindowGrid.for_volume(volume_shape, window, job.overlap)
-    return {"mode": "windowed", "window": list(window), "overlap": job.overlap,
-            "blend": job.blend, "windows": grid.num_windows, **predicted}
+    summary = {"mode": "windowed", "window": list(window), "overlap": job.overlap,
+               "blend": job.blend, "windows": grid.num_windows, **predicted}
+    return _job_time(summary, model, region, in_bytes, job.dtype)
+
+
+def _job_time(summary: dict[str, Any], model: OnnxModel, region: Triple | None,
+              in_bytes: int, out_dtype: str) -> dict[str, Any]:
+    """A run's summary with its whole-run prediction over `region` (none without one)."""
+    if region is None:
+        return summary
+    return with_job_time({**summary, "region": list(region)}, model, None, in_bytes, out_dtype)
+
+
+def with_job_time(summary: dict[str, Any], model: OnnxModel, chunks: Triple | None,
+                  in_bytes: int, out_dtype: str) -> dict[str, Any]:
+    """`summary` (graph_plan's or run_summary's) with the whole run's predicted seconds
+    (planner.jobtime.graph_job_seconds) over its region, in the blocks `segment` cuts: the
+    summary's block shape, else the default for the output's `chunks` (exact tiles: every
+    block runs its own tiles, counted)."""
+    from znni.planner.jobtime import graph_job_seconds
+
+    region = as_triple(summary["region"], "the plan's region")
+    window = as_triple(summary.get("window") or summary["tile"], "the plan's window")
+    box = Box((0, 0, 0), region)
+    if summary.get("block_shape"):
+        block = as_triple(summary["block_shape"], "the plan's block shape")
+    elif chunks is None:
+        raise ValueError("a graph plan's whole-run time needs the output's chunks or blocks")
+    else:
+        block = default_block_shape(model, window, chunks, box)
+    region_s = region_seconds(region, summary["predicted_voxels_per_second"])
+    margin: Triple = window  # windowed: a block reads about half a window beyond each face
+    if model.mode == "exact":
+        span = tile_output(model, window)
+        margin = (window[0] - span[0], window[1] - span[1], window[2] - span[2])
+        region_s *= block_tiles(model, window, block, box) / max(1, summary["passes"])
+    job = graph_job_seconds(region_s, region, block, margin, in_channels=model.in_channels,
+                            out_channels=model.out_channels, in_bytes=in_bytes,
+                            out_dtype=out_dtype)
+    return {**summary, "predicted_job_seconds": job["total_s"], "job_seconds": job}
+
+
+def default_block_shape(model: OnnxModel, window: Triple, chunks: Triple, region: Box) -> Triple:
+    """`segment`'s block for a graph job without --block: about two windows wide (windows
+    straddling blocks are kept, computed once), or for exact tiles the extent that runs the
+    fewest tiles (tiles.exact_block_shape)."""
+    if model.mode == "exact":
+        return exact_block_shape(model, window, chunks, region)
+    return windowed_block_shape(chunks, window, region.shape)
