@@ -125,10 +125,16 @@ def test_plan_for_an_input_region(read_server, read_site) -> None:
         assert plan["predicted_job_seconds"] == pytest.approx(job["total_s"])
         assert job["total_s"] > job["patches_s"] > 0 and plan["block_edges"][0][0] == 0
         assert "predicted_job_seconds" not in whole
+        flipped = client.post("/v1/plan", json={
+            "network": "tiny", "device": "cpu", "input": "small.zarr", "tta": "flips",
+            "roi": [[0, 4], [1, 5], [None, None]]}).json()["plan"]
+        assert flipped["predicted_patch_s"] == pytest.approx(8 * plan["predicted_patch_s"])
+        assert flipped["job_seconds"]["patches_s"] > 4 * job["patches_s"]  # 8 passes a patch
         for body, words in (
             ({"input": "escape/secret.zarr"}, "outside the data root"),
             ({"chunks": [8, 8, 8]}, "need an input"),
             ({"input": "small.zarr", "precision": "bf16"}, "sequential networks are planned"),
+            ({"tta": "mirror"}, "tta"),
             ({"input": "small.zarr", "roi": [[0, 999], [None, None], [None, None]]},
              "outside the volume"),
             ({"roi": [[0, 4], [None, None], [None, None]]}, "need an input"),

@@ -127,3 +127,23 @@ def test_sigkill_then_resume_keeps_the_same_labels(tmp_path: Path) -> None:
     got, want = zarr.open_array(str(out))[...], zarr.open_array(str(clean))[...]
     assert np.array_equal(got, want)
     assert not want[:, :, 40:].any() and not want[:, :, :, :12].any() and want.any()
+
+
+def test_plan_of_a_graph_model_checks_and_shows_the_output(setup: dict, onnx_models,
+                                                           capsys) -> None:
+    """`znni plan MODEL.onnx --input` takes --labels and --mask as segment does: checked
+    (a bad value is one line, exit 2), shown, and its whole run timed at the stored dtype."""
+    model = str(onnx_models.copy("unet", setup["tmp"] / "u.onnx"))
+    common = ["plan", model, "--input", setup["inp"], "--memory-limit", "256MiB"]
+    capsys.readouterr()  # the model's export
+    assert main([*common, "--labels", "argmax", "--mask", setup["mask"], "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert (plan["output_channels"], plan["output_dtype"]) == (1, "uint8")
+    assert plan["mask"] == setup["mask"] and plan["blocks_outside_mask"] is None
+    assert plan["predicted_job_seconds"] > 0
+    assert main([*common, "--labels", "argmax", "--mask", setup["mask"]]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("output: "))
+    assert "1 uint8 channel (labels argmax)" in line and "outside the mask" in line
+    assert main([*common, "--labels", "threshold"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "needs a number after threshold" in err

@@ -25,6 +25,13 @@ class JobShape:
     dtype: str = "float32"
     chunks: tuple[int, int, int] | None = None
     precision: str = "fp32"
+    tta: str | None = None  # test-time flips: 2^k passes per window or patch
+
+    @property
+    def flips(self) -> int:
+        from znni.engine.compute.tta import flip_count
+
+        return flip_count(self.tta)
 
 
 def plan_summary(
@@ -41,7 +48,7 @@ def plan_summary(
 
         other = _machine(settings) if settings.machine is not None else None
         summary = graph_plan(model, memory_limit_bytes, region, overlap, other, window,
-                             precision=job.precision)
+                             precision=job.precision, flips=job.flips)
         if region is None:
             return summary
         from znni.engine.io.volume import output_chunks
@@ -56,11 +63,13 @@ def plan_summary(
         raise ValueError(f"precision {job.precision} applies to ONNX graph models in this "
                          "version; sequential networks are planned in fp32")
     from znni.engine.compute.layout import region_seconds
+    from znni.engine.compute.tta import flipped_plan
     from znni.planner.search import region_voxels_per_second
 
     machine = _machine(settings)
     if region is None:
-        plan = exact_plan(model, machine, settings, device, memory_limit_bytes)
+        plan = flipped_plan(exact_plan(model, machine, settings, device, memory_limit_bytes),
+                            job.flips, model)
         return {"mode": "exact", **plan.to_dict()}
     plan = job_plan(model, machine, settings, device, memory_limit_bytes, region, job)
     return {"mode": "exact", **plan.to_dict(), "region": list(region),
@@ -125,4 +134,4 @@ def job_plan(
     return plan_with_layout(network, device, chunks, Box((0, 0, 0), region), budget,
                             job.in_bytes, job.dtype,
                             plan_for=None if settings.machine is None else other_machine,
-                            known_machine=settings.machine is None)
+                            known_machine=settings.machine is None, flips=job.flips)

@@ -292,7 +292,8 @@ def plan(body: PlanRequest, state: StateDep) -> PlanRead:
             raise ValueError("roi, level and chunks need an input, the volume to plan for")
         result = plan_summary(network, settings, body.device, body.memory_limit_bytes,
                               region, body.overlap, body.window,
-                              job=JobShape(in_bytes, body.dtype, body.chunks, body.precision))
+                              job=JobShape(in_bytes, body.dtype, body.chunks, body.precision,
+                                           body.tta))
     except ValueError as e:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(e)) from e
     except PlannerUnavailableError as e:

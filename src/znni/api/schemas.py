@@ -171,6 +171,7 @@ class PlanRequest(BaseModel):
     precision: Literal["fp32", "tf32", "bf16", "fp16"] = "fp32"
     dtype: Literal["float32", "uint8"] = "float32"  # the output's: its writes are timed
     chunks: tuple[PositiveSize, PositiveSize, PositiveSize] | None = None  # with input
+    tta: Annotated[str, Field(pattern=r"^flips(:[zyx]{1,3})?$", max_length=9)] | None = None
 
 
 class PlanRead(BaseModel):

@@ -55,8 +55,10 @@ def form_line(fields: dict[str, Any]) -> str | None:
     parts = [f"{fields['output_channels']} {fields['output_dtype']} channel"
              + "s" * (fields["output_channels"] != 1)
              + (f" (labels {fields['labels']})" if fields["labels"] else "")]
-    if fields["mask"]:
-        n = fields["blocks_outside_mask"]
+    if fields["mask"] and (n := fields["blocks_outside_mask"]) is None:  # graph models
+        parts.append("blocks wholly outside the mask written as 0 without compute (the "
+                     "predicted time counts them computed)")
+    elif fields["mask"]:
         parts.append(f"{n} block{'s' * (n != 1)} wholly outside the mask, written as 0 "
                      "without compute")
     if fields["skip_empty"] is not None:

@@ -42,15 +42,20 @@ def graph_summary(args: argparse.Namespace, model: Any, limit: int | None,
 def graph_job_summary(args: argparse.Namespace, model: Any, summary: dict) -> dict:
     """`summary` with the whole run's predicted seconds over --input's region, in the
     blocks `znni segment` cuts for --chunks and writes in --dtype."""
+    from znni.cli.output_options import form_fields, plan_form
     from znni.engine.compute.graph_plan import with_job_time
     from znni.engine.io.volume import output_chunks
     from znni.engine.units import parse_triple
 
     volume = input_volume(args, model.in_channels)
     asked = parse_triple(args.chunks, "--chunks") if args.chunks else None
-    chunks = output_chunks(asked, None, volume.shape, model.out_channels, args.dtype,
-                           "the output")
-    return with_job_time(summary, model, chunks, volume.dtype.itemsize, args.dtype)
+    form = plan_form(args, model.out_channels, volume.shape)  # --labels, --mask: as segment
+    chunks = output_chunks(asked, None, volume.shape, form.channels, form.dtype, "the output")
+    fields = form_fields(args, model.out_channels, None)
+    if fields:  # a graph run's prediction computes the blocks outside the mask too
+        fields["blocks_outside_mask"] = None
+    return {**with_job_time(summary, model, chunks, volume.dtype.itemsize, form.dtype),
+            **fields}
 
 
 def format_graph_plan(s: dict) -> str:
@@ -93,6 +98,10 @@ def format_graph_plan(s: dict) -> str:
                      f"{j['startup_s']:.1f} s, {what[1]} {j['windows_s']:.1f} s, reads and "
                      f"writes not hidden {j['io_s']:.1f} s ({j['io_total_s']:.1f} s in all), "
                      f"{j['blocks']} block{'s' * (j['blocks'] != 1)}")
+    if s.get("output_channels"):  # --labels, --mask, --skip-empty
+        from znni.cli.output_options import form_line
+
+        lines.append(str(form_line(s)))
     if s.get("compiled"):
         lines.append(
             f"compiled: every node in one OpenVINO network ({s['compiled']}) at "
