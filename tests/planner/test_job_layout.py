@@ -4,6 +4,7 @@ per block, remainders merged where they cost whole patches, halos, and no drift.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -135,27 +136,39 @@ def test_engine_cuts_the_plans_layout(tmp_path: Path) -> None:
 
 
 def test_job_seconds_counts_every_stage(tmp_path: Path, monkeypatch) -> None:
-    """Patches by hand over the issue's layout; a patch shape not yet run pays FFTW's
-    planning once; the first block's read and the last block's write are exposed."""
-    from znni.planner.jobtime import STARTUP_S, job_seconds, pass_key, record_warm
-    from znni.planner.plan import Plan
+    """Patches by hand over the issue's layout; an FFT layer whose shape has not run here
+    pays FFTW's planning once, in its own layer times (direct layers plan nothing); the
+    first block's read and the last block's write are exposed."""
+    from znni.planner.jobtime import (
+        COLD_LAYER_FACTOR,
+        STARTUP_S,
+        fft_layer_keys,
+        job_seconds,
+        record_warm,
+    )
+    from znni.planner.plan import LayerPlan, Plan
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setenv("ZNNI_FFT_EFFORT", "FFTW_MEASURE")
     net = n537_width24()
+    prims = ("fft-keep",) + (None,) * (len(net.ops) - 1)
+    layers = (LayerPlan(0, "conv", "cpu", "fft-keep", 5.0, 0),)  # 5 of the patch's 20 s
     plan = Plan("n537-w24", "m", "cpu", (218,) * 3, (56,) * 3, 1, None,  # type: ignore[arg-type]
-                ("fft-keep",) + (None,) * (len(net.ops) - 1), (), 2**30, 20.0, 1.0)
+                prims, layers, 2**30, 20.0, 1.0)
     edges = ((0, 200), (0, 200), (0, 200))
     job = job_seconds(plan, net, edges, in_bytes=1, out_dtype="uint8")
     assert (job.blocks, job.patches) == (1, 64)
     assert job.patches_s == pytest.approx(64 * 20.0)
     assert job.computed_voxels == job.ideal_voxels == 224**3
-    assert job.cold_shapes == 1 and job.fftw_planning_s > 0  # no wisdom here yet
+    assert job.cold_shapes == 1  # no wisdom here yet: layer 0's transforms are planned
+    assert job.fftw_planning_s == pytest.approx(COLD_LAYER_FACTOR["FFTW_MEASURE"] * 5.0)
+    direct = replace(plan, primitives=("direct",) + prims[1:])
+    assert job_seconds(direct, net, edges, in_bytes=1, out_dtype="uint8").cold_shapes == 0
     assert job.total_s == pytest.approx(STARTUP_S + job.fftw_planning_s + job.first_pass_s
                                         + job.patches_s + job.io_s)
     (tmp_path / "znni").mkdir()
     (tmp_path / "znni" / "fftw-wisdom-single.dat").write_text("")
-    record_warm({pass_key(net, (218, 218, 218), 1, plan.primitives)})
+    record_warm(set(fft_layer_keys(net, (218, 218, 218), 1, plan.primitives).values()))
     warm = job_seconds(plan, net, edges, in_bytes=1, out_dtype="uint8")
     assert warm.fftw_planning_s == 0 and warm.cold_shapes == 0
     plain = ((0, 192, 200),) * 3

@@ -1,7 +1,7 @@
 """The predicted time of a whole `znni segment` process over a planned block layout.
 
 Stages (seconds), summed: start-up (interpreter, imports, opening the arrays), FFTW's
-planning of every patch shape this machine has not run before (its wisdom is then
+planning of every FFT layer shape this machine has not run before (its wisdom is then
 saved, so a second run skips it), the first pass's pages, every block's patches (their
 clipped shapes, planner.blocks), and the reads and writes the read-ahead and
 write-behind threads do not hide behind the compute. Rates are this machine's where
@@ -31,13 +31,14 @@ log = logging.getLogger(__name__)
 # interpreter start, imports, plan and store set-up of `znni segment` outside its timed
 # run: 0.7 s on the CI VM (10.2 s wall against 9.5 s reported, n337 w24 over 96^3)
 STARTUP_S = 0.8
-# FFTW_MEASURE plans every transform of a new patch shape by timing candidates: n337 w24
-# took 34 s more on its first run than on its second at 180^3 with no wisdom yet (5.5 s
-# per patch, 6.2x); with wisdom of other shapes, many 1D transforms are in it already:
-# 18 s at 188^3 (6.5 s, 2.8x), about 13 s at 184x216x232 (10.5 s, 1.25x); CI VM,
-# 2026-11-27. FFTW_ESTIMATE plans without timing
-COLD_PASS_FACTOR = {"FFTW_ESTIMATE": 0.0, "FFTW_MEASURE": 6.0}
-SOME_WISDOM_FACTOR = 2.0  # of COLD_PASS_FACTOR's FFTW_MEASURE case, where wisdom exists
+# FFTW_MEASURE plans the transforms of each FFT layer of a new shape by timing candidates,
+# in proportion to the layer's own time (direct layers plan nothing). n337 w24 over 96^3
+# (one 180^3 patch, four fft-keep layers predicted 1.38 s a patch) ran 18.4 s longer the
+# first time with no wisdom at all: 13.3x; over 100x130x150 (184x220x236, 3.0 s) 24.4 s
+# longer with the first run's wisdom on disk (other sizes): 8.1x. 2-core AMD EPYC VM,
+# 2026-11-27 (`znni segment` twice, whole processes). FFTW_ESTIMATE plans without timing
+COLD_LAYER_FACTOR = {"FFTW_ESTIMATE": 0.0, "FFTW_MEASURE": 13.0}
+SOME_WISDOM_FACTOR = 8.0  # COLD_LAYER_FACTOR's FFTW_MEASURE case where wisdom exists
 # the first pass's page faults in a whole run: 1.8 s over a 2.55 GiB pass (n337 w24 at
 # 180^3, 7.3 s against 5.5 predicted, warm, CI VM), 0.66 ns/byte; the planner's own
 # FIRST_PASS_S_PER_PEAK_BYTE (2 ns) is the top of a range it only compares plans with
@@ -64,7 +65,7 @@ class JobSeconds:
     patches: int
     computed_voxels: int  # output voxels the patches compute (clipped patches counted)
     ideal_voxels: int  # the same for whole patches over the region in one block
-    cold_shapes: int  # patch shapes FFTW plans for the first time
+    cold_shapes: int  # FFT layer shapes FFTW plans for the first time (fft_layer_keys)
     skipped_blocks: int = 0  # wholly outside the mask: written as the fill value, no compute
 
     def to_dict(self) -> dict[str, float | int]:
@@ -82,14 +83,21 @@ def cache_path() -> Path:
     return Path(base) / "znni" / WARM_FILE
 
 
-def pass_key(network: Network, input_size: Sequence[int], batch: int,
-             primitives: Sequence[str | None] | None) -> str:
-    """One patch pass's FFT plans: the layers' shapes, the patch input, batch, primitives
-    and effort (weights do not matter)."""
-    layers = [(s.kind, s.out_channels, s.kernel, s.window) for s in network.layers]
-    text = repr((network.in_channels, layers, tuple(int(v) for v in input_size), int(batch),
-                 tuple(primitives or ()), effort()))
-    return hashlib.sha256(text.encode()).hexdigest()[:24]
+def fft_layer_keys(network: Network, input_size: Sequence[int], batch: int,
+                   primitives: Sequence[str | None] | None) -> dict[int, str]:
+    """Per conv layer that runs an FFT primitive on a patch of `input_size`, a key of the
+    transforms FFTW plans for it: the layer's shape, batch and the effort (not which FFT
+    primitive: both transform the same sizes). Direct layers plan nothing."""
+    prims = tuple(primitives or ())
+    keys = {}
+    for layer in network.layer_shapes(tuple(int(v) for v in input_size), int(batch)):
+        i = layer.index
+        if layer.kind != "conv" or i >= len(prims) or prims[i] not in COLD_FFT_PRIMITIVES:
+            continue
+        text = repr((layer.batch_in, layer.channels_in, layer.channels_out, layer.size_in,
+                     layer.kernel, effort()))
+        keys[i] = hashlib.sha256(text.encode()).hexdigest()[:24]
+    return keys
 
 
 def warm_keys() -> set[str]:
@@ -136,10 +144,12 @@ def job_seconds(
         size_in = tuple(c + f - 1 for c, f in zip(clipped, fov, strict=True))
         scale = prod(size_in) / full_in  # planner.blocks.axis_cost's model
         compute_s = -(-count // batch) * plan.predicted_patch_s * scale
-        key = pass_key(network, size_in, min(batch, count), plan.primitives)
-        if count and warm is not None and key not in warm and key not in seen:
-            seen.add(key)
-            cold += _cold_factor(plan, bool(warm)) * plan.predicted_patch_s * scale
+        if count and warm is not None:  # FFTW plans each FFT layer's transforms once
+            for j, key in fft_layer_keys(network, size_in, min(batch, count),
+                                         plan.primitives).items():
+                if key not in warm and key not in seen:
+                    seen.add(key)
+                    cold += _cold_factor(bool(warm)) * _layer_s(plan, j) * scale
         write = prod(h - a for a, h in zip(lo, hi, strict=True))
         read = prod(h - a + f - 1 for a, h, f in zip(lo, hi, fov, strict=True))
         read_s = read * network.in_channels * in_bytes / READ_BYTES_PER_S if count else 0.0
@@ -188,12 +198,15 @@ def _block_bytes(network: Network, read: int, write: int, in_bytes: int) -> int:
             + 2 * network.out_channels * write * 4)
 
 
-def _cold_factor(plan: Plan, some_wisdom: bool) -> float:
-    """FFTW planning per new patch shape, in patch times, where the plan has FFT convs."""
-    if not any(p in COLD_FFT_PRIMITIVES for p in plan.primitives):
-        return 0.0
-    factor = COLD_PASS_FACTOR.get(effort(), COLD_PASS_FACTOR["FFTW_MEASURE"])
+def _cold_factor(some_wisdom: bool) -> float:
+    """FFTW's planning of one FFT layer's new transforms, in that layer's times."""
+    factor = COLD_LAYER_FACTOR.get(effort(), COLD_LAYER_FACTOR["FFTW_MEASURE"])
     return min(factor, SOME_WISDOM_FACTOR) if some_wisdom else factor
+
+
+def _layer_s(plan: Plan, index: int) -> float:
+    """The plan's predicted seconds of layer `index` per patch (0 where not listed)."""
+    return sum(layer.predicted_s for layer in plan.layers if layer.index == index)
 
 
 def _exposed_io(blocks: list[tuple[float, float, float, int, int]]) -> float:

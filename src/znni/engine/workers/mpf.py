@@ -22,7 +22,7 @@ from znni.engine.io.borders import read_with_border
 from znni.engine.io.volume import encode_output
 from znni.engine.workers.base import VolumeWorker, trace_block
 from znni.model.network import Network
-from znni.planner.jobtime import pass_key, record_warm
+from znni.planner.jobtime import fft_layer_keys, record_warm
 from znni.primitives.base import Backend
 from znni.primitives.dense import dense_forward
 
@@ -64,7 +64,7 @@ class BlockWorker(VolumeWorker):
         execution = spec.execution or execution_for(None, "cpu")
         self.execution = execution
         self.gpu_backend: Backend | None = None
-        self._warmed: set[str] = set()  # pass keys recorded (planner/jobtime.record_warm)
+        self._warmed: set[str] = set()  # FFT layer keys recorded (planner/jobtime.record_warm)
         if backend is not None:  # an explicit backend runs everything (tests, benchmarks)
             self.backend = backend
             self.execution = Execution("cpu", backend.name)
@@ -119,10 +119,10 @@ class BlockWorker(VolumeWorker):
         prediction counts FFTW's planning only for shapes not yet run: planner/jobtime)."""
         if self.execution.mode != "cpu" or self.execution.cpu_backend != "cpu":
             return
-        key = pass_key(self.network, size_in, batch, self.spec.primitives)
-        if key not in self._warmed:
-            self._warmed.add(key)
-            record_warm({key})
+        keys = set(fft_layer_keys(self.network, size_in, batch, self.spec.primitives).values())
+        if not keys <= self._warmed:
+            self._warmed |= keys
+            record_warm(keys)
 
     def _forward(self, patches: Iterator[np.ndarray]) -> Iterator[np.ndarray]:
         """Dense outputs of the patch batches, in order, on the execution's device(s)."""
