@@ -82,6 +82,9 @@ def _relative(path: str, root: Path) -> str:
     """`path` relative to the data root. Stored paths are resolved and normalised by
     `confine`, so a string prefix test is exact (pathlib took ~30 us per call, per poll)."""
     prefix = str(root).rstrip("/") + "/"
+    driver, sep, location = path.partition("://")  # precomputed:// and n5:// volumes
+    if sep and driver in ("precomputed", "n5") and location.startswith(prefix):
+        return f"{driver}://{_relative(location, root)}"
     return path[len(prefix) :] if path.startswith(prefix) and len(path) > len(prefix) else path
 
 

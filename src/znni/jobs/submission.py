@@ -143,10 +143,19 @@ def plan_region(
 
 def _locate(root: Path, allow_url: tuple[str, ...], given: str, what: str) -> str:
     """A confined local path (the input and a mask must exist), or a URL under an allowed
-    prefix."""
-    if looks_like_url(given):
-        return confine_url(allow_url, given, what)
-    return str(confine(root, given, what, must_exist=what in ("input", "mask")))
+    prefix; a `precomputed://` or `n5://` volume's location confined the same way, its
+    driver kept (its scale is the job's `level`, not a '#' part)."""
+    from znni.engine.io.stores import driver_of
+
+    driver = driver_of(given) if isinstance(given, str) else None
+    prefix, location = ("", given) if driver is None else (given[:len(driver) + 3],
+                                                           given[len(driver) + 3:])
+    if driver is not None and "#" in location:
+        raise ValueError(f"{what} {given!r} has a '#' part; give a precomputed scale as the "
+                         "job's level")
+    if looks_like_url(location):
+        return prefix + confine_url(allow_url, location, what)
+    return prefix + str(confine(root, location, what, must_exist=what in ("input", "mask")))
 
 
 def locate_mask(root: Path, allow_url: tuple[str, ...], params: dict[str, Any]) -> str | None:
@@ -178,7 +187,10 @@ def input_level(root: Path, allow_url: tuple[str, ...], input_path: str, shown: 
     """The array of level `level` of the OME-Zarr image at `input_path` (confined: the
     image's metadata may not lead out of the data root or the allowed URL prefixes)."""
     from znni.engine.io.ome import level_path
+    from znni.engine.io.stores import driver_of
 
+    if driver_of(input_path) is not None:  # a precomputed scale: the same location, #mip=N
+        return level_path(input_path, level, ctx=store)
     try:
         array = level_path(input_path, level, ctx=store)
     except (ValueError, TypeError, FileNotFoundError, NotADirectoryError) as e:

@@ -35,12 +35,13 @@ STARTUP_S = 0.8
 # in proportion to the layer's own time (direct layers plan nothing). With no wisdom at
 # all, n337 w24 over 96^3 (one 180^3 patch, four fft-keep layers predicted 1.38 s a patch)
 # ran 18.4 s longer the first time than the second (13.3x), n726 w24 over 96^3 (48^3
-# patches, five FFT layers, 2.15 s) 16.6 s (7.7x); with the first run's wisdom on disk
-# (other sizes), n337 w24 over 100x130x150 (184x220x236, 3.0 s) 24.4 s (8.1x). 2-core
-# AMD EPYC VM, 2026-11-27 (`znni segment` twice, whole processes); the middle taken.
+# patches, five FFT layers, 2.15 s) 16.6 s (7.7x); with wisdom of other sizes on disk,
+# n337 w24 over 100x130x150 (184x220x236, 3.0 s) 24.4 s (8.1x), n926 w24 over 96^3
+# (186^3 patches, six FFT layers, 4.0 s) 7.7 s (1.9x). 2-core AMD EPYC VM, 2026-11-27
+# (`znni segment` twice, whole processes); the middle of each taken.
 # FFTW_ESTIMATE plans without timing
 COLD_LAYER_FACTOR = {"FFTW_ESTIMATE": 0.0, "FFTW_MEASURE": 10.0}
-SOME_WISDOM_FACTOR = 8.0  # COLD_LAYER_FACTOR's FFTW_MEASURE case where wisdom exists
+SOME_WISDOM_FACTOR = 4.0  # COLD_LAYER_FACTOR's FFTW_MEASURE case where wisdom exists
 # the first pass's page faults in a whole run: 1.8 s over a 2.55 GiB pass (n337 w24 at
 # 180^3, 7.3 s against 5.5 predicted, warm, CI VM), 0.66 ns/byte; the planner's own
 # FIRST_PASS_S_PER_PEAK_BYTE (2 ns) is the top of a range it only compares plans with
