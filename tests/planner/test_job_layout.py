@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from math import prod
 from pathlib import Path
 
 import numpy as np
@@ -140,13 +141,14 @@ def test_job_seconds_counts_every_stage(tmp_path: Path, monkeypatch) -> None:
     pays FFTW's planning once, in its own layer times (direct layers plan nothing); the
     first block's read and the last block's write are exposed."""
     from znni.planner.jobtime import (
-        COLD_LAYER_FACTOR,
+        COLD_S_PER_POINT,
         STARTUP_S,
         fft_layer_keys,
         job_seconds,
         record_warm,
     )
     from znni.planner.plan import LayerPlan, Plan
+    from znni.primitives.fft_sizes import padded_shape
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setenv("ZNNI_FFT_EFFORT", "FFTW_MEASURE")
@@ -161,14 +163,16 @@ def test_job_seconds_counts_every_stage(tmp_path: Path, monkeypatch) -> None:
     assert job.patches_s == pytest.approx(64 * 20.0)
     assert job.computed_voxels == job.ideal_voxels == 224**3
     assert job.cold_shapes == 1  # no wisdom here yet: layer 0's transforms are planned
-    assert job.fftw_planning_s == pytest.approx(COLD_LAYER_FACTOR["FFTW_MEASURE"] * 5.0)
+    # its image in (1 channel) and out (24 channels) on the padded 218^3 (224^3) grid
+    points = (1 + 24) * prod(padded_shape((218, 218, 218)))
+    assert job.fftw_planning_s == pytest.approx(COLD_S_PER_POINT["FFTW_MEASURE"] * points)
     direct = replace(plan, primitives=("direct",) + prims[1:])
     assert job_seconds(direct, net, edges, in_bytes=1, out_dtype="uint8").cold_shapes == 0
     assert job.total_s == pytest.approx(STARTUP_S + job.fftw_planning_s + job.first_pass_s
                                         + job.patches_s + job.io_s)
     (tmp_path / "znni").mkdir()
     (tmp_path / "znni" / "fftw-wisdom-single.dat").write_text("")
-    record_warm(set(fft_layer_keys(net, (218, 218, 218), 1, plan.primitives).values()))
+    record_warm(set(fft_layer_keys(net, (218, 218, 218), 1, plan.primitives)))
     warm = job_seconds(plan, net, edges, in_bytes=1, out_dtype="uint8")
     assert warm.fftw_planning_s == 0 and warm.cold_shapes == 0
     plain = ((0, 192, 200),) * 3

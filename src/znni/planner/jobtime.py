@@ -25,23 +25,25 @@ from typing import Any
 from znni.model.network import Network
 from znni.planner.blocks import Edges, edges_blocks, layout_patches
 from znni.planner.plan import Plan
+from znni.primitives.fft_sizes import padded_shape
 
 log = logging.getLogger(__name__)
 
 # interpreter start, imports, plan and store set-up of `znni segment` outside its timed
 # run: 0.7 s on the CI VM (10.2 s wall against 9.5 s reported, n337 w24 over 96^3)
 STARTUP_S = 0.8
-# FFTW_MEASURE plans the transforms of each FFT layer of a new shape by timing candidates,
-# in proportion to the layer's own time (direct layers plan nothing). With no wisdom at
-# all, n337 w24 over 96^3 (one 180^3 patch, four fft-keep layers predicted 1.38 s a patch)
-# ran 18.4 s longer the first time than the second (13.3x), n726 w24 over 96^3 (48^3
-# patches, five FFT layers, 2.15 s) 16.6 s (7.7x); with wisdom of other sizes on disk,
-# n337 w24 over 100x130x150 (184x220x236, 3.0 s) 24.4 s (8.1x), n926 w24 over 96^3
-# (186^3 patches, six FFT layers, 4.0 s) 7.7 s (1.9x). 2-core AMD EPYC VM, 2026-11-27
-# (`znni segment` twice, whole processes); the middle of each taken.
-# FFTW_ESTIMATE plans without timing
-COLD_LAYER_FACTOR = {"FFTW_ESTIMATE": 0.0, "FFTW_MEASURE": 10.0}
-SOME_WISDOM_FACTOR = 4.0  # COLD_LAYER_FACTOR's FFTW_MEASURE case where wisdom exists
+# FFTW_MEASURE plans the transforms of each FFT layer of a new shape by timing candidate
+# algorithms on them, so its time follows the points those transforms cover: the layer's
+# images in and out, S * (f + f') * padded points (direct layers plan nothing). With no
+# wisdom at all, n337 w24 over 96^3 (one 180^3 patch, four fft-keep layers, 0.48 G
+# points) ran 18.4 s longer the first time than the second (38 s per G point), n726 w24
+# over 96^3 (48^3 patches, five FFT layers, 0.48 G points) 16.6 s (35 s); with wisdom of
+# other sizes on disk, n337 w24 over 100x130x150 (184x220x236, 0.98 G points) 24.4 s
+# (25 s), n926 w24 over 96^3 (186^3, six FFT layers, 0.80 G) 7.7 s (9.7 s). 2-core AMD
+# EPYC VM, 2026-11-27 (`znni segment` twice, whole processes). FFTW_ESTIMATE plans
+# without timing
+COLD_S_PER_POINT = {"FFTW_ESTIMATE": 0.0, "FFTW_MEASURE": 37e-9}
+SOME_WISDOM_S_PER_POINT = 15e-9  # FFTW_MEASURE where wisdom of other shapes exists
 # the first pass's page faults in a whole run: 1.8 s over a 2.55 GiB pass (n337 w24 at
 # 180^3, 7.3 s against 5.5 predicted, warm, CI VM), 0.66 ns/byte; the planner's own
 # FIRST_PASS_S_PER_PEAK_BYTE (2 ns) is the top of a range it only compares plans with
@@ -87,10 +89,11 @@ def cache_path() -> Path:
 
 
 def fft_layer_keys(network: Network, input_size: Sequence[int], batch: int,
-                   primitives: Sequence[str | None] | None) -> dict[int, str]:
-    """Per conv layer that runs an FFT primitive on a patch of `input_size`, a key of the
-    transforms FFTW plans for it: the layer's shape, batch and the effort (not which FFT
-    primitive: both transform the same sizes). Direct layers plan nothing."""
+                   primitives: Sequence[str | None] | None) -> dict[str, int]:
+    """For each conv layer that runs an FFT primitive on a patch of `input_size`: a key of
+    the transforms FFTW plans for it (the layer's shape, batch and the effort; not which
+    FFT primitive: both transform the same sizes) and the points they cover, S * (f + f')
+    * padded points. Direct layers plan nothing."""
     prims = tuple(primitives or ())
     keys = {}
     for layer in network.layer_shapes(tuple(int(v) for v in input_size), int(batch)):
@@ -99,7 +102,9 @@ def fft_layer_keys(network: Network, input_size: Sequence[int], batch: int,
             continue
         text = repr((layer.batch_in, layer.channels_in, layer.channels_out, layer.size_in,
                      layer.kernel, effort()))
-        keys[i] = hashlib.sha256(text.encode()).hexdigest()[:24]
+        points = layer.batch_in * (layer.channels_in + layer.channels_out) * prod(
+            padded_shape(layer.size_in))
+        keys[hashlib.sha256(text.encode()).hexdigest()[:24]] = points
     return keys
 
 
@@ -148,11 +153,11 @@ def job_seconds(
         scale = prod(size_in) / full_in  # planner.blocks.axis_cost's model
         compute_s = -(-count // batch) * plan.predicted_patch_s * scale
         if count and warm is not None:  # FFTW plans each FFT layer's transforms once
-            for j, key in fft_layer_keys(network, size_in, min(batch, count),
-                                         plan.primitives).items():
+            for key, points in fft_layer_keys(network, size_in, min(batch, count),
+                                              plan.primitives).items():
                 if key not in warm and key not in seen:
                     seen.add(key)
-                    cold += _cold_factor(bool(warm)) * _layer_s(plan, j) * scale
+                    cold += _cold_s_per_point(bool(warm)) * points
         write = prod(h - a for a, h in zip(lo, hi, strict=True))
         read = prod(h - a + f - 1 for a, h, f in zip(lo, hi, fov, strict=True))
         read_s = read * network.in_channels * in_bytes / READ_BYTES_PER_S if count else 0.0
@@ -201,15 +206,10 @@ def _block_bytes(network: Network, read: int, write: int, in_bytes: int) -> int:
             + 2 * network.out_channels * write * 4)
 
 
-def _cold_factor(some_wisdom: bool) -> float:
-    """FFTW's planning of one FFT layer's new transforms, in that layer's times."""
-    factor = COLD_LAYER_FACTOR.get(effort(), COLD_LAYER_FACTOR["FFTW_MEASURE"])
-    return min(factor, SOME_WISDOM_FACTOR) if some_wisdom else factor
-
-
-def _layer_s(plan: Plan, index: int) -> float:
-    """The plan's predicted seconds of layer `index` per patch (0 where not listed)."""
-    return sum(layer.predicted_s for layer in plan.layers if layer.index == index)
+def _cold_s_per_point(some_wisdom: bool) -> float:
+    """FFTW's planning seconds per point of a new FFT layer's transforms."""
+    rate = COLD_S_PER_POINT.get(effort(), COLD_S_PER_POINT["FFTW_MEASURE"])
+    return min(rate, SOME_WISDOM_S_PER_POINT) if some_wisdom else rate
 
 
 def _exposed_io(blocks: list[tuple[float, float, float, int, int]]) -> float:

@@ -119,7 +119,7 @@ class BlockWorker(VolumeWorker):
         prediction counts FFTW's planning only for shapes not yet run: planner/jobtime)."""
         if self.execution.mode != "cpu" or self.execution.cpu_backend != "cpu":
             return
-        keys = set(fft_layer_keys(self.network, size_in, batch, self.spec.primitives).values())
+        keys = set(fft_layer_keys(self.network, size_in, batch, self.spec.primitives))
         if not keys <= self._warmed:
             self._warmed |= keys
             record_warm(keys)
