@@ -46,17 +46,8 @@ from znni.engine.io.ledger import (
     read_ledger,
 )
 from znni.engine.io.lock import OutputLock, hold_output
-from znni.engine.io.stores import (
-    check_location,
-    check_output_location,
-    resolved,
-)
-from znni.engine.io.volume import (
-    InputVolume,
-    check_existing_output,
-    open_input,
-    output_chunks,
-)
+from znni.engine.io.stores import check_location, check_output_location, resolved
+from znni.engine.io.volume import InputVolume, check_existing_output, open_input, output_chunks
 from znni.engine.job import ProgressEvent, SegmentCancelled, SegmentJob, SegmentReport
 from znni.engine.output.form import OutputForm, output_form
 from znni.engine.output.provenance import note_bad_chunks
@@ -69,11 +60,7 @@ from znni.engine.workers.make import make_worker
 from znni.engine.workers.mpf import BlockSpec
 from znni.engine.workers.pipeline import ReadAhead, run_local
 from znni.engine.workers.progress import Progress, StageTimer
-from znni.engine.workers.windowed import (
-    WINDOW_CACHE_BYTES,
-    WindowedSpec,
-    check_window_options,
-)
+from znni.engine.workers.windowed import WINDOW_CACHE_BYTES, WindowedSpec, check_window_options
 from znni.model.onnx_model import OnnxModel
 from znni.primitives.base import Backend
 from znni.triple import as_triple
@@ -158,16 +145,12 @@ def _prepare_run(job: SegmentJob, plan: Plan | None) -> PreparedRun:
         "job": job, "volume": volume, "region": region, "out_shape": out_shape, "chunks": chunks,
         "parts": parts, "resume": resume, "done": frozenset(done) if resume else frozenset(),
         "form": form}
+    recorded = _ledger_block(header) if resume else None  # a resumed run keeps its blocks
     if window is not None:
-        if resume and header is not None and "block_shape" in header:
-            block = as_triple(header["block_shape"], "the ledger's block_shape")
-        else:
-            block = job.block or default_block_shape(net, window, chunks, region)  # type: ignore[arg-type]
+        block = recorded or job.block or default_block_shape(net, window, chunks, region)  # type: ignore[arg-type]
         return PreparedRun(**checked, patch=window, block_shape=block, primitives=None,
                            plan=None, window=window, choice=choice)
-    step = job.block  # --block: its plain grid; on resume the ledger's, remainders merged
-    if resume and header is not None and "block_shape" in header:
-        step = as_triple(header["block_shape"], "the ledger's block_shape")
+    step = recorded or job.block  # --block: its plain grid; remainders merged otherwise
     if plan is None:  # patch, batch and blocks together (compute/layout.py)
         plan = plan_with_layout(net, job.device, chunks, region, budget,
                                 volume.dtype.itemsize, job.dtype, step, job.block is None,
@@ -180,6 +163,13 @@ def _prepare_run(job: SegmentJob, plan: Plan | None) -> PreparedRun:
     assert plan.block_shape is not None  # the engine cuts plan.block_edges
     return PreparedRun(**checked, patch=patch, block_shape=plan.block_shape,
                        primitives=primitives, plan=plan)
+
+
+def _ledger_block(header: dict[str, Any] | None) -> Triple | None:
+    """The block shape an output's ledger recorded (None without one)."""
+    if header is None or "block_shape" not in header:
+        return None
+    return as_triple(header["block_shape"], "the ledger's block_shape")
 
 
 def _window_for(
@@ -275,8 +265,7 @@ def segment(
             prep.volume.dtype.itemsize)
         target, ledger, blocks, spec, worker, reads, lock = _set_up(prep.job, prep, plan_dict,
                                                                     backend, timer)
-    if on_plan is not None:
-        on_plan(dict(plan_dict))
+    (on_plan or _ignore)(dict(plan_dict))  # the server stores a graph run's summary
     todo = [b for b in blocks if b.key not in prep.done]
     done_voxels = sum(b.write.size for b in blocks if b.key in prep.done)
     meter = Progress(len(blocks), prep.region.size, quiet=quiet, callback=progress,
@@ -315,6 +304,10 @@ def segment(
     return SegmentReport(job.output_path, len(blocks), len(todo) - n_skip, meter.voxels_this_run,
                          elapsed, meter.voxels_this_run / max(elapsed, 1e-9),
                          dict(timer.seconds), plan_dict, tuple(filled), n_skip)
+
+
+def _ignore(_: Any) -> None:
+    """No `on_plan` given."""
 
 
 def _set_up(
