@@ -60,6 +60,12 @@ def run(args: argparse.Namespace) -> int:
     if server is not None:
         print(f"serving {', '.join(local.values())} read-only on 127.0.0.1:{port}; Ctrl-C "
               "stops", file=sys.stderr, flush=True)
+        import signal
+
+        # Ctrl-C and SIGTERM end the serving, also where SIGINT came ignored (a child of a
+        # process that ignores it, e.g. a test runner's worker: Python then installs none)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.default_int_handler)
         try:
             server.serve_forever()
         except KeyboardInterrupt:
