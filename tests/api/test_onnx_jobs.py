@@ -170,7 +170,10 @@ def test_plan_for_a_windowed_model(server, onnx_site) -> None:
     assert em["region"] == [16, *VOLUME[1:]] and em["region_given"] and em["overlap"] == 0.5
     assert not plan["region_given"] and plan["region"] == [512, 512, 512]
     assert em["passes"] >= 1 and all(w % 16 == 0 for w in em["window"])
-    assert em["predicted_job_seconds"] > em["predicted_seconds"] > 0  # start-up, reads, writes
+    job = em["job_seconds"]  # the region's windows, plus start-up and unhidden reads/writes
+    assert job["windows_s"] == pytest.approx(em["predicted_seconds"])
+    assert em["predicted_job_seconds"] == pytest.approx(
+        job["startup_s"] + job["windows_s"] + job["io_s"])
     assert "predicted_job_seconds" not in plan  # no input: no region's run to predict
     assert em["window"][0] == 16 and em["window"] != plan["window"]  # chosen for 16x41x36
     with server.client() as client:
