@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from support.server_util import wait_job
+from support.server_util import refused_detail, wait_job
 
 ts = pytest.importorskip("tensorstore")
 
@@ -61,9 +61,4 @@ def test_precomputed_job_equals_the_zarr_job(server, site: dict) -> None:  # noq
 def test_bad_precomputed_locations_are_refused(server, changes, words) -> None:  # noqa: ANN001
     body = {"network": "tiny", "input": "small.zarr", "output": "pc/never", **changes}
     with server.client() as client:
-        before = client.get("/v1/jobs").json()["total"]
-        r = client.post("/v1/jobs", json=body)
-        assert r.status_code == 422, r.text
-        detail = r.json()["detail"]
-        assert isinstance(detail, str) and all(w in detail for w in words), detail
-        assert client.get("/v1/jobs").json()["total"] == before
+        refused_detail(client, body, words)

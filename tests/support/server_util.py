@@ -262,3 +262,15 @@ def commit_then_die(db: str, committed: int) -> None:
             " parameters, created_at) VALUES ('queued', 'tiny', 'd', '/r/in', '/r/x', '{}', 0)"
         )
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def refused_detail(client: Any, body: dict, words: tuple[str, ...]) -> str:
+    """POST /v1/jobs with `body`: a 422 whose `detail` is one string holding every one of
+    `words`, and no job stored; returns the detail for further checks."""
+    before = client.get("/v1/jobs").json()["total"]
+    r = client.post("/v1/jobs", json=body)
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"]
+    assert isinstance(detail, str) and all(w in detail for w in words), detail
+    assert client.get("/v1/jobs").json()["total"] == before
+    return detail
