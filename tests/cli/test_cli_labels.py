@@ -7,16 +7,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import zarr
 from support.engine_ref import slow_network, small_network, write_network, write_volume
+from support.store_runs import kill_after_blocks
 
 from znni.cli import main
 from znni.engine.context import StoreContext
@@ -108,17 +107,7 @@ def test_sigkill_then_resume_keeps_the_same_labels(tmp_path: Path) -> None:
     mpath = write_volume(tmp_path / "mask.zarr", mask, 3, (10, 10, 10))
     env = {**os.environ, "ZNNI_BACKEND": "reference", "OMP_NUM_THREADS": "1"}
     out = tmp_path / "out.zarr"
-    proc = subprocess.Popen(_cmd(spec, inp, out, mpath), env=env)
-    deadline = time.monotonic() + 120
-    try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            if len(read_ledger(str(out), ctx=CTX)[1]) >= 60:
-                break
-            time.sleep(0.01)
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    kill_after_blocks(subprocess.Popen(_cmd(spec, inp, out, mpath), env=env), str(out), 60)
     assert 60 <= len(read_ledger(str(out), ctx=CTX)[1]) < 125
     assert subprocess.run(_cmd(spec, inp, out, mpath), env=env).returncode == 0
     assert len(read_ledger(str(out), ctx=CTX)[1]) == 125

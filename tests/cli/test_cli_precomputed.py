@@ -5,7 +5,6 @@ recomputing a finished block, and bad input is one sentence, exit 2, nothing wri
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -20,10 +19,10 @@ from support.store_runs import (
     TOTAL,
     WAIT_S,
     child_env,
+    kill_after_blocks,
     refused,
     segment_cmd,
     traced,
-    wait_for_blocks,
 )
 
 from znni.engine.context import StoreContext
@@ -84,13 +83,8 @@ def kill_then_resume(spec: Path, inp: str, out: str, env: dict[str, str],
     """SIGKILL a run after a third of its blocks; the rerun computes exactly the rest."""
     trace1, trace2 = tmp_path / "trace1", tmp_path / "trace2"
     cmd = segment_cmd(spec, inp, out)
-    proc = subprocess.Popen(cmd, env={**env, "ZNNI_ENGINE_TRACE": str(trace1)})
-    try:
-        wait_for_blocks(proc, out, TOTAL // 3)
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    kill_after_blocks(subprocess.Popen(cmd, env={**env, "ZNNI_ENGINE_TRACE": str(trace1)}),
+                      out, TOTAL // 3)
     _, before = read_ledger(out, ctx=CTX)
     assert TOTAL // 3 <= len(before) < TOTAL and before <= set(traced(trace1))
     run = subprocess.run(cmd, env={**env, "ZNNI_ENGINE_TRACE": str(trace2)}, timeout=WAIT_S)

@@ -111,18 +111,24 @@ def wait_for_blocks(proc: subprocess.Popen, out: str, n: int) -> None:
         time.sleep(0.05)
 
 
+def kill_after_blocks(proc: subprocess.Popen, out: str, n: int) -> None:
+    """SIGKILL `proc` once `out`'s ledger lists `n` finished blocks; it must not have ended
+    before that."""
+    try:
+        wait_for_blocks(proc, out, n)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+
+
 def kill_then_rerun(case: dict, env: Env, tmp_path: Path) -> None:
     """SIGKILL a run after a third of its blocks; the rerun computes only the rest."""
     out = f"{case['prefix']}/killed.zarr"
     trace1, trace2 = tmp_path / "trace1", tmp_path / "trace2"
     cmd = segment_cmd(case["spec"], case["input"], out)
-    proc = subprocess.Popen(cmd, env=env(ZNNI_ENGINE_TRACE=str(trace1)))
-    try:
-        wait_for_blocks(proc, out, TOTAL // 3)
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    kill_after_blocks(subprocess.Popen(cmd, env=env(ZNNI_ENGINE_TRACE=str(trace1))), out,
+                      TOTAL // 3)
     _, before = read_ledger(out, ctx=CTX)
     assert TOTAL // 3 <= len(before) < TOTAL
     assert before <= set(traced(trace1))  # recorded only after being computed

@@ -9,10 +9,8 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +18,7 @@ import pytest
 import zarr
 from support.engine_ref import dense_padded, small_network, write_network, write_volume
 from support.naive import close, naive_border_pad, naive_fov
+from support.store_runs import kill_after_blocks
 
 from znni.cli import main
 from znni.engine.context import StoreContext
@@ -187,15 +186,7 @@ def test_resume_after_sigkill_keeps_the_same_output(tmp_path, volume, sequential
 
     env = {**os.environ, "ZNNI_BACKEND": "reference", "OMP_NUM_THREADS": "1"}
     assert subprocess.run(cmd(whole), env=env).returncode == 0
-    proc = subprocess.Popen(cmd(out), env=env)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        if out.exists() and len(read_ledger(str(out), ctx=StoreContext())[1]) >= 3:
-            proc.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.01)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    kill_after_blocks(subprocess.Popen(cmd(out), env=env), str(out), 3)
     total = 2 * 4 * 4  # blocks of 8x8x8 over 15x29x26
     assert 3 <= len(read_ledger(str(out), ctx=StoreContext())[1]) < total
     other = subprocess.run(cmd(out, "flips:z"), env=env, capture_output=True, text=True)
