@@ -14,6 +14,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from znni.api.schemas import JobRead, Progress
+from znni.engine.io.stores import DRIVERS
 from znni.engine.output.viewer import job_viewer_url
 from znni.jobs.store import JobRecord
 
@@ -83,7 +84,7 @@ def _relative(path: str, root: Path) -> str:
     `confine`, so a string prefix test is exact (pathlib took ~30 us per call, per poll)."""
     prefix = str(root).rstrip("/") + "/"
     driver, sep, location = path.partition("://")  # precomputed:// and n5:// volumes
-    if sep and driver in ("precomputed", "n5") and location.startswith(prefix):
+    if sep and driver in DRIVERS and location.startswith(prefix):
         return f"{driver}://{_relative(location, root)}"
     return path[len(prefix) :] if path.startswith(prefix) and len(path) > len(prefix) else path
 

@@ -252,9 +252,9 @@ def check_overwrite(output_path: str | Path, overwrite: bool, shown: str, *,
     (The engine refuses a ledger of another job; this also refuses an output without one.)
     """
     from znni.engine.io.ledger import read_ledger
-    from znni.engine.io.stores import exists, storage_path
+    from znni.engine.io.stores import exists
 
-    if overwrite or not exists(storage_path(str(output_path)), ctx=store):  # precomputed too
+    if overwrite or not exists(str(output_path), ctx=store):
         return
     header, _ = read_ledger(str(output_path), ctx=store)
     if header is None:

@@ -346,6 +346,7 @@ def holds_anything(path: str, what: str = "output", *, ctx: StoreContext) -> boo
 
 
 def exists(path: str, *, ctx: StoreContext) -> bool:
+    path = storage_path(path)  # a precomputed:// or n5:// volume: where it lives
     return holds_anything(path, "volume", ctx=ctx) if is_url(path) else Path(path).exists()
 
 
