@@ -22,9 +22,11 @@ CTX = StoreContext()
 def test_lease_refuses_a_second_run_and_is_taken_over_when_expired(s3) -> None:  # noqa: ANN001
     out = f"{s3.prefix()}/out.zarr"
     url = out + lock.LOCK_SUFFIX
+    taken_at = time.time()
     held = hold_output(out, ctx=CTX)
     record = json.loads(read_bytes(url, ctx=CTX))  # type: ignore[arg-type]
-    assert record["token"] == held.token and record["expires"] > time.time()
+    # a lease of LEASE_S from when it was put (not a speed check: a lower bound by clock)
+    assert record["token"] == held.token and record["expires"] >= taken_at + lock.LEASE_S
     with pytest.raises(OutputBusy, match="pid"):
         hold_output(out, ctx=CTX)
     held.release()
