@@ -1,4 +1,4 @@
-"""U-Nets: whole `znni segment MODEL.onnx` vs MONAI sliding_window_inference, same run.
+"""U-Nets: whole `znni segment MODEL.onnx` processes vs MONAI users' whole processes.
 
     .venv/bin/python benchmarks/unets.py [--size 128] [--window 64] [--overlap 0.25]
         [--reps 3] [--model basicunet|unet] [--features 16,16,32,64,128,16]
@@ -6,31 +6,27 @@
 
 MONAI `BasicUNet(features=...)` (instance norm, LeakyReLU, transposed-conv
 upsampling, padded 3^3 convs), or with `--model unet` MONAI's `UNet(channels=...)`
-(strided convs, residual units, instance norm, PReLU), exported to ONNX with dynamic spatial axes. A
-random uint8 volume of size^3 is written as Zarr; znni segments it end to end
-(reading, windows, blending, writing, ledger) and MONAI runs
-`sliding_window_inference(x, W, sw_batch_size=1, overlap, mode="gaussian",
-sigma_scale=0.125)` on the same volume in memory with torch on all cores. The
-same windows and blending (engine.windows) are also driven through onnxruntime and
-OpenVINO (f32), one whole window per call, where installed, on the volume in memory;
-their import and compile (which znni's whole run includes, as it does its Zarr I/O) are
-timed apart and reported beside. Unless --no-auto, znni
-also runs with the window its planner picks (no --window).
-
-Every run is its own child process, so each reports its own peak RSS (VmHWM);
-runs alternate, medians of `--reps`. Outputs are compared with MONAI's (max relative
-difference) so a fast wrong run shows. Last, one W^3 window (medians
-of 5, alternated in this process): znni's graph executor with the planner's
-primitives, PyTorch eager, onnxruntime and OpenVINO.
+(strided convs, residual units, instance norm, PReLU), exported to ONNX with dynamic
+spatial axes. A random uint8 volume of size^3 is written as Zarr. Each run is one whole
+process from the Zarr input to a float32 Zarr output, as the issue compares them:
+`znni segment` (at --window, and unless --no-auto at its planner's window), and a MONAI
+user's script (benchmarks/_monai_user.py: `sliding_window_inference(x, W,
+sw_batch_size=1, overlap, mode="gaussian", sigma_scale=0.125)` driving torch,
+onnxruntime or OpenVINO f32; OpenVINO bf16 and znni bf16 where the CPU has bf16 units).
+Runs alternate, medians of `--reps`; each reports its own peak RSS. Beside the whole
+process, each run's inner loop is shown (MONAI's sliding window alone; znni's job from
+its plan to its last write): the stricter comparison, which leaves out MONAI's imports.
+Outputs are compared with MONAI-on-torch's (max and mean difference over its range), so
+a fast wrong run shows. Last, one W^3 window (medians of 5, alternated in this
+process): znni's graph executor with the planner's primitives, PyTorch eager,
+onnxruntime and OpenVINO.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,10 +35,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import peak_rss_bytes  # noqa: E402
+from _unet_processes import run_user, run_znni  # noqa: E402
 
 RUNTIMES = ("onnxruntime", "openvino")
-RUNTIME_CHILDREN = ("onnxruntime", "openvino", "openvino-bf16")
 
 
 def make_model(kind: str, features: tuple[int, ...]):  # type: ignore[no-untyped-def]
@@ -73,48 +68,6 @@ def build(folder: Path, features: tuple[int, ...], window: int,
     return model, path
 
 
-def run_znni(folder: Path, window: int | None, overlap: float, limit: int,
-             precision: str = "fp32") -> dict:
-    import zarr
-
-    from znni.engine.job import SegmentJob
-    from znni.engine.segment import segment
-    from znni.model.loading import load_model
-
-    model = load_model(folder / "basicunet.onnx", scale=1 / 255)
-    tag = f"znni-{window or 'auto'}" + ("" if precision == "fp32" else f"-{precision}")
-    out = folder / f"{tag}.zarr"
-    job = SegmentJob(model, str(folder / "in.zarr"), str(out), overwrite=True, overlap=overlap,
-                     window=(window,) * 3 if window else None, memory_limit_bytes=limit,
-                     precision=precision)
-    t0 = time.perf_counter()
-    segment(job, quiet=True)
-    seconds = time.perf_counter() - t0
-    arr = zarr.open_array(str(out), mode="r")
-    np.save(folder / f"{tag}.npy", arr[:])
-    chosen = arr.attrs["znni"]["window"]["window"]
-    return {"seconds": seconds, "window": chosen}
-
-
-def run_monai(folder: Path, features: tuple[int, ...], window: int, overlap: float,
-              kind: str = "basicunet") -> dict:
-    import torch
-    from monai.inferers import sliding_window_inference
-
-    torch.set_num_threads(os.cpu_count() or 1)
-    model = make_model(kind, features)
-    model.load_state_dict(torch.load(folder / "basicunet.pt"))
-    vol = np.load(folder / "in.npy")
-    x = torch.from_numpy(vol[None, None].astype(np.float32) / 255)
-    t0 = time.perf_counter()
-    with torch.inference_mode():
-        y = sliding_window_inference(x, (window,) * 3, 1, model, overlap=overlap,
-                                     mode="gaussian", sigma_scale=0.125)
-    seconds = time.perf_counter() - t0
-    np.save(folder / "monai.npy", y[0].numpy())
-    return {"seconds": seconds}
-
-
 def runtime_predictor(name: str, onnx_path: Path):  # type: ignore[no-untyped-def]
     """One whole window through onnxruntime or OpenVINO (f32; "openvino-bf16": bf16)."""
     if name == "onnxruntime":
@@ -128,56 +81,6 @@ def runtime_predictor(name: str, onnx_path: Path):  # type: ignore[no-untyped-de
     hint = "bf16" if name == "openvino-bf16" else "f32"
     compiled = ov.Core().compile_model(str(onnx_path), "CPU", {"INFERENCE_PRECISION_HINT": hint})
     return lambda x: compiled(x)[0]
-
-
-def run_runtime(folder: Path, name: str, window: int, overlap: float) -> dict:
-    """The same windows and blending as znni (engine.windows), each window by the runtime."""
-    from znni.engine.compute.windows import WindowGrid, blend_box, read_window_input
-
-    t_setup = time.perf_counter()
-    predict = runtime_predictor(name, folder / "basicunet.onnx")  # its import and compile
-    setup_seconds = time.perf_counter() - t_setup
-    vol = np.load(folder / "in.npy")
-    x = vol[None].astype(np.float32) / 255  # (1, Z, Y, X)
-    grid = WindowGrid.for_volume(vol.shape, (window,) * 3, overlap)
-    t0 = time.perf_counter()
-
-    def run_window(start):  # type: ignore[no-untyped-def]
-        return predict(read_window_input(x, grid, start)[None])[0]
-
-    y = blend_box(grid, (0, 0, 0), vol.shape, run_window, "gaussian", 2)
-    seconds = time.perf_counter() - t0
-    np.save(folder / f"{name}.npy", y)
-    return {"seconds": seconds, "setup_seconds": setup_seconds}
-
-
-def child(args: argparse.Namespace) -> None:
-    folder, features = Path(args.folder), _features(args.features)
-    if args.child == "znni":
-        result = run_znni(folder, args.window, args.overlap, args.memory_limit_bytes)
-    elif args.child == "znni-auto":
-        result = run_znni(folder, None, args.overlap, args.memory_limit_bytes)
-    elif args.child == "znni-bf16":
-        result = run_znni(folder, args.window, args.overlap, args.memory_limit_bytes, "bf16")
-    elif args.child == "znni-auto-bf16":
-        result = run_znni(folder, None, args.overlap, args.memory_limit_bytes, "bf16")
-    elif args.child == "monai":
-        result = run_monai(folder, features, args.window, args.overlap, args.model)
-    else:
-        result = run_runtime(folder, args.child, args.window, args.overlap)
-    print(json.dumps({**result, "rss_bytes": peak_rss_bytes()}))
-
-
-def spawn(name: str, folder: Path, args: argparse.Namespace) -> dict:
-    """One run in a child process: its result plus its peak RSS in bytes."""
-    cmd = [sys.executable, __file__, "--child", name, "--folder", str(folder),
-           "--window", str(args.window), "--overlap", str(args.overlap),
-           "--features", args.features, "--memory-limit", args.memory_limit,
-           "--model", args.model]
-    done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"the {name} run failed (exit {done.returncode})")
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def per_window(model, onnx_path: Path, window: int, limit: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
@@ -248,57 +151,84 @@ def cpu_has_bf16() -> bool:
     return has()
 
 
-def measure(args: argparse.Namespace, folder: Path) -> tuple[dict, dict, object, Path]:
-    import zarr
+RUNS = {  # name: (label, runtime or "znni", precision, window: "same" or "auto")
+    "monai": ("MONAI on torch", "torch", "f32", "same"),
+    "onnxruntime": ("MONAI + onnxruntime", "onnxruntime", "f32", "same"),
+    "openvino": ("MONAI + OpenVINO f32", "openvino", "f32", "same"),
+    "znni": ("znni segment (same window)", "znni", "fp32", "same"),
+    "znni-auto": ("znni segment (planner's window)", "znni", "fp32", "auto"),
+    "openvino-bf16": ("MONAI + OpenVINO bf16", "openvino", "bf16", "same"),
+    "znni-bf16": ("znni bf16 (same window)", "znni", "bf16", "same"),
+    "znni-auto-bf16": ("znni bf16 (planner's window)", "znni", "bf16", "auto"),
+}
+PAIRS = (("monai", "znni"), ("onnxruntime", "znni"), ("openvino", "znni"),
+         ("openvino", "znni-auto"), ("openvino-bf16", "znni-bf16"),
+         ("openvino-bf16", "znni-auto-bf16"), ("znni", "znni-bf16"))
 
-    model, onnx_path = build(folder, _features(args.features), args.window, args.model)
-    vol = np.random.default_rng(0).integers(0, 256, (args.size,) * 3).astype(np.uint8)
-    np.save(folder / "in.npy", vol)
-    zarr.create_array(str(folder / "in.zarr"), data=vol, chunks=(64, 64, 64))
+
+def run_one(name: str, folder: Path, args: argparse.Namespace) -> dict:
+    """One whole process (benchmarks/_unet_processes.py)."""
+    _, runtime, precision, which = RUNS[name]
+    window = args.window if which == "same" else None
+    if runtime == "znni":
+        return run_znni(folder, name, window, args.overlap, args.memory_limit, precision)
+    return run_user(folder, name, runtime, precision, args.window, args.overlap, args.model,
+                    args.features)
+
+
+def run_names(args: argparse.Namespace) -> list[str]:
     names = ["znni", "monai", *(n for n in RUNTIMES if _installed(n))]
     if args.auto:
         names.append("znni-auto")
     if args.bf16 and cpu_has_bf16():  # bf16 units: OpenVINO's and znni's bf16 runs too
         names += ["openvino-bf16", "znni-bf16", *(["znni-auto-bf16"] if args.auto else [])]
+    return names
+
+
+def measure(args: argparse.Namespace, folder: Path) -> tuple[dict, dict, dict, object, Path]:
+    """Every run's whole processes (alternated, `--reps` rounds), their outputs' errors
+    against MONAI on torch, and the window znni's planner chose."""
+    import zarr
+
+    model, onnx_path = build(folder, _features(args.features), args.window, args.model)
+    vol = np.random.default_rng(0).integers(0, 256, (args.size,) * 3).astype(np.uint8)
+    zarr.create_array(str(folder / "in.zarr"), data=vol, chunks=(64, 64, 64))
+    names = run_names(args)
     runs: dict[str, list[dict]] = {n: [] for n in names}
     for _ in range(args.reps):
         for name in names:
-            runs[name].append(spawn(name, folder, args))
-    ref = np.load(folder / "monai.npy")
-    files = {"znni": f"znni-{args.window}.npy", "znni-auto": "znni-auto.npy",
-             "znni-bf16": f"znni-{args.window}-bf16.npy", "znni-auto-bf16": "znni-auto-bf16.npy"}
-    errors = {n: _errors(np.load(folder / files.get(n, f"{n}.npy")), ref) for n in names}
-    return runs, errors, model, onnx_path
+            runs[name].append(run_one(name, folder, args))
+    outputs = {n: zarr.open_array(runs[n][-1]["output"], mode="r") for n in names}
+    ref = outputs["monai"][:]
+    errors = {n: _errors(a[:], ref) for n, a in outputs.items()}
+    chosen = {n: a.attrs["znni"]["window"]["window"] for n, a in outputs.items()
+              if n.startswith("znni")}
+    return runs, errors, chosen, model, onnx_path
 
 
-def report(args: argparse.Namespace, runs: dict, errors: dict, window: dict) -> None:
+def report(args: argparse.Namespace, runs: dict, errors: dict, chosen: dict,
+           window: dict) -> None:
     vox, gib = args.size**3, 2**30
     med = {n: statistics.median(r["seconds"] for r in rs) for n, rs in runs.items()}
+    inner = {n: statistics.median(r["inner_seconds"] for r in rs) for n, rs in runs.items()}
     rss = {n: max(r["rss_bytes"] for r in rs) for n, rs in runs.items()}
     name = "UNet" if args.model == "unet" else "BasicUNet"
-    print(f"{name}{_features(args.features)}, {args.size}^3 uint8, window {args.window}^3, "
-          f"overlap {args.overlap}, gaussian; {cpu_model()}, {os.cpu_count()} cores; medians "
-          f"of {args.reps}; znni memory limit {args.memory_limit_bytes / gib:.1f} GiB")
-    print(f"{'run':32s} {'seconds':>8s} {'voxels/s':>12s} {'peak RSS':>9s} {'MONAI/run':>9s} "
-          f"{'max / mean diff vs MONAI fp32':>30s}")
-    auto = runs.get("znni-auto", [{}])[0].get("window")
-    labels = {"znni": "znni segment (same window)", "monai": "MONAI sliding_window_inference",
-              "onnxruntime": "onnxruntime (same windows)",
-              "openvino": "OpenVINO f32 (same windows)", "znni-auto": f"znni (planner: {auto})",
-              "openvino-bf16": "OpenVINO bf16 (same windows)",
-              "znni-bf16": "znni bf16 (same window)", "znni-auto-bf16": "znni bf16 (planner)"}
-    for name, t in med.items():
-        print(f"{labels[name]:32s} {t:8.2f} {vox / t:12,.0f} {rss[name] / gib:7.2f}Gi "
-              f"{med['monai'] / t:8.2f}x {errors[name][0]:20.1e} / {errors[name][1]:.1e}")
-    for name, ours in (("onnxruntime", "znni"), ("openvino", "znni"),
-                       ("openvino", "znni-auto"), ("openvino-bf16", "znni-bf16"),
-                       ("openvino-bf16", "znni-auto-bf16")):
-        if name not in med or ours not in med:
-            continue
-        setup = statistics.median(r["setup_seconds"] for r in runs[name])
-        print(f"{labels[ours]} / {name}: {med[name] / med[ours]:.2f}x; "
-              f"{(med[name] + setup) / med[ours]:.2f}x with its import and compile "
-              f"({setup:.2f} s), which znni's whole run includes")
+    print(f"{name}{_features(args.features)}, {args.size}^3 uint8 Zarr in and float32 Zarr "
+          f"out, window {args.window}^3, overlap {args.overlap}, gaussian; {cpu_model()}, "
+          f"{os.cpu_count()} cores; whole processes, medians of {args.reps}; znni memory "
+          f"limit {args.memory_limit_bytes / gib:.1f} GiB")
+    print(f"{'run':44s} {'process s':>9s} {'loop s':>7s} {'voxels/s':>10s} {'peak RSS':>9s} "
+          f"{'MONAI/run':>9s} {'max / mean diff vs MONAI fp32':>30s}")
+    for n, t in med.items():
+        label = RUNS[n][0] + (f" {tuple(chosen[n])}" if RUNS[n][3] == "auto" else "")
+        print(f"{label:44s} {t:9.2f} {inner[n]:7.2f} {vox / t:10,.0f} {rss[n] / gib:7.2f}Gi "
+              f"{med['monai'] / t:8.2f}x {errors[n][0]:20.1e} / {errors[n][1]:.1e}")
+    print("loop s: MONAI's sliding_window_inference alone (after its imports, compile and "
+          "read; before its write), znni's job from its plan to its last write")
+    for peer, ours in PAIRS:
+        if peer in med and ours in med:
+            print(f"{RUNS[ours][0]} vs {RUNS[peer][0]}: {med[peer] / med[ours]:.2f}x whole "
+                  f"process; {inner[peer] / inner[ours]:.2f}x loop against job")
     print(f"one {args.window}^3 window: " + ", ".join(
         f"{k} {v:.3f} s" for k, v in window.items()) +
         f"; torch/znni {window['torch'] / window['znni']:.2f}x")
@@ -319,21 +249,16 @@ def main() -> None:
                     help="skip the run with the planner's window")
     ap.add_argument("--no-bf16", dest="bf16", action="store_false",
                     help="skip the bf16 runs (they run only where the CPU has bf16 units)")
-    ap.add_argument("--child", help=argparse.SUPPRESS)
-    ap.add_argument("--folder", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.features is None:
         args.features = "16,32,64,128" if args.model == "unet" else "16,16,32,64,128,16"
     from znni.engine.units import parse_bytes
 
     args.memory_limit_bytes = parse_bytes(args.memory_limit)
-    if args.child:
-        child(args)
-        return
     with tempfile.TemporaryDirectory() as tmp:
-        runs, errors, model, onnx_path = measure(args, Path(tmp))
+        runs, errors, chosen, model, onnx_path = measure(args, Path(tmp))
         window = per_window(model, onnx_path, args.window, args.memory_limit_bytes)
-    report(args, runs, errors, window)
+    report(args, runs, errors, chosen, window)
 
 
 if __name__ == "__main__":

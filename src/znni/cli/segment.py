@@ -119,8 +119,10 @@ def add_precision_option(p: argparse.ArgumentParser) -> None:
     from znni.engine.job import PRECISIONS
 
     p.add_argument("--precision", default="fp32", metavar="|".join(PRECISIONS),
-                   help="arithmetic precision (default fp32); tf32, bf16 and fp16 need "
-                   "--device gpu (tf32 and bf16 a GPU of compute capability 8.0 or more)")
+                   help="arithmetic precision (default fp32). bf16 on the CPU: ONNX models, "
+                   "in OpenVINO compiled networks (a CPU without bf16 units runs fp32 and "
+                   "says so); tf32 and fp16 need --device gpu (tf32 and bf16 on a GPU: "
+                   "compute capability 8.0 or more)")
     add_tta_option(p)
 
 
@@ -170,10 +172,12 @@ def run(args: argparse.Namespace) -> int:
         print(plan_summary(report.plan), file=sys.stderr)
         if "device_ran" in report.plan:
             print(device_summary(report.plan["device_ran"]), file=sys.stderr)
+        if report.plan.get("compiled_ran"):
+            print(compiled_summary(report.plan["compiled_ran"]), file=sys.stderr)
     if not args.quiet:
         print(
             f"wrote {report.output_path}: {report.voxels_written:,} voxels in "
-            f"{report.elapsed_s:.1f} s ({report.voxels_per_second:,.0f} output voxels/s), "
+            f"{report.elapsed_s:.2f} s ({report.voxels_per_second:,.0f} output voxels/s), "
             f"{report.blocks_computed}/{report.blocks_total} blocks computed"
             + (f", {report.blocks_skipped} skipped (outside the mask or empty input)"
                if report.blocks_skipped else ""),
@@ -224,6 +228,20 @@ def device_summary(ran: dict) -> str:
         line += f"; out of memory, batch shrank to {ran['batch_shrinks'][-1]}"
     if ran["fallbacks"]:
         line += f"; fallbacks: {'; '.join(ran['fallbacks'])}"
+    return line
+
+
+def compiled_summary(ran: dict) -> str:
+    """One line on the compiled network: its compile, the wait for it, and the first call
+    against the steady ones (the first pays OpenVINO's fresh buffers)."""
+    line = (f"OpenVINO network at {ran['precision']}, batch {ran['batch']}: compiled in "
+            f"{ran['compile_s']:.2f} s, the first window waited {ran['compile_wait_s']:.2f} s "
+            f"for it")
+    if ran["first_s"] is not None:
+        line += f"; first call {ran['first_s']:.3f} s"
+    if ran["steady_s"]:
+        line += (f", then {ran['steady_s']:.3f} s median over {ran['calls'] - 1} "
+                 f"({ran['first_s'] / ran['steady_s']:.2f}x)")
     return line
 
 

@@ -44,8 +44,9 @@ class SegmentJob:
     dtype: OutputDtype = "float32"
     chunks: Triple | None = None  # output chunk shape (z, y, x); None: the engine chooses
     device: Device = "auto"
-    # arithmetic precision (primitives/precision.py): fp32 everywhere; tf32, bf16 and fp16 on
-    # the GPU only in this version (engine.compute.execution.check_precision)
+    # arithmetic precision (primitives/precision.py): fp32 everywhere; bf16 also on the CPU
+    # (OpenVINO compiled networks); tf32 and fp16 on the GPU only
+    # (engine.compute.execution.check_precision)
     precision: Precision = "fp32"
     memory_limit_bytes: int | None = None  # None: from available RAM
     scheduler: str | None = None  # None: local; "tcp://HOST:PORT" or "local:N": Dask

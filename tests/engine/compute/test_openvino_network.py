@@ -13,8 +13,9 @@ import zarr
 from support.engine_ref import write_volume
 from support.naive import close
 
+from znni.engine.compute.compiled_forward import CompiledForward
 from znni.engine.compute.graph_choice import plan_window
-from znni.engine.compute.graph_forward import CompiledForward, run_graph
+from znni.engine.compute.graph_forward import run_graph
 from znni.engine.job import SegmentJob
 from znni.engine.segment import segment
 from znni.model.loading import load_model
@@ -92,7 +93,10 @@ def test_segment_runs_the_compiled_network_as_our_executor_would(onnx_models, tm
         job = SegmentJob(model, inp, str(tmp_path / name), chunks=(7, 15, 19),
                          block=(14, 30, 19), window=(16, 32, 32))
         report = segment(job)
+        runs[name] = report.plan
         return report.plan["compiled"], zarr.open_array(str(tmp_path / name))[...]
+
+    runs: dict[str, dict] = {}
 
     fast = replace(MachineProfile.load("ci-2core"), cpu_rates={
         **MachineProfile.load("ci-2core").cpu_rates, "openvino_flops_per_s": 1e13})
@@ -103,6 +107,25 @@ def test_segment_runs_the_compiled_network_as_our_executor_would(onnx_models, tm
     monkeypatch.setattr("znni.planner.graph.network_costs.openvino_ready", lambda: False)
     ours, want = run("ours.zarr")
     assert compiled == "openvino-network" and ours == "" and close(got, want)
+    plan = runs["compiled.zarr"]
+    ran = plan["compiled_ran"]  # what really ran, timed: one call per batch of windows
+    assert ran["runtime"] == "openvino" and ran["precision"] == "f32"
+    assert ran["batch"] == plan["batch"] and ran["calls"] == -(-plan["windows"] // plan["batch"])
+    assert 0 < ran["first_s"] and 0 < ran["steady_s"] and 0 < ran["compile_s"]
+    assert 0 <= ran["compile_wait_s"] <= ran["compile_s"]
+    assert "compiled_ran" not in runs["ours.zarr"]  # our executor: nothing compiled
+
+
+def test_the_compiled_run_summary_line() -> None:
+    from znni.cli.segment import compiled_summary
+
+    ran = {"runtime": "openvino", "precision": "bf16", "batch": 2, "compile_s": 0.19,
+           "compile_wait_s": 0.15, "first_s": 0.08, "steady_s": 0.05, "calls": 27}
+    assert compiled_summary(ran) == (
+        "OpenVINO network at bf16, batch 2: compiled in 0.19 s, the first window waited "
+        "0.15 s for it; first call 0.080 s, then 0.050 s median over 26 (1.60x)")
+    one = compiled_summary({**ran, "steady_s": None, "calls": 1})
+    assert one.endswith("first call 0.080 s")
 
 
 def test_a_network_openvino_cannot_compile_runs_on_our_kernels(onnx_models, tmp_path,

@@ -317,26 +317,3 @@ def _conv(
     if any(pads) and not prepadded:
         x = graph_ops.pad_constant(x, pads)
     return backend.conv3d(np.ascontiguousarray(x), p["weight"], bias, fused, primitive)
-
-
-class CompiledForward:
-    """A graph's forward pass as one OpenVINO compiled network (the planner's
-    "openvino-network", planner.graph.network_costs): the compile starts on a background
-    thread when this is made (a worker makes it before reading its first block) and the
-    first call waits for it. A batch smaller than the compiled one (a grid's last window
-    group) is padded with zero windows, whose outputs are dropped."""
-
-    def __init__(self, model_path: str, graph: Graph, batch: int, precision: str) -> None:
-        from znni.primitives.cpu.openvino_network import NETWORKS
-
-        self.shape = (batch, graph.in_channels, *graph.window)
-        self._future = NETWORKS.start(model_path, self.shape, graph.output, precision)
-
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        """(N <= batch, C, *window) -> (N, Cout, *out_window), float32."""
-        n = x.shape[0]
-        if n < self.shape[0]:
-            full = np.zeros(self.shape, np.float32)  # (B, C, Z, Y, X)
-            full[:n] = x
-            return self._future.result().run(full)[:n]
-        return self._future.result().run(x)

@@ -17,8 +17,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from znni.engine.compute.compiled_forward import CompiledForward
 from znni.engine.compute.graph_device import device_graph_ops, device_run_report
-from znni.engine.compute.graph_forward import CompiledForward, make_graph_backend, run_graph
+from znni.engine.compute.graph_forward import make_graph_backend, run_graph
 from znni.engine.compute.tta import tta_forward
 from znni.engine.geometry import Block, Triple
 from znni.engine.io.volume import open_input, write_block
@@ -119,8 +120,11 @@ class GraphWorker(VolumeWorker):
         return tta_forward(self.forward, x, flips, self.spec.batch)
 
     def device_report(self) -> dict[str, Any]:
-        """On a GPU: what really ran (conv primitives by their real names, fallbacks, the
-        batch after any allocation failure, the device's peak); {} on the CPU."""
+        """What really ran. On a GPU: conv primitives by their real names, fallbacks, the
+        batch after any allocation failure, the device's peak. A compiled network: its
+        compile and its first call against the steady ones. {} otherwise."""
+        if self.compiled is not None:
+            return self.compiled.report()
         if self.device_ops is None:
             return {}
         runner = getattr(self, "on_device", None)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -46,6 +47,7 @@ class OpenVinoNetwork:
 
     def __init__(self, onnx_path: str, input_shape: tuple[int, ...], output: str,
                  precision: str = "fp32", threads: int | None = None) -> None:
+        t0 = time.perf_counter()
         import openvino as ov  # the fast path's dependency, imported when first compiled
 
         if precision not in ("fp32", "bf16"):
@@ -68,6 +70,7 @@ class OpenVinoNetwork:
         self.input_shape = tuple(input_shape)
         self.inference_precision = hint
         self._request = self.compiled.create_infer_request()
+        self.compile_s = time.perf_counter() - t0  # OpenVINO's import, read and compile
         self._lock = threading.Lock()  # one request: calls from several threads take turns
 
     def run(self, x: np.ndarray) -> np.ndarray:
