@@ -217,11 +217,11 @@ def report(args: argparse.Namespace, runs: dict, errors: dict, chosen: dict,
           f"out, window {args.window}^3, overlap {args.overlap}, gaussian; {cpu_model()}, "
           f"{os.cpu_count()} cores; whole processes, medians of {args.reps}; znni memory "
           f"limit {args.memory_limit_bytes / gib:.1f} GiB")
-    print(f"{'run':44s} {'process s':>9s} {'loop s':>7s} {'voxels/s':>10s} {'peak RSS':>9s} "
+    print(f"{'run':48s} {'process s':>9s} {'loop s':>7s} {'voxels/s':>10s} {'peak RSS':>9s} "
           f"{'MONAI/run':>9s} {'max / mean diff vs MONAI fp32':>30s}")
     for n, t in med.items():
         label = RUNS[n][0] + (f" {tuple(chosen[n])}" if RUNS[n][3] == "auto" else "")
-        print(f"{label:44s} {t:9.2f} {inner[n]:7.2f} {vox / t:10,.0f} {rss[n] / gib:7.2f}Gi "
+        print(f"{label:48s} {t:9.2f} {inner[n]:7.2f} {vox / t:10,.0f} {rss[n] / gib:7.2f}Gi "
               f"{med['monai'] / t:8.2f}x {errors[n][0]:20.1e} / {errors[n][1]:.1e}")
     print("loop s: MONAI's sliding_window_inference alone (after its imports, compile and "
           "read; before its write), znni's job from its plan to its last write")
