@@ -4,12 +4,15 @@ tile) summary of an ONNX graph model (the same dict `znni plan MODEL.onnx --json
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from znni.jobs.catalogue import Model
 from znni.jobs.settings import Settings
 from znni.model.network import Network
 from znni.model.onnx_model import OnnxModel
+
+if TYPE_CHECKING:
+    from znni.engine.output.form import OutputForm
 
 
 class PlannerUnavailableError(RuntimeError):
@@ -19,19 +22,46 @@ class PlannerUnavailableError(RuntimeError):
 @dataclass(frozen=True)
 class JobShape:
     """What a job's whole run time depends on beyond its region: the input's bytes per
-    value, the output's dtype and chunks, and the precision."""
+    value, the output's dtype and chunks, the precision, where the region lies in the
+    volume (the output's chunks and the mask are the volume's) and the output form
+    (labels, mask, skip_empty: engine.output.form, as the request gave them)."""
 
     in_bytes: int = 1
     dtype: str = "float32"
     chunks: tuple[int, int, int] | None = None
     precision: str = "fp32"
     tta: str | None = None  # test-time flips: 2^k passes per window or patch
+    lo: tuple[int, int, int] = (0, 0, 0)  # the region's start in the volume
+    volume: tuple[int, int, int] | None = None  # the input volume's shape (None: the region)
+    form: OutputForm | None = None  # checked (jobs.submission.plan_form)
+    labels: str | None = None  # the output options as given, shown in the plan
+    mask: str | None = None
+    skip_empty: float | None = None
 
     @property
     def flips(self) -> int:
         from znni.engine.compute.tta import flip_count
 
         return flip_count(self.tta)
+
+    def stored(self, channels: int) -> tuple[int, str]:
+        """The output array's channels and dtype (labels set them)."""
+        return (channels, self.dtype) if self.form is None else (self.form.channels,
+                                                                 self.form.dtype)
+
+    def output_chunks(self, region: tuple[int, int, int], channels: int) -> Any:
+        """The output's chunks as the job's (engine.io.volume.output_chunks on the volume)."""
+        from znni.engine.io.volume import output_chunks
+
+        return output_chunks(self.chunks, None, self.volume or region,
+                             *self.stored(channels), "the output")
+
+    def fields(self, channels: int, skipped_blocks: int | None) -> dict[str, Any]:
+        """The plan's labels, mask and skip_empty fields (as `znni plan` shows them)."""
+        from znni.engine.output.form import plan_fields
+
+        return plan_fields(self.labels, self.dtype, self.mask, self.skip_empty, channels,
+                           skipped_blocks)
 
 
 def plan_summary(
@@ -42,20 +72,11 @@ def plan_summary(
     """The plan body for `model` on this server's machine (or its `--machine` profile),
     within the pass budget a job with this memory limit plans in, for `region` (the
     request's input region) where given, with the whole run's `predicted_job_seconds`
-    as `znni plan --input` gives it; ValueError for a request that cannot be planned."""
+    as `znni plan --input` gives it (blocks wholly outside the job's mask not computed);
+    ValueError for a request that cannot be planned."""
     if isinstance(model, OnnxModel):
-        from znni.engine.compute.graph_plan import graph_plan, with_job_time
-
-        other = _machine(settings) if settings.machine is not None else None
-        summary = graph_plan(model, memory_limit_bytes, region, overlap, other, window,
-                             precision=job.precision, flips=job.flips)
-        if region is None:
-            return summary
-        from znni.engine.io.volume import output_chunks
-
-        chunks = output_chunks(job.chunks, None, region, model.out_channels, job.dtype,
-                               "the output")
-        return with_job_time(summary, model, chunks, job.in_bytes, job.dtype)
+        return _graph_summary(model, settings, memory_limit_bytes, region, overlap, window,
+                              job)
     if window is not None:
         raise ValueError("window applies to ONNX graph models; this network is sequential "
                          "and its patch is planned")
@@ -70,12 +91,34 @@ def plan_summary(
     if region is None:
         plan = flipped_plan(exact_plan(model, machine, settings, device, memory_limit_bytes),
                             job.flips, model)
-        return {"mode": "exact", **plan.to_dict()}
+        return {"mode": "exact", **plan.to_dict(), **job.fields(model.out_channels, 0)}
     plan = job_plan(model, machine, settings, device, memory_limit_bytes, region, job)
     return {"mode": "exact", **plan.to_dict(), "region": list(region),
             "predicted_seconds": region_seconds(region, region_voxels_per_second(plan, region)),
             "predicted_job_seconds": plan.job_seconds["total_s"],
-            "job_peak_bytes": plan.job_seconds["peak_bytes"]}
+            "job_peak_bytes": plan.job_seconds["peak_bytes"],
+            **job.fields(model.out_channels, plan.job_seconds.get("skipped_blocks", 0))}
+
+
+def _graph_summary(
+    model: OnnxModel, settings: Settings, memory_limit_bytes: int | None,
+    region: tuple[int, int, int] | None, overlap: float,
+    window: tuple[int, int, int] | None, job: JobShape,
+) -> dict[str, Any]:
+    """A graph model's summary (`znni plan MODEL.onnx --json`'s), with its whole run over
+    `region` where given; a graph run's prediction computes the blocks outside the mask
+    too, so `blocks_outside_mask` is null (as `znni plan` shows it)."""
+    from znni.engine.compute.graph_plan import graph_plan, with_job_time
+
+    other = _machine(settings) if settings.machine is not None else None
+    summary = graph_plan(model, memory_limit_bytes, region, overlap, other, window,
+                         precision=job.precision, flips=job.flips)
+    fields = job.fields(model.out_channels, None if job.mask is not None else 0)
+    if region is None:
+        return {**summary, **fields}
+    chunks = job.output_chunks(region, model.out_channels)
+    out_dtype = job.stored(model.out_channels)[1]
+    return {**with_job_time(summary, model, chunks, job.in_bytes, out_dtype), **fields}
 
 
 def _machine(settings: Settings) -> Any:
@@ -116,22 +159,24 @@ def job_plan(
     network: Network, machine: Any, settings: Settings, device: str,
     memory_limit_bytes: int | None, region: tuple[int, int, int], job: JobShape,
 ) -> Any:
-    """The plan a job over `region` makes (patch, batch and blocks chosen together, its whole
-    run predicted: engine.compute.layout.plan_with_layout), as `znni plan --input` does."""
+    """The plan a job over `region` (from `job.lo`) makes (patch, batch and blocks chosen
+    together, its whole run predicted with the blocks wholly outside the mask written
+    without compute: engine.compute.layout.plan_with_layout), as `znni plan --input` does."""
     from znni.engine.compute.layout import memory_budget_bytes, plan_with_layout
     from znni.engine.geometry import Box
-    from znni.engine.io.volume import output_chunks
 
     other = machine.memory_bytes if settings.machine is not None else None
-    chunks = output_chunks(job.chunks, None, region, network.out_channels, job.dtype,
-                           "the output")
+    chunks = job.output_chunks(region, network.out_channels)
     budget = memory_budget_bytes(memory_limit_bytes, other)
+    lo = job.lo
+    box = Box(lo, (lo[0] + region[0], lo[1] + region[1], lo[2] + region[2]))
 
     def other_machine(pass_bytes: int) -> Any:
         return exact_plan(network, machine, settings, device, None, region, pass_bytes)
 
     # this machine: as a job plans (execution.plan_job, its plans cached)
-    return plan_with_layout(network, device, chunks, Box((0, 0, 0), region), budget,
-                            job.in_bytes, job.dtype,
+    return plan_with_layout(network, device, chunks, box, budget, job.in_bytes,
+                            job.stored(network.out_channels)[1],
                             plan_for=None if settings.machine is None else other_machine,
-                            known_machine=settings.machine is None, flips=job.flips)
+                            known_machine=settings.machine is None, flips=job.flips,
+                            skip=None if job.form is None else job.form.outside)

@@ -17,7 +17,7 @@ answers the rest (errors, query strings) and is the one OpenAPI documents.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response, status
@@ -45,7 +45,7 @@ from znni.jobs.events import log_event
 from znni.jobs.paths import relative_to_root
 from znni.jobs.settings import Settings
 from znni.jobs.store import JobStore, OutputBusyError
-from znni.jobs.submission import check_submission, plan_region
+from znni.jobs.submission import check_submission, plan_form, plan_volume
 from znni.jobs.worker import WorkerPool
 
 MAX_ID = 2**62  # SQLite integers are 64-bit; larger ids cannot exist
@@ -279,21 +279,26 @@ def get_network(name: NetworkPath, state: StateDep) -> NetworkRead:
 @router.post("/plan", response_model=PlanRead)
 def plan(body: PlanRequest, state: StateDep) -> PlanRead:
     """What would run for this network on this server's machine: the planner's plan (exact
-    mode) or the window a windowed model would use."""
+    mode) or the window a windowed model would use; with an input, the whole run as the
+    job with these fields would make it (labels, mask and skip_empty checked as a job's)."""
     settings = state.settings
     try:
         network = state.catalogue.get(body.network)
-        region, in_bytes = None, 1
+        job, region = JobShape(1, body.dtype, body.chunks, body.precision, body.tta), None
         if body.input is not None:
-            region, in_bytes = plan_region(settings.data_root, settings.allow_url, network,
-                                           body.input, body.roi, body.level,
-                                           store=state.stores)
+            volume = plan_volume(settings.data_root, settings.allow_url, network, body.input,
+                                 body.roi, body.level, store=state.stores)
+            region = volume.region
+            job = replace(job, in_bytes=volume.in_bytes, lo=volume.lo, volume=volume.shape)
         elif any(v is not None for v in (body.roi, body.level, body.chunks)):
             raise ValueError("roi, level and chunks need an input, the volume to plan for")
+        form = plan_form(settings.data_root, settings.allow_url, network,
+                         body.model_dump(include={"labels", "dtype", "mask", "skip_empty"}),
+                         job.volume, store=state.stores)
+        job = replace(job, form=form, labels=body.labels, mask=body.mask,
+                      skip_empty=body.skip_empty)
         result = plan_summary(network, settings, body.device, body.memory_limit_bytes,
-                              region, body.overlap, body.window,
-                              job=JobShape(in_bytes, body.dtype, body.chunks, body.precision,
-                                           body.tta))
+                              region, body.overlap, body.window, job=job)
     except ValueError as e:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(e)) from e
     except PlannerUnavailableError as e:

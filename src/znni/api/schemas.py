@@ -20,6 +20,10 @@ Coordinate = Annotated[int, Field(ge=0, le=2**40)]
 RoiRange = tuple[Coordinate | None, Coordinate | None]
 PositiveSize = Annotated[int, Field(ge=1, le=2**20)]
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False, ge=-1e30, le=1e30)]
+# the output options a job and a plan take alike (docs/design.md, "Labels, masks and empty
+# blocks"): labels "argmax" or "threshold:T[:CHANNEL]"; a mask under the data root (or an
+# allowed URL) whose shape divides the input's; the input value of empty blocks
+Labels = Annotated[str, Field(pattern=r"^(argmax|threshold:.{1,40})$")]
 
 
 class JobCreate(BaseModel):
@@ -59,10 +63,9 @@ class JobCreate(BaseModel):
     on_bad_chunk: Literal["fail", "fill"] = "fail"
     # test-time flips (--tta): "flips" (z, y and x: 8 passes a window) or "flips:AXES"
     tta: Annotated[str, Field(pattern=r"^flips(:[zyx]{1,3})?$", max_length=9)] | None = None
-    # labels instead of the float output (--labels): "argmax" or "threshold:T[:CHANNEL]"
-    labels: Annotated[str, Field(pattern=r"^(argmax|threshold:.{1,40})$")] | None = None
-    # a mask under the data root (or an allowed URL) whose shape divides the input's (--mask),
-    # and the input value of empty blocks (--skip-empty): such blocks are written as 0
+    # labels instead of the float output (--labels), a mask (--mask) and the input value of
+    # empty blocks (--skip-empty): blocks outside the mask or empty are written as 0
+    labels: Labels | None = None
     mask: UserPath | None = None
     skip_empty: FiniteFloat | None = None
 
@@ -155,7 +158,10 @@ class NetworkList(BaseModel):
 
 class PlanRequest(BaseModel):
     """What a job with these fields would run; `input` (with `roi`, `level`) plans for that
-    volume's region, as a job's input is located (data root or allowed URL prefixes)."""
+    volume's region, as a job's input is located (data root or allowed URL prefixes). Its
+    fields are JobCreate's, checked alike, less output, border, block, overwrite, blend,
+    scale, shift, output_name, output_format, pyramid and on_bad_chunk (docs/design.md,
+    "HTTP API"), which it refuses as unknown fields."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -172,6 +178,11 @@ class PlanRequest(BaseModel):
     dtype: Literal["float32", "uint8"] = "float32"  # the output's: its writes are timed
     chunks: tuple[PositiveSize, PositiveSize, PositiveSize] | None = None  # with input
     tta: Annotated[str, Field(pattern=r"^flips(:[zyx]{1,3})?$", max_length=9)] | None = None
+    # as a job takes them: the stored channels and dtype, the blocks wholly outside the mask
+    # (not computed; the mask needs an input), the empty-block value (shown, not counted)
+    labels: Labels | None = None
+    mask: UserPath | None = None
+    skip_empty: FiniteFloat | None = None
 
 
 class PlanRead(BaseModel):

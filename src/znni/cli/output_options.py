@@ -36,16 +36,13 @@ def plan_form(args: argparse.Namespace, channels: int, shape: tuple[int, int, in
 
 def form_fields(args: argparse.Namespace, channels: int,
                 job_seconds: dict[str, Any] | None) -> dict[str, Any]:
-    """What the options change in a plan: the stored channels and dtype, the blocks wholly
-    outside the mask (not computed) and the empty-block value; {} without them."""
-    from znni.engine.output.labels import stored_channels, stored_dtype
+    """What the options change in a plan (engine.output.form.plan_fields, as
+    `POST /v1/plan` shows them): the stored channels and dtype, the blocks wholly outside
+    the mask (not computed) and the empty-block value; {} without them."""
+    from znni.engine.output.form import plan_fields
 
-    if args.labels is None and args.mask is None and args.skip_empty is None:
-        return {}
-    return {"labels": args.labels, "output_channels": stored_channels(args.labels, channels),
-            "output_dtype": stored_dtype(args.labels, args.dtype, channels),
-            "mask": args.mask, "skip_empty": args.skip_empty,
-            "blocks_outside_mask": (job_seconds or {}).get("skipped_blocks", 0)}
+    return plan_fields(args.labels, args.dtype, args.mask, args.skip_empty, channels,
+                       (job_seconds or {}).get("skipped_blocks", 0))
 
 
 def form_line(fields: dict[str, Any]) -> str | None:

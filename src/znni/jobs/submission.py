@@ -7,8 +7,9 @@ exactly the same arguments.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from znni.engine.compute.tta import canonical
 from znni.engine.context import StoreContext
@@ -18,12 +19,17 @@ from znni.jobs.paths import confine, confine_url, looks_like_url, relative_to_ro
 from znni.model.onnx_model import OnnxModel
 from znni.triple import Triple, as_triple
 
+if TYPE_CHECKING:
+    from znni.engine.output.form import OutputForm
+
 WINDOW_FIELDS = ("window", "overlap", "blend")
 OME_FIELDS = ("output_format", "pyramid", "level")
 # the engine and model name their options as `znni segment` flags; the API's are fields
 FLAG_FIELDS = {f"--{f.replace('_', '-')}": f for f in (*WINDOW_FIELDS, "scale", "shift",
                                                         "output_name", *OME_FIELDS,
-                                                        "precision", "device", "tta")}
+                                                        "precision", "device", "tta",
+                                                        "labels", "mask", "skip_empty",
+                                                        "dtype")}
 
 
 def segment_job(
@@ -119,16 +125,26 @@ def check_submission(
     return net, job
 
 
-def plan_region(
+@dataclass(frozen=True)
+class PlanVolume:
+    """A plan request's input as a job reads it: the region's start and shape (z, y, x),
+    the input's bytes per value and the whole volume's shape (the output's and a mask's)."""
+
+    lo: Triple
+    region: Triple
+    in_bytes: int
+    shape: Triple
+
+
+def plan_volume(
     data_root: Path, allow_url: tuple[str, ...], model: Model, input: str,
     roi: tuple[tuple[int | None, int | None], ...] | None, level: int | None,
     store: StoreContext | None = None,
-) -> tuple[tuple[int, int, int], int]:
-    """The (z, y, x) shape of a plan request's input region and the input's bytes per
-    value, its input located as a job's is (`check_submission`) and read from its metadata
-    alone; ValueError in API words."""
+) -> PlanVolume:
+    """A plan request's input region, its input located as a job's is (`check_submission`)
+    and read from its metadata alone; ValueError in API words."""
     from znni.engine.io.volume import open_input
-    from znni.engine.units import roi_shape
+    from znni.engine.units import resolve_roi
 
     ctx = store if store is not None else StoreContext()
     path = _locate(data_root, allow_url, input, "input")
@@ -136,7 +152,31 @@ def plan_region(
         path = input_level(data_root, allow_url, path, input, level, store=ctx)
     try:
         volume = open_input(path, model.in_channels, ctx=ctx)
-        return roi_shape(roi, volume.shape), int(volume.dtype.itemsize)
+        (z0, z1), (y0, y1), (x0, x1) = resolve_roi(roi, volume.shape)
+    except (ValueError, TypeError, FileNotFoundError, NotADirectoryError) as e:
+        raise ValueError(api_words(relative_to_root(data_root, str(e)))) from e
+    return PlanVolume((z0, y0, x0), (z1 - z0, y1 - y0, x1 - x0), int(volume.dtype.itemsize),
+                      as_triple(volume.shape))
+
+
+def plan_form(
+    data_root: Path, allow_url: tuple[str, ...], model: Model, params: dict[str, Any],
+    volume_shape: Triple | None, store: StoreContext | None = None,
+) -> OutputForm:
+    """A plan request's output form (`labels`, `dtype`, `mask`, `skip_empty` in `params`),
+    checked as a job's is (`check_and_plan`: engine.output.form), its mask located and
+    confined as the job's (`locate_mask`); a mask needs the input's `volume_shape`.
+    ValueError in API words."""
+    from znni.engine.output.form import make_form
+
+    mask_path = locate_mask(data_root, allow_url, params)
+    if mask_path is not None and volume_shape is None:
+        raise ValueError("mask needs an input, the volume whose shape it divides")
+    try:
+        return make_form(params.get("labels"), params.get("dtype", "float32"), mask_path,
+                         params.get("skip_empty"), model.out_channels,
+                         volume_shape or (1, 1, 1),
+                         ctx=store if store is not None else StoreContext())
     except (ValueError, TypeError, FileNotFoundError, NotADirectoryError) as e:
         raise ValueError(api_words(relative_to_root(data_root, str(e)))) from e
 

@@ -64,3 +64,23 @@ def make_form(labels: str | None, dtype: str, mask_path: str | None, skip_empty:
 def stored_job_dtype(job: SegmentJob) -> str:
     """The output array's dtype for `job` (labels set it), without opening anything."""
     return stored_dtype(job.labels, job.dtype, job.network.out_channels)
+
+
+EMPTY_NOT_COUNTED = ("blocks whose input is all {value:g} are found only once read; the "
+                     "predicted time counts them computed")
+
+
+def plan_fields(labels: str | None, dtype: str, mask: str | None, skip_empty: float | None,
+                channels: int, skipped_blocks: int | None) -> dict[str, Any]:
+    """What these options change in a plan (`znni plan --input`, `POST /v1/plan`): the
+    stored channels and dtype, the blocks wholly outside the mask (`skipped_blocks`, from
+    the whole-run prediction's `skip`; None where the prediction computes them) and the
+    empty-block value, which the plan shows but cannot count; {} without any option."""
+    if labels is None and mask is None and skip_empty is None:
+        return {}
+    fields = {"labels": labels, "output_channels": stored_channels(labels, channels),
+              "output_dtype": stored_dtype(labels, dtype, channels), "mask": mask,
+              "skip_empty": skip_empty, "blocks_outside_mask": skipped_blocks}
+    if skip_empty is not None:
+        fields["empty_blocks"] = EMPTY_NOT_COUNTED.format(value=skip_empty)
+    return fields
