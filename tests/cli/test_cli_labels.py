@@ -67,6 +67,27 @@ def test_plan_shows_the_output_and_the_blocks_outside_the_mask(setup: dict, caps
                                                                               "uint8")
 
 
+def test_segment_predicts_the_labels_it_stores(setup: dict) -> None:
+    """The run segment plans for labels times the writes of what it stores (1 uint8
+    channel), not the network's 2 float32 channels."""
+    from znni.engine.job import SegmentJob
+    from znni.engine.segment import check_and_plan
+    from znni.model.loading import load_model
+    from znni.planner.jobtime import WRITE_VALUES_PER_S
+
+    def planned(labels: str | None) -> dict:
+        job = SegmentJob(load_model(setup["spec"]), setup["inp"],
+                         str(setup["tmp"] / "o.zarr"), chunks=(8, 8, 8), labels=labels)
+        plan = check_and_plan(job)
+        assert plan is not None and plan.job_seconds is not None
+        return {**plan.job_seconds, "edges": plan.block_edges}
+
+    labels, floats = planned("argmax"), planned(None)
+    assert labels["edges"] == floats["edges"]  # the same blocks: only the writes differ
+    writes = 16**3 * (1 / WRITE_VALUES_PER_S["uint8"] - 2 / WRITE_VALUES_PER_S["float32"])
+    assert labels["io_total_s"] - floats["io_total_s"] == pytest.approx(writes)
+
+
 @pytest.mark.parametrize("extra, words", [
     (["--labels", "threshold"], "needs a number after threshold"),
     (["--labels", "threshold:0.5:9"], "channel 9 is out of range"),

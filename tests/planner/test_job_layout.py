@@ -182,6 +182,26 @@ def test_job_seconds_counts_every_stage(tmp_path: Path, monkeypatch) -> None:
     assert split.computed_voxels > job.computed_voxels  # thin patches compute 8 voxels
 
 
+def test_label_outputs_write_their_stored_channels() -> None:
+    """Labels store 1 channel: the writes are timed at 1 value a voxel, not the network's
+    channels (n537 has 3), in the stored dtype."""
+    from znni.planner.jobtime import WRITE_VALUES_PER_S, job_seconds
+    from znni.planner.plan import LayerPlan, Plan
+
+    net = n537_width24()
+    layers = (LayerPlan(0, "conv", "cpu", "direct", 5.0, 0),)
+    plan = Plan("n537-w24", "m", "cpu", (218,) * 3, (56,) * 3, 1, None,  # type: ignore[arg-type]
+                ("direct",) * len(net.ops), layers, 2**30, 20.0, 1.0)
+    edges = ((0, 112, 200),) * 3  # 8 blocks
+    floats = job_seconds(plan, net, edges, in_bytes=1, out_dtype="float32",
+                         known_machine=False)
+    labels = job_seconds(plan, net, edges, in_bytes=1, out_dtype="uint8", out_channels=1,
+                         known_machine=False)
+    writes = 200**3 / WRITE_VALUES_PER_S["uint8"]
+    read_s = floats.io_total_s - net.out_channels * 200**3 / WRITE_VALUES_PER_S["float32"]
+    assert net.out_channels == 3 and labels.io_total_s == pytest.approx(read_s + writes)
+
+
 def test_plan_json_reports_the_whole_run(tmp_path: Path, capsys) -> None:
     """`znni plan --input --json`: predicted_job_seconds at the top level, the layout the
     run will cut, a peak within the limit; a missing input, an ROI outside the volume and

@@ -117,8 +117,9 @@ def _graph_summary(
     if region is None:
         return {**summary, **fields}
     chunks = job.output_chunks(region, model.out_channels)
-    out_dtype = job.stored(model.out_channels)[1]
-    return {**with_job_time(summary, model, chunks, job.in_bytes, out_dtype), **fields}
+    channels, out_dtype = job.stored(model.out_channels)
+    return {**with_job_time(summary, model, chunks, job.in_bytes, out_dtype,
+                            out_channels=channels), **fields}
 
 
 def _machine(settings: Settings) -> Any:
@@ -175,8 +176,9 @@ def job_plan(
         return exact_plan(network, machine, settings, device, None, region, pass_bytes)
 
     # this machine: as a job plans (execution.plan_job, its plans cached)
-    return plan_with_layout(network, device, chunks, box, budget, job.in_bytes,
-                            job.stored(network.out_channels)[1],
+    channels, out_dtype = job.stored(network.out_channels)
+    return plan_with_layout(network, device, chunks, box, budget, job.in_bytes, out_dtype,
                             plan_for=None if settings.machine is None else other_machine,
                             known_machine=settings.machine is None, flips=job.flips,
-                            skip=None if job.form is None else job.form.outside)
+                            skip=None if job.form is None else job.form.outside,
+                            out_channels=channels)

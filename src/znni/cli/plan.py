@@ -157,7 +157,7 @@ def job_plan(args: argparse.Namespace, network: Network, limit: int | None,
 
     return plan_with_layout(network, args.device, chunks, region, budget,
                             volume.dtype.itemsize, form.dtype, plan_for=plan_for,
-                            skip=form.outside,
+                            skip=form.outside, out_channels=form.channels,
                             known_machine=args.machine is None, flips=flips)
 
 

@@ -54,7 +54,8 @@ def graph_job_summary(args: argparse.Namespace, model: Any, summary: dict) -> di
     fields = form_fields(args, model.out_channels, None)
     if fields:  # a graph run's prediction computes the blocks outside the mask too
         fields["blocks_outside_mask"] = None
-    return {**with_job_time(summary, model, chunks, volume.dtype.itemsize, form.dtype),
+    return {**with_job_time(summary, model, chunks, volume.dtype.itemsize, form.dtype,
+                            out_channels=form.channels),
             **fields}
 
 

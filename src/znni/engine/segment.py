@@ -153,13 +153,15 @@ def _prepare_run(job: SegmentJob, plan: Plan | None) -> PreparedRun:
     step = recorded or job.block  # --block: its plain grid; remainders merged otherwise
     if plan is None:  # patch, batch and blocks together (compute/layout.py)
         plan = plan_with_layout(net, job.device, chunks, region, budget,
-                                volume.dtype.itemsize, job.dtype, step, job.block is None,
-                                flips=flip_count(job.tta), skip=form.outside)
+                                volume.dtype.itemsize, form.dtype, step, job.block is None,
+                                flips=flip_count(job.tta), skip=form.outside,
+                                out_channels=form.channels)  # labels: as stored
     patch, primitives = _patch_from_plan(job, plan)
     plan = with_job_time(with_layout(plan, net, chunks, region, budget, volume.dtype.itemsize,
                                      step, merge=job.block is None),
-                         net, volume.dtype.itemsize, job.dtype, budget_bytes=budget,
-                         skip=form.outside)  # blocks outside the mask are not computed
+                         net, volume.dtype.itemsize, form.dtype, budget_bytes=budget,
+                         skip=form.outside,  # blocks outside the mask are not computed
+                         out_channels=form.channels)
     assert plan.block_shape is not None  # the engine cuts plan.block_edges
     return PreparedRun(**checked, patch=patch, block_shape=plan.block_shape,
                        primitives=primitives, plan=plan)
@@ -257,12 +259,11 @@ def segment(
     """Compute and write every unfinished block (module docstring); `on_plan` gets the plan."""
     timer = StageTimer()
     with job.store.remembering() as ctx:  # the setup asks each store question once
-        setup = replace(job, store=ctx)
-        prep = prepare_run(setup, plan)
+        prep = prepare_run(replace(job, store=ctx), plan)
         plan = prep.plan
         plan_dict = plan.to_dict() if plan is not None else run_summary(
             job, prep.choice, prep.volume.shape, prep.block_shape, prep.region.shape,
-            prep.volume.dtype.itemsize)
+            prep.volume.dtype.itemsize, (prep.form.channels, prep.form.dtype))
         target, ledger, blocks, spec, worker, reads, lock = _set_up(prep.job, prep, plan_dict,
                                                                     backend, timer)
     (on_plan or _ignore)(dict(plan_dict))  # the server stores a graph run's summary

@@ -137,14 +137,17 @@ def record_warm(keys: set[str]) -> None:
 def job_seconds(
     plan: Plan, network: Network, edges: Edges, *, in_bytes: int, out_dtype: str,
     known_machine: bool = True, cache_bytes: int = 0, skipped: frozenset[int] = frozenset(),
+    out_channels: int | None = None,
 ) -> JobSeconds:
     """The whole run's predicted seconds over `edges` (module docstring). `skipped`: the
     indices (in `edges_blocks` order) of blocks wholly outside the mask, which cost only
-    their write of the fill value."""
+    their write of the fill value. `out_channels`: the stored output's (labels: 1; None:
+    the network's)."""
     patch, pool, fov = plan.output_size, network.pool_product, network.fov
     batch = max(1, int(plan.batch))
     full_in = prod(p + f - 1 for p, f in zip(patch, fov, strict=True))
     warm = warm_keys() if known_machine else None
+    stored = out_channels or network.out_channels
     per_block, cold, seen, held = [], 0.0, set(), 0
     for i, ((count, clipped), (lo, hi)) in enumerate(zip(layout_patches(edges, patch, pool),
                                                          edges_blocks(edges), strict=True)):
@@ -161,7 +164,7 @@ def job_seconds(
         write = prod(h - a for a, h in zip(lo, hi, strict=True))
         read = prod(h - a + f - 1 for a, h, f in zip(lo, hi, fov, strict=True))
         read_s = read * network.in_channels * in_bytes / READ_BYTES_PER_S if count else 0.0
-        write_s = write * network.out_channels / WRITE_VALUES_PER_S.get(out_dtype, 39e6)
+        write_s = write * stored / WRITE_VALUES_PER_S.get(out_dtype, 39e6)
         per_block.append((compute_s, read_s, write_s, count, prod(clipped) * count))
         held = max(held, _block_bytes(network, read, write, in_bytes))
     patches_s = sum(b[0] for b in per_block)

@@ -104,13 +104,15 @@ def gpu_details(choice: GraphChoice) -> dict[str, Any]:
 
 def run_summary(job: SegmentJob, choice: GraphChoice | None, volume_shape: Triple,
                 block_shape: Triple, region: Triple | None = None,
-                in_bytes: int = 1) -> dict[str, Any]:
+                in_bytes: int = 1, stored: tuple[int, str] | None = None) -> dict[str, Any]:
     """A graph model run's plan for its report: mode, window or tile, where it runs and at
     what precision (what runs: our CPU kernels stay fp32), whether the whole window is one
-    compiled network, predictions, primitives."""
+    compiled network, predictions, primitives. `stored`: the output's (channels, dtype)
+    as written (labels change them; None: the network's channels, the job's dtype)."""
     model = job.network
     if choice is None or not isinstance(model, OnnxModel):
         raise TypeError(f"run_summary is for ONNX graph models, not {type(model).__name__}")
+    stored = stored or (model.out_channels, job.dtype)
     window = choice.window
     predicted = {
         "device": graph_backend_name(job.device), "precision": choice.plan.precision,
@@ -127,23 +129,25 @@ def run_summary(job: SegmentJob, choice: GraphChoice | None, volume_shape: Tripl
                    "tile_output": list(tile_output(model, window)),
                    "context": list(model.context), "size_factor": list(model.size_factor),
                    **predicted}
-        return _job_time(summary, model, region, in_bytes, job.dtype)
+        return _job_time(summary, model, region, in_bytes, stored)
     grid = WindowGrid.for_volume(volume_shape, window, job.overlap)
     summary = {"mode": "windowed", "window": list(window), "overlap": job.overlap,
                "blend": job.blend, "windows": grid.num_windows, **predicted}
-    return _job_time(summary, model, region, in_bytes, job.dtype)
+    return _job_time(summary, model, region, in_bytes, stored)
 
 
 def _job_time(summary: dict[str, Any], model: OnnxModel, region: Triple | None,
-              in_bytes: int, out_dtype: str) -> dict[str, Any]:
+              in_bytes: int, stored: tuple[int, str]) -> dict[str, Any]:
     """A run's summary with its whole-run prediction over `region` (none without one)."""
     if region is None:
         return summary
-    return with_job_time({**summary, "region": list(region)}, model, None, in_bytes, out_dtype)
+    return with_job_time({**summary, "region": list(region)}, model, None, in_bytes,
+                         stored[1], out_channels=stored[0])
 
 
 def with_job_time(summary: dict[str, Any], model: OnnxModel, chunks: Triple | None,
-                  in_bytes: int, out_dtype: str) -> dict[str, Any]:
+                  in_bytes: int, out_dtype: str,
+                  out_channels: int | None = None) -> dict[str, Any]:
     """`summary` (graph_plan's or run_summary's) with the whole run's predicted seconds
     (planner.jobtime.graph_job_seconds) over its region, in the blocks `segment` cuts: the
     summary's block shape, else the default for the output's `chunks` (exact tiles: every
@@ -166,7 +170,7 @@ def with_job_time(summary: dict[str, Any], model: OnnxModel, chunks: Triple | No
         margin = (window[0] - span[0], window[1] - span[1], window[2] - span[2])
         region_s *= block_tiles(model, window, block, box) / max(1, summary["passes"])
     job = graph_job_seconds(region_s, region, block, margin, in_channels=model.in_channels,
-                            out_channels=model.out_channels, in_bytes=in_bytes,
+                            out_channels=out_channels or model.out_channels, in_bytes=in_bytes,
                             out_dtype=out_dtype)
     return {**summary, "predicted_job_seconds": job["total_s"], "job_seconds": job}
 

@@ -183,16 +183,19 @@ def with_layout(
 
 def with_job_time(plan: Plan, network: Network, in_dtype_bytes: int, out_dtype: str,
                   known_machine: bool = True, budget_bytes: int = 0,
-                  skip: Callable[[Edges], frozenset[int]] | None = None) -> Plan:
+                  skip: Callable[[Edges], frozenset[int]] | None = None,
+                  out_channels: int | None = None) -> Plan:
     """`plan` (with its layout, with_layout) with the whole run's predicted seconds and
     peak (the input chunk cache under `budget_bytes` counted). `skip(edges)`: the blocks
-    wholly outside the mask (`output/form.OutputForm.outside`), which are not computed."""
+    wholly outside the mask (`output/form.OutputForm.outside`), which are not computed.
+    `out_dtype`, `out_channels`: the stored output's (labels change them)."""
     assert plan.block_edges is not None
     edges = plan.block_edges
     job = job_seconds(plan, network, (edges[0], edges[1], edges[2]), in_bytes=in_dtype_bytes,
                       out_dtype=out_dtype, known_machine=known_machine,
                       cache_bytes=input_cache_bytes(budget_bytes) if budget_bytes else 0,
-                      skipped=skip(edges) if skip is not None else frozenset())
+                      skipped=skip(edges) if skip is not None else frozenset(),
+                      out_channels=out_channels)
     return replace(plan, job_seconds=job.to_dict())
 
 
@@ -207,6 +210,7 @@ def plan_with_layout(
     in_dtype_bytes: int, out_dtype: str, step: Triple | None = None, merge: bool = True,
     plan_for: Callable[[int], Plan] | None = None, known_machine: bool = True,
     flips: int = 1, skip: Callable[[Edges], frozenset[int]] | None = None,
+    out_channels: int | None = None,
 ) -> Plan:
     """Patch, batch and blocks chosen together: the planner's best plan within each of
     PASS_FRACTIONS of the budget, laid out over the region (with_layout; `step` and
@@ -241,7 +245,7 @@ def plan_with_layout(
             refusal = e
             continue
         laid = with_job_time(blocks, network, in_dtype_bytes, out_dtype, known_machine,
-                             budget_bytes=budget_bytes, skip=skip)
+                             budget_bytes=budget_bytes, skip=skip, out_channels=out_channels)
         assert laid.job_seconds is not None
         if best is None or laid.job_seconds["total_s"] < 0.98 * _total(best):
             best = laid
