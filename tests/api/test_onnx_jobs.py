@@ -190,3 +190,20 @@ def test_plan_for_a_windowed_model(server, onnx_site) -> None:
     assert "normalises" in plan["reason"] or "pads" in plan["reason"]
     assert exact["mode"] == "exact" and exact["algorithm"] == "cpu"
     json.dumps(plan)
+
+
+def test_plan_for_a_graph_model_is_for_the_device_asked(server, onnx_site) -> None:
+    """A graph model's plan is for where its job would run (as `znni plan --machine`): the
+    server's profile (znni-paper) has a GPU, so gpu and auto plan the GPU, cpu the CPU."""
+    from znni.planner.machine import MachineProfile
+
+    assert MachineProfile.load("znni-paper").gpu is not None
+    got = {}
+    with server.client() as client:
+        for device in ("cpu", "gpu", "auto"):
+            r = client.post("/v1/plan", json={"network": "unet", "device": device,
+                                              "input": "em.zarr"})
+            assert r.status_code == 200, r.text
+            got[device] = r.json()["plan"]
+    assert [got[d]["device"] for d in ("cpu", "gpu", "auto")] == ["cpu", "gpu", "gpu"]
+    assert "device_cap_bytes" in got["gpu"] and "device_cap_bytes" not in got["cpu"]

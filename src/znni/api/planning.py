@@ -75,8 +75,8 @@ def plan_summary(
     as `znni plan --input` gives it (blocks wholly outside the job's mask not computed);
     ValueError for a request that cannot be planned."""
     if isinstance(model, OnnxModel):
-        return _graph_summary(model, settings, memory_limit_bytes, region, overlap, window,
-                              job)
+        return _graph_summary(model, settings, device, memory_limit_bytes, region, overlap,
+                              window, job)
     if window is not None:
         raise ValueError("window applies to ONNX graph models; this network is sequential "
                          "and its patch is planned")
@@ -101,18 +101,20 @@ def plan_summary(
 
 
 def _graph_summary(
-    model: OnnxModel, settings: Settings, memory_limit_bytes: int | None,
+    model: OnnxModel, settings: Settings, device: str, memory_limit_bytes: int | None,
     region: tuple[int, int, int] | None, overlap: float,
     window: tuple[int, int, int] | None, job: JobShape,
 ) -> dict[str, Any]:
     """A graph model's summary (`znni plan MODEL.onnx --json`'s), with its whole run over
     `region` where given; a graph run's prediction computes the blocks outside the mask
-    too, so `blocks_outside_mask` is null (as `znni plan` shows it)."""
-    from znni.engine.compute.graph_plan import graph_plan, with_job_time
+    too, so `blocks_outside_mask` is null (as `znni plan` shows it). `device` as a job
+    runs it (graph_plan_device)."""
+    from znni.engine.compute.graph_plan import graph_plan, graph_plan_device, with_job_time
 
     other = _machine(settings) if settings.machine is not None else None
     summary = graph_plan(model, memory_limit_bytes, region, overlap, other, window,
-                         precision=job.precision, flips=job.flips)
+                         device=graph_plan_device(device, other), precision=job.precision,
+                         flips=job.flips)
     fields = job.fields(model.out_channels, None if job.mask is not None else 0)
     if region is None:
         return {**summary, **fields}

@@ -22,15 +22,9 @@ def graph_summary(args: argparse.Namespace, model: Any, limit: int | None,
         raise ValueError(f"--overlap must be in [0, 1), got {args.overlap}")
     machine = MachineProfile.load(args.machine) if args.machine else None
     window = parse_triple(args.window, "--window") if args.window else None
-    # as segment runs it (execution.graph_runs_on_gpu): cpu-gpu runs every window on the
-    # GPU (the CPU reads, gathers and writes), auto does where a device is visible; with
-    # --machine, auto means the profile's GPU when it has one
-    from znni.engine.compute.execution import graph_runs_on_gpu
+    from znni.engine.compute.graph_plan import graph_plan_device
 
-    if args.device == "auto" and machine is not None:
-        device = "gpu" if machine.gpu is not None else "cpu"
-    else:
-        device = "gpu" if graph_runs_on_gpu(args.device) else "cpu"
+    device = graph_plan_device(args.device, machine)
     if device == "gpu" and machine is None:  # this machine's GPU: its rates measured once
         from znni.planner.detect import calibrate_gpus
 

@@ -24,6 +24,18 @@ EXACT_REASON = (
 )
 
 
+def graph_plan_device(device: str, machine: MachineProfile | None) -> str:
+    """"cpu" or "gpu": where a graph job's windows run, as segment runs them
+    (execution.graph_runs_on_gpu): cpu-gpu runs every window on the GPU (the CPU reads,
+    gathers and writes), auto does where a device is visible; with another machine's
+    profile, auto means the profile's GPU when it has one."""
+    from znni.engine.compute.execution import graph_runs_on_gpu
+
+    if device == "auto" and machine is not None:
+        return "gpu" if machine.gpu is not None else "cpu"
+    return "gpu" if graph_runs_on_gpu(device) else "cpu"
+
+
 def graph_plan(
     model: OnnxModel, limit_bytes: int | None, region: tuple[int, int, int] | None = None,
     overlap: float = 0.25, machine: MachineProfile | None = None,
