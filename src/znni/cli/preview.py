@@ -7,7 +7,8 @@ import argparse
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("preview", help="write a PNG of one input slice with the output over it")
-    p.add_argument("output", help="an output of znni segment (Zarr array or OME-Zarr image)")
+    p.add_argument("output", help="an output of znni segment (Zarr array, OME-Zarr image or "
+                   "precomputed://PATH_OR_URL)")
     where = p.add_mutually_exclusive_group()
     for axis in ("z", "y", "x"):
         where.add_argument(f"--{axis}", type=int, metavar="N", help=f"the {axis} slice to show")

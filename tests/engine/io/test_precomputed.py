@@ -169,3 +169,20 @@ def test_segmentation_output_and_conflicting_info(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="one channel of uint8"):
         create_output(path, (2, 4, 5, 6), "float32", (4, 5, 6), (1.0,) * 3, (0, 0, 0),
                       ctx=CTX, volume_type="segmentation")
+
+
+def test_preview_reads_a_precomputed_output_and_its_precomputed_input(setup: dict,
+                                                                      tmp_path: Path) -> None:
+    """`znni preview` of a precomputed output (its input precomputed too, both through
+    TensorStore) shows the same slice as the Zarr run's preview."""
+    from znni.engine.output.preview import preview_png, read_slice
+
+    _run(setup, setup["zarr"], str(tmp_path / "out.zarr"))
+    out = f"precomputed://{tmp_path / 'out.pc'}"
+    _run(setup, setup["pc"], out)
+    for axis, index in (("z", None), ("x", 3)):
+        got = read_slice(out, axis, index, ctx=CTX)
+        want = read_slice(str(tmp_path / "out.zarr"), axis, index, ctx=CTX)
+        assert (got.index, got.extent) == (want.index, want.extent)
+        assert np.array_equal(got.image, want.image) and np.array_equal(got.output, want.output)
+    assert preview_png(out, ctx=CTX).startswith(b"\x89PNG")

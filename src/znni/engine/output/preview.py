@@ -1,6 +1,7 @@
 """A look at a result: one input slice with the output drawn over it, as a PNG.
 
-The output is a plain array or an OME-Zarr image (its level 0); its input comes from
+The output is a plain array, an OME-Zarr image (its level 0) or a precomputed volume
+(through TensorStore, as the input may be); its input comes from
 the output's provenance (`provenance.py`). One output channel is drawn with a colormap,
 several with one colour each (opacity rising with the value), each with a colour bar.
 Rendering uses matplotlib's object API on the Agg canvas (no pyplot state, so it is
@@ -17,7 +18,8 @@ import numpy as np
 
 from znni.engine.context import StoreContext
 from znni.engine.io.ome import group_attrs, is_group, ome_level
-from znni.engine.io.stores import basename, exists, is_url
+from znni.engine.io.precomputed import open_volume
+from znni.engine.io.stores import basename, driver_of, exists, is_url
 from znni.engine.io.volume import open_zarr_array
 from znni.engine.output.provenance import read_provenance
 
@@ -46,18 +48,18 @@ def read_slice(output_path: str, axis: str = "z", index: int | None = None, *,
         raise ValueError(f"slice axis {axis!r} is not one of z, y, x")
     if not exists(output_path, ctx=ctx):
         raise ValueError(f"output {output_path} does not exist")
-    if is_group(output_path, ctx=ctx):
+    if driver_of(output_path) is None and is_group(output_path, ctx=ctx):
         attrs = group_attrs(output_path, ctx=ctx)
         out = open_zarr_array(ome_level(output_path, 0, ctx=ctx).array_path, "output", ctx=ctx)
     else:
-        out = open_zarr_array(output_path, "output", ctx=ctx)
+        out = _open_array(output_path, "output", ctx)
         attrs = out.attrs.asdict()
     prov = read_provenance(attrs, output_path)
     if not exists(prov["input_array"], ctx=ctx):
         raise ValueError(
             f"input {prov['input_array']} named by the provenance of {output_path} does not exist"
         )
-    inp = open_zarr_array(prov["input_array"], "input", ctx=ctx)
+    inp = _open_array(prov["input_array"], "input", ctx)
     spatial = tuple(int(s) for s in out.shape[1:])
     a = AXES.index(axis)
     extent = spatial[a]
@@ -73,9 +75,17 @@ def read_slice(output_path: str, axis: str = "z", index: int | None = None, *,
         )
     cut: list[Any] = [slice(None)] * 3
     cut[a] = index
-    image = np.asarray(inp[(*([0] if inp.ndim == 4 else []), *cut)], dtype=np.float32)
+    image = np.asarray(inp[(*([0] if len(inp.shape) == 4 else []), *cut)], dtype=np.float32)
     values = np.asarray(out[(slice(None), *cut)])
     return Slice(axis, index, extent, image, values, np.dtype(out.dtype), prov)
+
+
+def _open_array(path: str, what: str, ctx: StoreContext) -> Any:
+    """A Zarr array, or a precomputed:// or n5:// volume through TensorStore (shown as
+    (c, z, y, x), its provenance in `attrs` as a Zarr array's)."""
+    if driver_of(path) is not None:
+        return open_volume(path, what, ctx=ctx)
+    return open_zarr_array(path, what, ctx=ctx)
 
 
 def render_preview(output_path: str, png_path: str, axis: str = "z",
