@@ -54,7 +54,8 @@ class JobCreate(BaseModel):
     shift: FiniteFloat | None = None
     output_name: Annotated[str, Field(min_length=1, max_length=256)] | None = None
     # OME-Zarr (None: the existing output's format, else ome-zarr exactly for an OME input;
-    # pyramid levels below level 0, default coarsest <= 256; the OME input's level, default 0)
+    # pyramid levels below level 0, default coarsest <= 256, or a precomputed:// output's
+    # scales 1..N, default none; the OME input's level, default 0)
     output_format: Literal["zarr", "ome-zarr"] | None = None
     pyramid: Annotated[int, Field(ge=0, le=64)] | None = None
     level: Annotated[int, Field(ge=0, le=64)] | None = None

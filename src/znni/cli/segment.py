@@ -33,7 +33,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output-format", choices=OUTPUT_FORMATS,
                    help="zarr or ome-zarr (default: ome-zarr for an OME-Zarr input)")
     p.add_argument("--pyramid", type=int,
-                   help="OME-Zarr output: downsampled levels (default: coarsest <= 256 voxels)")
+                   help="downsampled levels: an OME-Zarr output's (default: coarsest <= 256 "
+                   "voxels), or a precomputed:// output's scales 1..N (default: none); an "
+                   "existing output keeps its own")
     p.add_argument("--weights", help="weights .npz (default: the spec's 'weights')")
     p.add_argument("--roi", help="region z0:z1,y0:y1,x0:x1 to compute and write")
     p.add_argument("--border", choices=BORDER_MODES, default="reflect")

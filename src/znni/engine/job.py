@@ -58,6 +58,7 @@ class SegmentJob:
     output_format: str | None = None  # "zarr" | "ome-zarr"; None: the existing output's, else
     # OME-Zarr exactly when the input is an OME-Zarr image
     pyramid: int | None = None  # OME-Zarr outputs: downsampled levels; None: coarsest <= 256
+    # (precomputed:// outputs: scales 1..N; None: an existing output's depth, else none)
     # store options by bucket (--storage-option) and this process's store caches
     store: StoreContext = field(default_factory=StoreContext)
     on_bad_chunk: str = "fail"  # an input chunk that does not decode: stop, or "fill" and list it

@@ -119,7 +119,7 @@ def _prepare_run(job: SegmentJob, plan: Plan | None) -> PreparedRun:
     check_output_location(job.output_path, ctx=ctx)
     form = output_form(job, volume.shape)  # labels, mask, --skip-empty (output/form.py)
     out_shape = (form.channels, *volume.shape)
-    existing = check_existing_output(job.output_path, out_shape, form.dtype, ctx=ctx)
+    existing = check_existing_output(job.output_path, out_shape, form.dtype, job.labels, ctx=ctx)
     output_plan(job, volume, out_shape)  # format and pyramid levels, checked
     chunks = output_chunks(job.chunks, existing, volume.shape, form.channels, form.dtype,
                            job.output_path)

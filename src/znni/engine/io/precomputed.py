@@ -185,6 +185,11 @@ class TsArray:
         """The precomputed scale entry of this volume ({} for N5)."""
         return scale_of(self.info, self.path, "volume") if self.info else {}
 
+    def with_config(self, config: Mapping[str, Any]) -> TsArray:
+        """Itself: zarr's array options (the pyramid's `write_empty_chunks`) have no
+        TensorStore meaning here."""
+        return self
+
     def _native(self, key: Any) -> tuple[slice, ...]:
         key = key if isinstance(key, tuple) else (key,)
         return tuple(key[::-1]) if self.reverse else tuple(key)

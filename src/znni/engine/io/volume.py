@@ -291,11 +291,13 @@ def _clip(chunks: Triple, shape: Triple) -> Triple:
     return (z, y, x)
 
 
-def check_existing_output(path: str, shape: tuple[int, ...], dtype: str, *,
-                          ctx: StoreContext) -> Triple | None:
-    """Spatial chunks of an existing compatible output, None when there is none; else ValueError."""
+def check_existing_output(path: str, shape: tuple[int, ...], dtype: str,
+                          labels: str | None = None, *, ctx: StoreContext) -> Triple | None:
+    """Spatial chunks of an existing compatible output, None when there is none; else
+    ValueError. `labels` (a --labels job's): a precomputed output is of type segmentation."""
     if driver_of(path) is not None:
-        return existing_chunks(path, shape, dtype, ctx=ctx)
+        return existing_chunks(path, shape, dtype, ctx=ctx,
+                               volume_type="image" if labels is None else "segmentation")
     if not is_url(path) and Path(path).exists() and not Path(path).is_dir():
         raise ValueError(f"output {path} exists and is not a directory (a Zarr array)")
     if not holds_anything(path, ctx=ctx):

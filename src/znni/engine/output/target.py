@@ -1,11 +1,13 @@
-"""Where a run's blocks land: a plain Zarr array, or an OME-Zarr image with its pyramid.
+"""Where a run's blocks land: a plain Zarr array, an OME-Zarr image with its pyramid, or a
+precomputed volume with its pyramid as further scales.
 
 The format is `--output-format` when given (it must match an existing output), else
 the existing output's, else OME-Zarr exactly when the input is OME-Zarr. An OME-Zarr
 output is an NGFF 0.5 image group (Zarr format 3) with arrays `0` .. `K` of
 (c, z, y, x), `dimension_names` set, the input level's voxel size, offset and units,
-and the pyramid kept by `pyramid.PyramidBuilder`. Both formats carry the run's
-provenance under the `znni` attribute (`provenance.py`).
+and the pyramid kept by `pyramid.PyramidBuilder`. A precomputed output's pyramid is its
+scales 1..K (`precomputed_scales.py`), kept by the same builder. Every format carries the
+run's provenance under the `znni` attribute (`provenance.py`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from znni.engine.context import StoreContext
 from znni.engine.geometry import Block, Box, Triple
 from znni.engine.io.ome import group_attrs, is_group, ome_level, output_metadata
 from znni.engine.io.precomputed import check_geometry, open_or_create, output_geometry
+from znni.engine.io.precomputed_scales import open_scales, pyramid_steps
 from znni.engine.io.pyramid import Factors, PyramidBuilder, cumulative, level_shapes, level_steps
 from znni.engine.io.stores import basename, driver_of, holds_anything, zarr_store
 from znni.engine.io.volume import InputVolume, open_or_create_output, output_compressors
@@ -27,6 +30,7 @@ from znni.engine.job import SegmentJob
 from znni.engine.output.form import stored_job_dtype
 from znni.engine.output.labels import parse_labels
 from znni.engine.output.provenance import ATTR, provenance
+from znni.triple import as_triple
 
 FORMATS = ("zarr", "ome-zarr")
 DIMENSIONS = ("c", "z", "y", "x")
@@ -45,7 +49,7 @@ def output_plan(job: SegmentJob, volume: InputVolume, out_shape: tuple[int, ...]
     (its levels' arrays too, unless `check` is False: checked already); raises ValueError,
     writes nothing."""
     if driver_of(job.output_path) is not None:
-        return _precomputed_plan(job, volume), []
+        return "precomputed", _precomputed_plan(job, volume, check)
     fmt, existing = job.output_format, existing_format(job.output_path, ctx=job.store)
     if fmt is not None and fmt not in FORMATS:
         raise ValueError(f"output format {fmt!r} is not one of {', '.join(FORMATS)}")
@@ -59,7 +63,8 @@ def output_plan(job: SegmentJob, volume: InputVolume, out_shape: tuple[int, ...]
         )
     if fmt == "zarr":
         if job.pyramid:
-            raise ValueError("--pyramid applies to OME-Zarr outputs (--output-format ome-zarr)")
+            raise ValueError("--pyramid applies to OME-Zarr outputs (--output-format ome-zarr) "
+                             "and precomputed:// ones")
         return fmt, []
     levels = job.pyramid
     attrs = group_attrs(job.output_path, ctx=job.store) if existing is not None else {}  # once
@@ -72,15 +77,16 @@ def output_plan(job: SegmentJob, volume: InputVolume, out_shape: tuple[int, ...]
     return fmt, steps
 
 
-def _precomputed_plan(job: SegmentJob, volume: InputVolume) -> str:
-    """A precomputed:// output: one scale, carrying the input's resolution and offset."""
+def _precomputed_plan(job: SegmentJob, volume: InputVolume, check: bool) -> Factors:
+    """A precomputed:// output, carrying the input's resolution and offset: its pyramid's
+    halving steps (scales 1..K; --pyramid, else an existing output's, else none)."""
     if job.output_format not in (None, "precomputed"):
         raise ValueError(f"output {job.output_path} is a precomputed:// volume, not "
                          f"{job.output_format}; leave out --output-format or the prefix")
-    if job.pyramid:
-        raise ValueError("--pyramid applies to OME-Zarr outputs (--output-format ome-zarr)")
-    check_geometry(job.output_path, *output_geometry(volume.array, volume.ome), ctx=job.store)
-    return "precomputed"
+    geometry = output_geometry(volume.array, volume.ome)
+    check_geometry(job.output_path, *geometry, ctx=job.store)
+    return pyramid_steps(job.output_path, volume.shape, geometry, job.pyramid, check,
+                         ctx=job.store)
 
 
 def _check_levels(job: SegmentJob, out_shape: tuple[int, ...], steps: Factors,
@@ -165,11 +171,15 @@ def open_target(job: SegmentJob, volume: InputVolume, out_shape: tuple[int, ...]
     record = provenance(job, volume, region, plan)
     dtype = stored_job_dtype(job)  # --labels: uint8 or uint16 (output/labels.py)
     if fmt == "precomputed":  # neuroglancer's image, its provenance in znni.json
-        array = open_or_create(job.output_path, out_shape, dtype, chunks,
-                               output_geometry(volume.array, volume.ome), ctx=job.store,
-                               volume_type="segmentation" if job.labels else "image")
+        geometry, kind = output_geometry(volume.array, volume.ome), (
+            "segmentation" if job.labels else "image")
+        array = open_or_create(job.output_path, out_shape, dtype, chunks, geometry,
+                               ctx=job.store, volume_type=kind)
         array.attrs.update({ATTR: record})
-        return OutputTarget(job.output_path, fmt, array, job.output_path, [], [], dtype)
+        scales = open_scales(job.output_path, out_shape, dtype, as_triple(array.chunks[1:]),
+                             geometry, steps, ctx=job.store, volume_type=kind)
+        return OutputTarget(job.output_path, fmt, array, job.output_path, scales, steps, dtype,
+                            labels=job.labels is not None)
     if fmt == "zarr":
         array = open_or_create_output(job.output_path, out_shape, dtype, chunks,
                                       ctx=job.store)
