@@ -13,8 +13,8 @@ from typing import Any
 
 from znni.engine.context import StoreContext
 from znni.engine.geometry import grid_spans
+from znni.engine.io.arrays import open_output_level0
 from znni.engine.io.ledger import read_ledger
-from znni.engine.io.volume import open_zarr_array, output_array_path
 
 MAX_BLOCKS = 262_144  # above this the map gives counts only (a 256 kB state string)
 
@@ -37,7 +37,7 @@ def block_map(output_path: str, *, ctx: StoreContext,
         block = [int(b) for b in header["block_shape"]]
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"the ledger of {output_path} has no readable region ({e!r})") from e
-    array = open_zarr_array(output_array_path(output_path, ctx=ctx), "output", ctx=ctx)
+    array = open_output_level0(output_path, ctx=ctx)  # precomputed too
     chunks = [int(c) for c in array.chunks[-3:]]
     step = [-(-b // c) * c for b, c in zip(block, chunks, strict=True)]
     spans = [grid_spans(lo, hi, s) for (lo, hi), s in zip(region, step, strict=True)]

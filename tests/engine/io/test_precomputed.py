@@ -174,7 +174,8 @@ def test_segmentation_output_and_conflicting_info(tmp_path: Path) -> None:
 def test_preview_reads_a_precomputed_output_and_its_precomputed_input(setup: dict,
                                                                       tmp_path: Path) -> None:
     """`znni preview` of a precomputed output (its input precomputed too, both through
-    TensorStore) shows the same slice as the Zarr run's preview."""
+    TensorStore) shows the same slice as the Zarr run's preview, and the dashboard's block
+    map the same blocks."""
     from znni.engine.output.preview import preview_png, read_slice
 
     _run(setup, setup["zarr"], str(tmp_path / "out.zarr"))
@@ -186,3 +187,7 @@ def test_preview_reads_a_precomputed_output_and_its_precomputed_input(setup: dic
         assert (got.index, got.extent) == (want.index, want.extent)
         assert np.array_equal(got.image, want.image) and np.array_equal(got.output, want.output)
     assert preview_png(out, ctx=CTX).startswith(b"\x89PNG")
+    from znni.api.blockmap import block_map  # the dashboard's map of the same run
+
+    drawn, want = block_map(out, ctx=CTX), block_map(str(tmp_path / "out.zarr"), ctx=CTX)
+    assert drawn == want and drawn["done"] == drawn["total"] >= 8

@@ -126,7 +126,7 @@ def ts_context() -> Any:
     return ts.Context({f"{kind}_request_retries": retries for kind in ("http", "s3", "gcs")})
 
 
-def _sentence(e: BaseException) -> str:
+def error_sentence(e: BaseException) -> str:
     """TensorStore's error without the spec it appends, on one line."""
     return " ".join(str(e).split(" [tensorstore_spec")[0].split())
 
@@ -141,7 +141,7 @@ def read_info(path: str, what: str, *, ctx: StoreContext) -> dict[str, Any] | No
         store = ts.KvStore.open(kvstore_spec(location, ctx), context=ts_context()).result()
         raw = store.read("info").result()
     except ValueError as e:  # an unreachable or refusing store: TensorStore's sentence
-        raise ValueError(f"{what} {path} could not be read ({_sentence(e)})") from e
+        raise ValueError(f"{what} {path} could not be read ({error_sentence(e)})") from e
     if raw.state == "missing":
         return None
     try:
@@ -245,7 +245,7 @@ def open_volume(path: str, what: str, *, ctx: StoreContext, write: bool = False)
     try:
         handle = ts.open(ts_spec(path, ctx), read=True, write=write, context=ts_context()).result()
     except ValueError as e:
-        raise ValueError(f"{what} {path} could not be opened ({_sentence(e)})") from e
+        raise ValueError(f"{what} {path} could not be opened ({error_sentence(e)})") from e
     return TsArray(handle, path, driver_of(path) == "precomputed", ctx, info)
 
 
@@ -309,7 +309,7 @@ def create_output(path: str, shape: tuple[int, ...], dtype: str, chunks: Triple,
     try:
         handle = ts.open(spec, context=ts_context()).result()
     except ValueError as e:
-        raise ValueError(f"output {path} could not be created ({_sentence(e)})") from e
+        raise ValueError(f"output {path} could not be created ({error_sentence(e)})") from e
     return TsArray(handle, path, True, ctx, read_info(path, "output", ctx=ctx))
 
 

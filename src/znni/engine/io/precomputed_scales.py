@@ -20,7 +20,7 @@ from znni.engine.geometry import Triple
 from znni.engine.io.precomputed import (
     TsArray,
     Xyz,
-    _sentence,
+    error_sentence,
     kvstore_spec,
     open_volume,
     read_info,
@@ -105,6 +105,6 @@ def open_scales(path: str, shape: tuple[int, ...], dtype: str, chunks: Triple,
             handle = ts.open(spec, context=ts_context()).result()
         except ValueError as e:
             raise ValueError(f"output {path} scale {k} could not be created "
-                             f"({_sentence(e)})") from e
+                             f"({error_sentence(e)})") from e
         out.append(TsArray(handle, scale_path, True, ctx, read_info(path, "output", ctx=ctx)))
     return out

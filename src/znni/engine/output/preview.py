@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from znni.engine.context import StoreContext
+from znni.engine.io.arrays import open_array
 from znni.engine.io.ome import group_attrs, is_group, ome_level
-from znni.engine.io.precomputed import open_volume
 from znni.engine.io.stores import basename, driver_of, exists, is_url
 from znni.engine.io.volume import open_zarr_array
 from znni.engine.output.provenance import read_provenance
@@ -52,14 +52,14 @@ def read_slice(output_path: str, axis: str = "z", index: int | None = None, *,
         attrs = group_attrs(output_path, ctx=ctx)
         out = open_zarr_array(ome_level(output_path, 0, ctx=ctx).array_path, "output", ctx=ctx)
     else:
-        out = _open_array(output_path, "output", ctx)
+        out = open_array(output_path, "output", ctx=ctx)
         attrs = out.attrs.asdict()
     prov = read_provenance(attrs, output_path)
     if not exists(prov["input_array"], ctx=ctx):
         raise ValueError(
             f"input {prov['input_array']} named by the provenance of {output_path} does not exist"
         )
-    inp = _open_array(prov["input_array"], "input", ctx)
+    inp = open_array(prov["input_array"], "input", ctx=ctx)
     spatial = tuple(int(s) for s in out.shape[1:])
     a = AXES.index(axis)
     extent = spatial[a]
@@ -78,14 +78,6 @@ def read_slice(output_path: str, axis: str = "z", index: int | None = None, *,
     image = np.asarray(inp[(*([0] if len(inp.shape) == 4 else []), *cut)], dtype=np.float32)
     values = np.asarray(out[(slice(None), *cut)])
     return Slice(axis, index, extent, image, values, np.dtype(out.dtype), prov)
-
-
-def _open_array(path: str, what: str, ctx: StoreContext) -> Any:
-    """A Zarr array, or a precomputed:// or n5:// volume through TensorStore (shown as
-    (c, z, y, x), its provenance in `attrs` as a Zarr array's)."""
-    if driver_of(path) is not None:
-        return open_volume(path, what, ctx=ctx)
-    return open_zarr_array(path, what, ctx=ctx)
 
 
 def render_preview(output_path: str, png_path: str, axis: str = "z",
