@@ -191,3 +191,22 @@ def test_preview_reads_a_precomputed_output_and_its_precomputed_input(setup: dic
 
     drawn, want = block_map(out, ctx=CTX), block_map(str(tmp_path / "out.zarr"), ctx=CTX)
     assert drawn == want and drawn["done"] == drawn["total"] >= 8
+
+
+def test_ome_output_of_a_precomputed_input_keeps_its_voxel_size(setup: dict,
+                                                                tmp_path: Path) -> None:
+    """An OME-Zarr output of a precomputed input at 4 x 5 x 40 nm (x, y, z) says so: its
+    scale and translation in nanometres, and its pyramid halves y and x first (z is 8x
+    coarser), as for an OME-Zarr input of that voxel size."""
+    from znni.engine.io.ome import ome_level
+
+    out = str(tmp_path / "out.ome.zarr")
+    _run(setup, setup["pc"], out, output_format="ome-zarr", pyramid=2)
+    level0, level2 = ome_level(out, 0, ctx=CTX), ome_level(out, 2, ctx=CTX)
+    rz, ry, rx = RES[2], RES[1], RES[0]
+    assert level0.scale == (rz, ry, rx) and level0.units == ("nanometer",) * 3
+    assert level0.translation == (OFFSET[2] * rz, OFFSET[1] * ry, OFFSET[0] * rx)
+    assert level2.scale == (rz, 4 * ry, 4 * rx)  # two halvings of y and x, none of z
+    got = np.asarray(zarr.open_array(level0.array_path, mode="r")[...])
+    _run(setup, setup["zarr"], str(tmp_path / "plain.zarr"))
+    assert np.array_equal(got, zarr.open_array(str(tmp_path / "plain.zarr"), mode="r")[...])

@@ -20,7 +20,7 @@ import numpy as np
 
 from znni.engine.context import StoreContext
 from znni.engine.geometry import Block, Box, Triple
-from znni.engine.io.ome import group_attrs, is_group, ome_level, output_metadata
+from znni.engine.io.ome import OmeLevel, group_attrs, is_group, ome_level, output_metadata
 from znni.engine.io.precomputed import check_geometry, open_or_create, output_geometry
 from znni.engine.io.precomputed_scales import open_scales, pyramid_steps
 from znni.engine.io.pyramid import Factors, PyramidBuilder, cumulative, level_shapes, level_steps
@@ -70,11 +70,25 @@ def output_plan(job: SegmentJob, volume: InputVolume, out_shape: tuple[int, ...]
     attrs = group_attrs(job.output_path, ctx=job.store) if existing is not None else {}  # once
     if levels is None and existing is not None:
         levels = ome_level(job.output_path, 0, attrs, ctx=job.store).levels - 1
-    voxel = volume.ome.scale if volume.ome is not None else (1.0, 1.0, 1.0)
+    source = source_level(volume)
+    voxel = source.scale if source is not None else (1.0, 1.0, 1.0)
     steps = level_steps(volume.shape, voxel, levels)
     if existing is not None and check:
         _check_levels(job, out_shape, steps, attrs)
     return fmt, steps
+
+
+def source_level(volume: InputVolume) -> OmeLevel | None:
+    """The input's level as an OME-Zarr output describes its voxels: an OME-Zarr input's
+    own; a precomputed input's scale, in nanometres, at its voxel offset; else None (unit
+    voxels at 0)."""
+    if volume.ome is not None:
+        return volume.ome
+    if driver_of(volume.path) != "precomputed":
+        return None
+    (rx, ry, rz), (ox, oy, oz) = output_geometry(volume.array, None)  # (x, y, z)
+    return OmeLevel(volume.path, volume.path, 0, 1, "0.5", True, ("c", "z", "y", "x"),
+                    ("nanometer",) * 3, (rz, ry, rx), (oz * rz, oy * ry, ox * rx))
 
 
 def _precomputed_plan(job: SegmentJob, volume: InputVolume, check: bool) -> Factors:
@@ -204,7 +218,7 @@ def _open_ome(job: SegmentJob, volume: InputVolume, out_shape: tuple[int, ...], 
         group.attrs.update({ATTR: record})
         return [zarr.open_array(store=zarr_store(p, read_only=False, ctx=ctx), mode="r+")
                 for p in paths], paths[0]
-    meta = output_metadata(cumulative(steps), volume.ome, basename(path))
+    meta = output_metadata(cumulative(steps), source_level(volume), basename(path))
     names = getattr(job.network, "channel_names", ())  # a bioimage.io package's
     if names and job.labels is None:
         meta["omero"] = {"channels": [{"label": str(n), "active": True} for n in names]}
