@@ -7,6 +7,7 @@ and an existing output of another depth refused with one sentence, nothing writt
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -153,6 +154,27 @@ def test_an_existing_output_of_another_depth_is_refused(case: dict, tmp_path: Pa
     with pytest.raises(ValueError, match=r"scale 1 has voxel_offset \[0, 0, 0\] \(expected "
                                          r"\[1, 1, 3\]\)"):
         check_and_plan(SegmentJob(case["net"], case["input"], f"precomputed://{out}", **OPTS))
+
+
+def test_a_run_killed_before_it_added_its_scales_adds_them_on_resume(case: dict,
+                                                                      tmp_path: Path) -> None:
+    """Killed between creating scale 0 and adding scales 1..N, before any block: the
+    same command again adds the scales (nothing done lacks them) and equals a clean run."""
+    clean, out = tmp_path / "clean.pc", tmp_path / "out.pc"
+    run(case, f"precomputed://{clean}", pyramid=2)
+    run(case, f"precomputed://{out}", pyramid=2)
+    info = json.loads((out / "info").read_text())
+    (out / "info").write_text(json.dumps({**info, "scales": info["scales"][:1]}))
+    for p in out.iterdir():  # scale 0's chunks and the ledger of the finished blocks: gone
+        if p.name != "info":
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    report = run(case, f"precomputed://{out}", pyramid=2)
+    assert report.blocks_computed == report.blocks_total
+    got, got_info = scales_of(kv_of(str(out)))
+    want, want_info = scales_of(kv_of(str(clean)))
+    assert got_info == want_info
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_cli_refusals_are_one_sentence_and_write_nothing(case: dict, tmp_path: Path) -> None:

@@ -53,7 +53,9 @@ def pyramid_steps(path: str, shape: Triple, geometry: Geometry, levels: int | No
                   check: bool, *, ctx: StoreContext) -> Factors:
     """The halving steps of a precomputed output's pyramid: `levels` (--pyramid) of them,
     else an existing output's own depth, else none. With `check`, an existing output must
-    hold exactly the scales this run writes; ValueError (one sentence) otherwise."""
+    hold exactly the scales this run writes, or fewer where its ledger lists no finished
+    block (a run killed before it added them: the rest are added, `open_scales`);
+    ValueError (one sentence) otherwise."""
     info = read_info(path, "output", ctx=ctx)
     have = None if info is None else len(info["scales"]) - 1
     if levels is None:
@@ -62,12 +64,12 @@ def pyramid_steps(path: str, shape: Triple, geometry: Geometry, levels: int | No
     steps = level_steps(shape, (rz, ry, rx), levels)
     if info is None or not check:
         return steps
-    if have != len(steps):
+    if have != len(steps) and not (have < len(steps) and _nothing_done(path, ctx)):
         raise ValueError(
             f"existing output {path} has {have} pyramid levels (scales after scale 0), this "
             f"run writes {len(steps)}; give --pyramid {have}, remove it or choose another path"
         )
-    for k, want in enumerate(scales_metadata(shape, (1, 1, 1), geometry, steps), start=1):
+    for k, want in enumerate(scales_metadata(shape, (1, 1, 1), geometry, steps)[:have], start=1):
         found = info["scales"][k]
         got = {"size": [int(n) for n in found.get("size", ())],
                "resolution": [float(r) for r in found.get("resolution", ())],
@@ -78,6 +80,13 @@ def pyramid_steps(path: str, shape: Triple, geometry: Geometry, levels: int | No
             raise ValueError(f"existing output {path} scale {k} has {diff}; remove it or "
                              "choose another output path")
     return steps
+
+
+def _nothing_done(path: str, ctx: StoreContext) -> bool:
+    """Whether the output's ledger lists no finished block (or there is no ledger)."""
+    from znni.engine.io.ledger import read_ledger
+
+    return not read_ledger(path, ctx=ctx)[1]
 
 
 def open_scales(path: str, shape: tuple[int, ...], dtype: str, chunks: Triple,
