@@ -8,15 +8,13 @@ that is put and deleted at once).
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from znni.engine.compute.compiled_forward import prefetch_compile
 from znni.engine.compute.execution import (
-    check_device,
-    check_precision,
     execution_for,
     graph_backend_name,
     graph_device_cap,
@@ -36,7 +34,7 @@ from znni.engine.compute.statistics import prepare_package
 from znni.engine.compute.tta import FlipSpec, flip_count, tta_parts
 from znni.engine.compute.windows import WindowGrid
 from znni.engine.geometry import Block, Box, Halo, Triple, split_blocks
-from znni.engine.io.faults import VolumeFault, check_bad_chunk_policy, raise_setup_fault
+from znni.engine.io.faults import VolumeFault, raise_setup_fault
 from znni.engine.io.ledger import (
     BlockLedger,
     fingerprint,
@@ -49,6 +47,7 @@ from znni.engine.io.lock import OutputLock, hold_output
 from znni.engine.io.stores import check_location, check_output_location, resolved
 from znni.engine.io.volume import InputVolume, check_existing_output, open_input, output_chunks
 from znni.engine.job import ProgressEvent, SegmentCancelled, SegmentJob, SegmentReport
+from znni.engine.options import check_options
 from znni.engine.output.form import OutputForm, output_form
 from znni.engine.output.provenance import note_bad_chunks
 from znni.engine.output.target import OutputTarget, open_target, output_plan
@@ -60,7 +59,7 @@ from znni.engine.workers.make import make_worker
 from znni.engine.workers.mpf import BlockSpec
 from znni.engine.workers.pipeline import ReadAhead, run_local
 from znni.engine.workers.progress import Progress, StageTimer
-from znni.engine.workers.windowed import WINDOW_CACHE_BYTES, WindowedSpec, check_window_options
+from znni.engine.workers.windowed import WINDOW_CACHE_BYTES, WindowedSpec
 from znni.model.onnx_model import OnnxModel
 from znni.primitives.base import Backend
 from znni.triple import as_triple
@@ -68,7 +67,6 @@ from znni.triple import as_triple
 if TYPE_CHECKING:
     from znni.planner.plan import Plan
 
-SCHEDULER_RE = re.compile(r"local:(\d+)|tcp://[^\s:/]+:\d+")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,7 +105,7 @@ def prepare_run(job: SegmentJob, plan: Plan | None = None) -> PreparedRun:
 
 
 def _prepare_run(job: SegmentJob, plan: Plan | None) -> PreparedRun:
-    _check_options(job)
+    check_options(job)  # engine/options.py
     net = job.network
     check_location(job.input_path, "input")
     ctx = job.store
@@ -167,6 +165,20 @@ def _prepare_run(job: SegmentJob, plan: Plan | None) -> PreparedRun:
                        primitives=primitives, plan=plan)
 
 
+def _prepare_ahead(job: SegmentJob, plan: Plan | None) -> PreparedRun:
+    """prepare_run, with the compile a given window most likely runs started first, so
+    the volume's opening and the plan hide it, and kept only where the plan chose it
+    (compute/compiled_forward.prefetch_compile)."""
+    early = prefetch_compile(job) if plan is None else None
+    prep = None
+    try:
+        prep = prepare_run(job, plan)
+        return prep
+    finally:
+        if early is not None:
+            early.settle(prep.choice.plan if prep is not None and prep.choice else None)
+
+
 def _ledger_block(header: dict[str, Any] | None) -> Triple | None:
     """The block shape an output's ledger recorded (None without one)."""
     if header is None or "block_shape" not in header:
@@ -200,38 +212,6 @@ def _windowed_parts(parts: dict[str, Any], window: Triple, job: SegmentJob) -> d
             "blend": job.blend}
 
 
-def _check_options(job: SegmentJob) -> None:
-    if job.border not in ("reflect", "zero"):
-        raise ValueError(f"border mode {job.border!r} is not one of reflect, zero")
-    if job.dtype not in ("float32", "uint8"):
-        raise ValueError(f"output dtype {job.dtype!r} is not one of float32, uint8")
-    if job.scheduler is not None and not SCHEDULER_RE.fullmatch(job.scheduler):
-        raise ValueError(f"scheduler {job.scheduler!r} is not tcp://HOST:PORT or local:N")
-    if job.scheduler is not None and re.fullmatch(r"local:0+", job.scheduler):
-        raise ValueError(f"scheduler {job.scheduler!r} needs at least one worker")
-    if isinstance(job.network, OnnxModel):
-        if job.network.mode == "windowed":
-            check_window_options(job.overlap, job.blend)
-    elif job.window is not None:
-        raise ValueError(
-            f"network {job.network.name!r} runs in exact (MPF) mode, where --window does not "
-            "apply; windows are for ONNX models"
-        )
-
-    check_bad_chunk_policy(job.on_bad_chunk, job.scheduler)
-    FlipSpec.parse(job.tta)  # --tta: one sentence naming a bad value
-    check_device(job.device)
-    check_precision(job.device, job.precision)
-    if job.precision != "fp32" and not isinstance(job.network, OnnxModel):
-        raise ValueError(
-            f"precision {job.precision} applies to ONNX graph models in this version; "
-            f"network {job.network.name!r} runs in exact (MPF) mode in fp32"
-        )
-    for what, value in (("chunks", job.chunks), ("block", job.block), ("window", job.window)):
-        if value is not None and (len(value) != 3 or min(value) < 1):
-            raise ValueError(f"{what} {value!r} must be 3 positive integers z,y,x")
-
-
 def _patch_from_plan(job: SegmentJob, plan: Plan) -> tuple[Triple, tuple[str | None, ...] | None]:
     """The plan's patch output and per-op primitives, checked against the network."""
     net = job.network
@@ -259,7 +239,7 @@ def segment(
     """Compute and write every unfinished block (module docstring); `on_plan` gets the plan."""
     timer = StageTimer()
     with job.store.remembering() as ctx:  # the setup asks each store question once
-        prep = prepare_run(replace(job, store=ctx), plan)
+        prep = _prepare_ahead(replace(job, store=ctx), plan)
         plan = prep.plan
         plan_dict = plan.to_dict() if plan is not None else run_summary(
             job, prep.choice, prep.volume.shape, prep.block_shape, prep.region.shape,

@@ -153,3 +153,74 @@ def test_a_network_openvino_cannot_compile_runs_on_our_kernels(onnx_models, tmp_
         got = worker.forward(x)
     assert "our own kernels run it instead" in caplog.text and worker.compiled is None
     assert close(got, run_graph(model.graph((16, 32, 32)), x, make_backend("cpu")))
+
+
+def _profile(monkeypatch, openvino_flops_per_s: float) -> None:
+    """Plan on ci-2core with OpenVINO's conv rate set, and no one-off import or compile."""
+    base = MachineProfile.load("ci-2core")
+    machine = replace(base, cpu_rates={**base.cpu_rates,
+                                       "openvino_flops_per_s": openvino_flops_per_s})
+    monkeypatch.setattr("znni.engine.compute.graph_choice.planning_machine", lambda: machine)
+    for once in ("NETWORK_COMPILE_S", "OPENVINO_IMPORT_S"):
+        monkeypatch.setattr(f"znni.planner.graph.search.{once}", 0.0)
+
+
+def _watched_run(onnx_models, tmp_path, monkeypatch, **kw):
+    """A windowed segment run that records, in order, each compile started and the input's
+    opening; (events, report, the process's networks afterwards, the output)."""
+    import znni.engine.segment as segment_module
+
+    networks, events = openvino_network.CompiledNetworks(), []
+    start, opened = networks.start, segment_module.open_input
+
+    def watched_start(*key):
+        events.append(("compile", key[1]))
+        return start(*key)
+
+    def watched_open(*a, **k):
+        events.append(("open", None))
+        return opened(*a, **k)
+
+    monkeypatch.setattr(networks, "start", watched_start)
+    monkeypatch.setattr(openvino_network, "NETWORKS", networks)
+    monkeypatch.setattr(segment_module, "open_input", watched_open)
+    vol = np.random.default_rng(5).random((21, 45, 38), dtype=np.float32)
+    inp = write_volume(tmp_path / "in.zarr", vol, 3, (7, 15, 19))
+    model = load_model(onnx_models.path("basicunet"))
+    out = str(tmp_path / "out.zarr")
+    job = SegmentJob(model, inp, out, chunks=(7, 15, 19), window=(16, 32, 32), **kw)
+    return events, segment(job), networks, zarr.open_array(out)[...], model
+
+
+def test_a_given_windows_compile_starts_before_the_volume_opens(onnx_models, tmp_path,
+                                                                monkeypatch) -> None:
+    """With --window the whole window's compile starts before the input is opened (the plan
+    needs its shape), and the run uses that network: one compile, the one prefetched."""
+    _profile(monkeypatch, 1e13)  # OpenVINO fast: the planner picks the network, batch 1
+    monkeypatch.setattr("znni.engine.compute.graph_choice.BATCHES", (1,))
+    events, report, networks, _, model = _watched_run(onnx_models, tmp_path, monkeypatch)
+    shape = (1, 1, 16, 32, 32)
+    assert report.plan["compiled"] == "openvino-network" and report.plan["batch"] == 1
+    assert events[0] == ("compile", shape) and events[1] == ("open", None)
+    assert (model.path, shape, model.graph((16, 32, 32)).output, "fp32", None) in networks
+    assert report.plan["compiled_ran"]["calls"] == report.plan["windows"]
+
+
+def test_a_prefetched_compile_the_plan_did_not_choose_is_dropped(onnx_models, tmp_path,
+                                                                 monkeypatch) -> None:
+    _profile(monkeypatch, 1e6)  # OpenVINO slow: the planner runs our kernels
+    events, report, networks, got, model = _watched_run(onnx_models, tmp_path, monkeypatch)
+    assert report.plan["compiled"] == "" and events[0] == ("compile", (1, 1, 16, 32, 32))
+    output = model.graph((16, 32, 32)).output
+    assert (model.path, (1, 1, 16, 32, 32), output, "fp32", None) not in networks
+    assert "compiled_ran" not in report.plan
+
+
+def test_no_compile_ahead_where_the_plan_would_want_another(onnx_models, tmp_path) -> None:
+    from znni.engine.compute.compiled_forward import prefetch_compile
+
+    model = load_model(onnx_models.path("basicunet"))
+    job = SegmentJob(model, "in.zarr", "out.zarr", window=(16, 32, 32))
+    for other in (dict(window=None), dict(tta="flips"), dict(scheduler="local:2"),
+                  dict(device="gpu"), dict(precision="fp16")):
+        assert prefetch_compile(replace(job, **other)) is None, other

@@ -111,5 +111,21 @@ class CompiledNetworks:
             precision: str = "fp32", threads: int | None = None) -> OpenVinoNetwork:
         return self.start(onnx_path, input_shape, output, precision, threads).result()
 
+    def discard(self, onnx_path: str, input_shape: tuple[int, ...], output: str,
+                precision: str = "fp32", threads: int | None = None) -> None:
+        """Forget a network no run will use (a compile started ahead of a plan that chose
+        otherwise): cancelled if it has not begun, else dropped once compiled."""
+        key = (os.path.abspath(onnx_path), tuple(input_shape), output, precision, threads)
+        with self._lock:
+            future = self._items.pop(key, None)
+        if future is not None:
+            future.cancel()
+
+    def __contains__(self, key: tuple) -> bool:
+        """Whether (onnx_path, input_shape, output, precision, threads) is held."""
+        path, *rest = key
+        with self._lock:
+            return (os.path.abspath(path), *rest) in self._items
+
 
 NETWORKS = CompiledNetworks()  # this process's compiled networks (workers share them)
