@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import zarr
 from support.engine_ref import slow_network, write_network, write_volume
+from support.precomputed_util import kvstore
 from support.store_runs import (
     BLOCK,
     SHAPE,
@@ -36,15 +37,6 @@ ts = pytest.importorskip("tensorstore")
 
 CTX = StoreContext()
 RES, OFFSET = [8.0, 8.0, 33.0], [64, 0, 7]  # (x, y, z)
-
-
-def kvstore(location: str, endpoint: str | None = None) -> dict[str, Any]:
-    """TensorStore's kvstore of a local path or an s3:// URL on the test server."""
-    if not location.startswith("s3://"):
-        return {"driver": "file", "path": location + "/"}
-    bucket, _, key = location[5:].partition("/")
-    return {"driver": "s3", "bucket": bucket, "path": key + "/", "endpoint": endpoint,
-            "aws_region": "us-east-1", "aws_credentials": {"type": "environment"}}
 
 
 def write_precomputed(kv: dict[str, Any], vol: np.ndarray) -> None:

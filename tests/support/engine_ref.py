@@ -76,17 +76,21 @@ def write_network(tmp: Path, layers: list[dict], params: dict, in_channels: int 
     return path
 
 
-def slow_network(rng: np.random.Generator) -> tuple[list[dict], dict]:
-    """conv-relu-maxpool-conv-tanh-conv-sigmoid, 8 channels: heavy enough that a block takes
-    tens of milliseconds on the reference backend (kill-and-resume tests)."""
+def slow_network(rng: np.random.Generator, width: int = 8,
+                 pool: bool = True) -> tuple[list[dict], dict]:
+    """conv-relu-[maxpool]-conv-tanh-conv-sigmoid, `width` channels, 2 out: heavy enough
+    that a block takes tens of milliseconds on the reference backend (kill-and-resume
+    tests)."""
     layers = [
-        {"kind": "conv", "out_channels": 8, "kernel": [3, 3, 3]}, {"kind": "relu"},
-        {"kind": "maxpool", "window": [2, 2, 2]},
-        {"kind": "conv", "out_channels": 8, "kernel": [3, 3, 3]}, {"kind": "tanh"},
+        {"kind": "conv", "out_channels": width, "kernel": [3, 3, 3]}, {"kind": "relu"},
+        *([{"kind": "maxpool", "window": [2, 2, 2]}] if pool else []),
+        {"kind": "conv", "out_channels": width, "kernel": [3, 3, 3]}, {"kind": "tanh"},
         {"kind": "conv", "out_channels": 2, "kernel": [1, 1, 1]}, {"kind": "sigmoid"},
     ]
+    convs = [i for i, layer in enumerate(layers) if layer["kind"] == "conv"]
     params = {}
-    for i, (cout, cin, k) in {0: (8, 1, 3), 3: (8, 8, 3), 5: (2, 8, 1)}.items():
+    for i, (cout, cin, k) in zip(convs, ((width, 1, 3), (width, width, 3), (2, width, 1)),
+                                 strict=True):
         w = rng.standard_normal((cout, cin, k, k, k)) / np.sqrt(cin * k**3)
         params[f"{i}.weight"] = w.astype(np.float32)
         params[f"{i}.bias"] = (0.1 * rng.standard_normal(cout)).astype(np.float32)

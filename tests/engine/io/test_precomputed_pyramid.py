@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 import zarr
-from support.engine_ref import small_network, write_network, write_volume
+from support.engine_ref import slow_network, small_network, write_network, write_volume
+from support.precomputed_util import kvstore
 from support.store_runs import (
     BLOCK,
     WAIT_S,
@@ -51,14 +52,6 @@ def write_ome_input(path: Path, vol: np.ndarray) -> str:
     group = zarr.create_group(str(path), zarr_format=3, attributes={"ome": ome})
     group.create_array("0", shape=vol.shape, chunks=(5, 8, 8), dtype=vol.dtype)[...] = vol
     return str(path)
-
-
-def kv_of(location: str, endpoint: str | None = None) -> dict[str, Any]:
-    if not location.startswith("s3://"):
-        return {"driver": "file", "path": location + "/"}
-    bucket, _, key = location[5:].partition("/")
-    return {"driver": "s3", "bucket": bucket, "path": key + "/", "endpoint": endpoint,
-            "aws_region": "us-east-1", "aws_credentials": {"type": "environment"}}
 
 
 def scales_of(kv: dict[str, Any]) -> tuple[list[np.ndarray], dict[str, Any]]:
@@ -97,7 +90,7 @@ def test_scales_equal_the_ome_levels_with_neuroglancer_geometry(case: dict,
     out = tmp_path / "out.pc"
     report = run(case, f"precomputed://{out}", pyramid=2)
     assert report.blocks_computed == report.blocks_total
-    got, info = scales_of(kv_of(str(out)))
+    got, info = scales_of(kvstore(str(out)))
     want = ome_levels(tmp_path / "out.ome.zarr")
     assert [a.shape for a in got] == [a.shape for a in want] == [
         (2, 10, 26, 22), (2, 10, 13, 11), (2, 10, 7, 6)]
@@ -119,7 +112,7 @@ def test_labels_scales_equal_the_ome_labels_levels(case: dict, tmp_path: Path) -
     run(case, str(tmp_path / "out.ome.zarr"), pyramid=2, labels="argmax")
     out = tmp_path / "seg.pc"
     run(case, f"precomputed://{out}", pyramid=2, labels="argmax")
-    got, info = scales_of(kv_of(str(out)))
+    got, info = scales_of(kvstore(str(out)))
     want = ome_levels(tmp_path / "out.ome.zarr")
     assert info["type"] == "segmentation" and info["data_type"] == "uint8"
     assert len(got) == len(want) == 3
@@ -144,7 +137,7 @@ def test_an_existing_output_of_another_depth_is_refused(case: dict, tmp_path: Pa
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
     plain = tmp_path / "plain.pc"  # written without --pyramid: one scale
     run(case, f"precomputed://{plain}")
-    assert len(scales_of(kv_of(str(plain)))[1]["scales"]) == 1
+    assert len(scales_of(kvstore(str(plain)))[1]["scales"]) == 1
     with pytest.raises(ValueError, match="has 0 pyramid levels"):
         check_and_plan(SegmentJob(case["net"], case["input"], f"precomputed://{plain}",
                                   pyramid=1, **OPTS))
@@ -170,8 +163,8 @@ def test_a_run_killed_before_it_added_its_scales_adds_them_on_resume(case: dict,
             shutil.rmtree(p) if p.is_dir() else p.unlink()
     report = run(case, f"precomputed://{out}", pyramid=2)
     assert report.blocks_computed == report.blocks_total
-    got, got_info = scales_of(kv_of(str(out)))
-    want, want_info = scales_of(kv_of(str(clean)))
+    got, got_info = scales_of(kvstore(str(out)))
+    want, want_info = scales_of(kvstore(str(clean)))
     assert got_info == want_info
     for a, b in zip(got, want, strict=True):
         np.testing.assert_array_equal(a, b)
@@ -201,14 +194,7 @@ def slow_case(tmp_path: Path) -> tuple[Path, str]:
     """A network of 32-channel convs (a block takes tens of milliseconds on the reference
     backend, so a kill lands mid-run) and a plain Zarr input of KILL_SHAPE."""
     rng = np.random.default_rng(23)
-    layers = [{"kind": "conv", "out_channels": 32, "kernel": [3, 3, 3]}, {"kind": "relu"},
-              {"kind": "conv", "out_channels": 32, "kernel": [3, 3, 3]}, {"kind": "tanh"},
-              {"kind": "conv", "out_channels": 2, "kernel": [1, 1, 1]}, {"kind": "sigmoid"}]
-    params = {}
-    for i, (cout, cin, k) in {0: (32, 1, 3), 2: (32, 32, 3), 4: (2, 32, 1)}.items():
-        w = rng.standard_normal((cout, cin, k, k, k)) / np.sqrt(cin * k**3)
-        params[f"{i}.weight"] = w.astype(np.float32)
-        params[f"{i}.bias"] = (0.1 * rng.standard_normal(cout)).astype(np.float32)
+    layers, params = slow_network(rng, width=32, pool=False)
     spec = write_network(tmp_path, layers, params, scale=SCALE)
     vol = rng.integers(0, 256, size=KILL_SHAPE).astype(np.uint8)
     return spec, write_volume(tmp_path / "in.zarr", vol, 3, (16, 16, 16))
@@ -227,8 +213,8 @@ def test_sigkill_then_resume_leaves_the_scales_of_a_clean_run(tmp_path: Path) ->
     kill_after_blocks(subprocess.Popen(cmd, env=env), out, KILL_TOTAL // 3)
     assert KILL_TOTAL // 3 <= len(read_ledger(out, ctx=CTX)[1]) < KILL_TOTAL
     assert subprocess.run(cmd, env=env, timeout=WAIT_S).returncode == 0
-    got, info = scales_of(kv_of(str(tmp_path / "out.pc")))
-    want, _ = scales_of(kv_of(str(tmp_path / "clean.pc")))
+    got, info = scales_of(kvstore(str(tmp_path / "out.pc")))
+    want, _ = scales_of(kvstore(str(tmp_path / "clean.pc")))
     assert len(info["scales"]) == len(want) == 3
     for a, b in zip(got, want, strict=True):
         np.testing.assert_array_equal(a, b)
@@ -240,8 +226,8 @@ def test_s3_scales_equal_the_local_ones(s3, s3_env, case: dict,  # noqa: ANN001
     run(case, f"precomputed://{local}", pyramid=1)
     there = f"{s3.prefix()}/out.pc"
     run(case, f"precomputed://{there}", pyramid=1)
-    got, info = scales_of(kv_of(there, s3.endpoint))
-    want, want_info = scales_of(kv_of(str(local)))
+    got, info = scales_of(kvstore(there, s3.endpoint))
+    want, want_info = scales_of(kvstore(str(local)))
     assert info["scales"] == want_info["scales"] and len(got) == 2
     for a, b in zip(got, want, strict=True):
         np.testing.assert_array_equal(a, b)
@@ -259,8 +245,8 @@ def test_dask_workers_write_scale_0_and_the_client_the_scales(case: dict, tmp_pa
                                 f"precomputed://{tmp_path / 'dask.pc'}", scheduler="local:2",
                                 pyramid=2, **OPTS))
     assert report.blocks_computed == report.blocks_total
-    got, info = scales_of(kv_of(str(tmp_path / "dask.pc")))
-    want, want_info = scales_of(kv_of(str(tmp_path / "local.pc")))
+    got, info = scales_of(kvstore(str(tmp_path / "dask.pc")))
+    want, want_info = scales_of(kvstore(str(tmp_path / "local.pc")))
     assert info["scales"] == want_info["scales"] and len(got) == 3
     for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6)  # the workers' own backend
