@@ -98,7 +98,7 @@ def _settle_heap() -> None:
     again. Importing the engine and zarr now also spares the first submission that cost.
     """
     import znni.engine.segment  # noqa: F401 - the validation path
-    from znni.engine.io.volume import import_zarr
+    from znni.engine.io.zarr_arrays import import_zarr
 
     import_zarr()  # the engine opens every input with it
 

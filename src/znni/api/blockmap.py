@@ -15,6 +15,7 @@ from znni.engine.context import StoreContext
 from znni.engine.geometry import grid_spans
 from znni.engine.io.arrays import open_output_level0
 from znni.engine.io.ledger import read_ledger
+from znni.engine.location import Location
 
 MAX_BLOCKS = 262_144  # above this the map gives counts only (a 256 kB state string)
 
@@ -23,7 +24,7 @@ class NoBlockMapError(ValueError):
     """The output has no ledger yet (the job has not started writing)."""
 
 
-def block_map(output_path: str, *, ctx: StoreContext,
+def block_map(output_path: Location, *, ctx: StoreContext,
               edges: list[list[int]] | None = None) -> dict[str, Any]:
     """The BlockMapRead fields but `job`; NoBlockMapError before the ledger exists,
     ValueError when the output or its ledger cannot be read as the engine wrote them.

@@ -12,6 +12,7 @@ from znni.api.blockmap import NoBlockMapError, block_map
 from znni.api.machine import machine_info
 from znni.api.routes import ERRORS, JobId, ServerState, StateDep, known_query, require_token
 from znni.api.schemas import BlockMapRead, MachineRead, ThroughputRead
+from znni.engine.location import Location
 from znni.jobs.paths import relative_to_root
 from znni.jobs.throughput import MAX_POINTS
 
@@ -62,7 +63,8 @@ def _blocks(job_id: int, state: ServerState) -> BlockMapRead:
                             detail=f"job {job_id} is {record.status} and has not started")
     try:
         edges = (record.plan or {}).get("block_edges")  # the layout the engine cut
-        found = block_map(record.output_path, ctx=state.stores, edges=edges)
+        found = block_map(Location.parse(record.output_path, "output"), ctx=state.stores,
+                          edges=edges)
     except NoBlockMapError as e:
         detail = relative_to_root(state.settings.data_root, str(e))
         raise HTTPException(status.HTTP_409_CONFLICT, detail=detail) from e

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from znni.engine.location import Location
 from znni.jobs.catalogue import Model
 from znni.jobs.settings import Settings
 from znni.model.network import Network
@@ -60,7 +61,8 @@ class JobShape:
         """The plan's labels, mask and skip_empty fields (as `znni plan` shows them)."""
         from znni.engine.output.form import plan_fields
 
-        return plan_fields(self.labels, self.dtype, self.mask, self.skip_empty, channels,
+        mask = None if self.mask is None else Location.parse(self.mask, "mask")
+        return plan_fields(self.labels, self.dtype, mask, self.skip_empty, channels,
                            skipped_blocks)
 
 

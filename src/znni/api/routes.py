@@ -40,6 +40,7 @@ from znni.api.schemas import (
 from znni.api.security import token_matches
 from znni.api.views import JobJsonCache, job_read
 from znni.engine.context import StoreContext
+from znni.engine.location import Location
 from znni.jobs.catalogue import NetworkCatalogue, UnknownNetworkError, describe
 from znni.jobs.events import log_event
 from znni.jobs.paths import relative_to_root
@@ -152,8 +153,8 @@ def _create_job(body: JobCreate, state: ServerState) -> JobRead:
         record = state.store.create(
             network=body.network,
             network_digest=network.digest,
-            input_path=job.input_path,
-            output_path=job.output_path,
+            input_path=str(job.input_path),  # stored as text, parsed again by the runner
+            output_path=str(job.output_path),
             parameters=body.model_dump(exclude={"network", "input", "output"}, mode="json"),
         )
     except OutputBusyError as e:
@@ -242,7 +243,8 @@ def _job_preview(job_id: int, state: ServerState, axis: str, index: int | None) 
         raise HTTPException(status.HTTP_409_CONFLICT,
                             detail=f"job {job_id} is {record.status} and has no output yet")
     try:
-        png = preview_png(record.output_path, axis, index, ctx=state.stores)
+        png = preview_png(Location.parse(record.output_path, "output"), axis, index,
+                          ctx=state.stores)
     except FileNotFoundError as e:  # started, but no output array yet
         detail = relative_to_root(state.settings.data_root, str(e))
         raise HTTPException(status.HTTP_409_CONFLICT, detail=detail) from e

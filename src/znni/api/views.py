@@ -14,7 +14,8 @@ from collections import OrderedDict
 from pathlib import Path
 
 from znni.api.schemas import JobRead, Progress
-from znni.engine.io.stores import DRIVERS
+from znni.engine.location import TENSORSTORE_DRIVERS as DRIVERS
+from znni.engine.location import Location
 from znni.engine.output.viewer import job_viewer_url
 from znni.jobs.store import JobRecord
 
@@ -74,7 +75,8 @@ def job_read(record: JobRecord, data_root: Path) -> JobRead:
         created_at=record.created_at,
         started_at=record.started_at,
         finished_at=record.finished_at,
-        viewer_url=job_viewer_url(record.input_path, record.output_path,
+        viewer_url=job_viewer_url(Location.parse(record.input_path, "input"),
+                                  Location.parse(record.output_path, "output"),
                                   labels=bool(record.parameters.get("labels"))),
     )
 

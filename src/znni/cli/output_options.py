@@ -28,10 +28,17 @@ def plan_form(args: argparse.Namespace, channels: int, shape: tuple[int, int, in
     from znni.engine.io.stores import context_for, parse_storage_options
     from znni.engine.output.form import make_form
 
-    ctx = context_for([args.mask] if args.mask else [],
-                      parse_storage_options(args.storage_option))
-    return make_form(args.labels, args.dtype, args.mask, args.skip_empty, channels, shape,
+    mask = mask_location(args)
+    ctx = context_for([mask] if mask else [], parse_storage_options(args.storage_option))
+    return make_form(args.labels, args.dtype, mask, args.skip_empty, channels, shape,
                      ctx=ctx)
+
+
+def mask_location(args: argparse.Namespace) -> Any:
+    """--mask parsed (None without one)."""
+    from znni.engine.location import Location
+
+    return Location.parse(args.mask, "mask") if args.mask else None
 
 
 def form_fields(args: argparse.Namespace, channels: int,
@@ -41,7 +48,7 @@ def form_fields(args: argparse.Namespace, channels: int,
     the mask (not computed) and the empty-block value; {} without them."""
     from znni.engine.output.form import plan_fields
 
-    return plan_fields(args.labels, args.dtype, args.mask, args.skip_empty, channels,
+    return plan_fields(args.labels, args.dtype, mask_location(args), args.skip_empty, channels,
                        (job_seconds or {}).get("skipped_blocks", 0))
 
 

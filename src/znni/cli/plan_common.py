@@ -18,10 +18,11 @@ def gib(n: int) -> str:
 def input_volume(args: argparse.Namespace, in_channels: int) -> Any:
     """--input (its --level) opened from its metadata, as `znni segment` opens it."""
     from znni.engine.io.ome import level_path
-    from znni.engine.io.stores import check_location, context_for, parse_storage_options
+    from znni.engine.io.stores import context_for, parse_storage_options
     from znni.engine.io.volume import open_input
+    from znni.engine.location import Location
 
-    check_location(args.input, "input")
-    ctx = context_for((args.input,), parse_storage_options(args.storage_option))
-    path = args.input if args.level is None else level_path(args.input, args.level, ctx=ctx)
+    source = Location.parse(args.input, "input")
+    ctx = context_for((source,), parse_storage_options(args.storage_option))
+    path = source if args.level is None else level_path(source, args.level, ctx=ctx)
     return open_input(path, in_channels, ctx=ctx)

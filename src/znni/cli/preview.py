@@ -20,14 +20,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from znni.engine.io.stores import context_for, parse_storage_options
+    from znni.engine.location import Location
     from znni.engine.output.preview import default_png, read_slice, render_preview
 
-    ctx = context_for((args.output,), parse_storage_options(args.storage_option))
+    output = Location.parse(args.output, "output")
+    ctx = context_for((output,), parse_storage_options(args.storage_option))
 
     axis = next((a for a in ("z", "y", "x") if getattr(args, a) is not None), "z")
     index = getattr(args, axis)
     if args.out is None:  # the default name needs the slice index (the middle by default)
-        index = read_slice(args.output, axis, index, ctx=ctx).index
-    png = args.out or default_png(args.output, axis, index)
-    print(render_preview(args.output, png, axis, index, ctx=ctx))
+        index = read_slice(output, axis, index, ctx=ctx).index
+    png = args.out or default_png(output, axis, index)
+    print(render_preview(output, png, axis, index, ctx=ctx))
     return 0

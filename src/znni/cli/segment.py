@@ -69,16 +69,19 @@ def job_from_args(args: argparse.Namespace) -> SegmentJob:
     from znni.engine.io.ome import level_path
     from znni.engine.io.stores import context_for, parse_storage_options
     from znni.engine.job import SegmentJob
+    from znni.engine.location import Location
     from znni.engine.units import parse_bytes, parse_roi, parse_triple
 
+    source = Location.parse(args.input, "input")  # every location parsed once, here
+    output = Location.parse(args.output, "output")
+    mask = Location.parse(args.mask, "mask") if args.mask else None
     network = model_from_args(args)
-    paths = (args.input, args.output, *([args.mask] if args.mask else []))
+    paths = (source, output, *([mask] if mask else []))
     ctx = context_for(paths, parse_storage_options(args.storage_option))
     return SegmentJob(
         network=network,
-        input_path=(args.input if args.level is None
-                    else level_path(args.input, args.level, ctx=ctx)),
-        output_path=args.output,
+        input_path=source if args.level is None else level_path(source, args.level, ctx=ctx),
+        output_path=output,
         roi=parse_roi(args.roi) if args.roi else None,
         border=args.border,
         dtype=args.dtype,
@@ -99,7 +102,7 @@ def job_from_args(args: argparse.Namespace) -> SegmentJob:
         on_bad_chunk=args.on_bad_chunk,
         wait_for_output=args.wait,
         labels=args.labels,
-        mask_path=args.mask,
+        mask_path=mask,
         skip_empty=args.skip_empty,
     )
 

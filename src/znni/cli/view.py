@@ -13,7 +13,10 @@ import argparse
 import sys
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from znni.engine.location import Location
 
 DEFAULT_PORT = 9017
 ORIGIN = "https://neuroglancer-demo.appspot.com"
@@ -36,30 +39,35 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from znni.engine.io.stores import context_for, parse_storage_options
+    from znni.engine.location import Location
     from znni.engine.output.viewer import view_state, viewable, viewer_url
 
-    paths = [p for p in (args.input, args.output) if p is not None]
+    source = Location.parse(args.input, "input") if args.input is not None else None
+    output = Location.parse(args.output, "output")
+    paths = [p for p in (source, output) if p is not None]
     ctx = context_for(paths, parse_storage_options(args.storage_option))
-    input_path = args.input if args.level is None or args.input is None \
-        else _level(args.input, args.level, ctx)
-    local = {role: p for role, p in (("input", input_path), ("output", args.output))
+    input_path = source if args.level is None or source is None \
+        else _level(source, args.level, ctx)
+    local = {role: p for role, p in (("input", input_path), ("output", output))
              if p is not None and not viewable(p)}
     server = _server(local, args.port) if args.serve and local else None
     port = server.server_address[1] if server is not None else args.port
     served = {p: f"http://127.0.0.1:{port}/{role}" for role, p in local.items()}
     try:
-        state = view_state(args.output, input_path, ctx=ctx, served=served)
+        state = view_state(output, input_path, ctx=ctx, served=served)
     except BaseException:
         if server is not None:
             server.server_close()
         raise
     print(viewer_url(state), flush=True)
     if local and server is None:
-        print(f"local volumes ({', '.join(local.values())}): rerun with --serve to serve them "
+        shown = ", ".join(map(str, local.values()))
+        print(f"local volumes ({shown}): rerun with --serve to serve them "
               f"on 127.0.0.1:{port} while neuroglancer reads them", file=sys.stderr)
     if server is not None:
-        print(f"serving {', '.join(local.values())} read-only on 127.0.0.1:{port}; Ctrl-C "
-              "stops", file=sys.stderr, flush=True)
+        shown = ", ".join(map(str, local.values()))
+        print(f"serving {shown} read-only on 127.0.0.1:{port}; Ctrl-C stops",
+              file=sys.stderr, flush=True)
         import signal
 
         # Ctrl-C and SIGTERM end the serving, also where SIGINT came ignored (a child of a
@@ -75,17 +83,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _level(path: str, level: int, ctx: Any) -> str:
+def _level(path: Location, level: int, ctx: Any) -> Location:
     from znni.engine.io.ome import level_path
 
     return level_path(path, level, ctx=ctx)
 
 
-def _server(roots: dict[str, str], port: int) -> ThreadingHTTPServer:
+def _server(roots: dict[str, Location], port: int) -> ThreadingHTTPServer:
     """A read-only file server on 127.0.0.1 for the volumes in `roots` (by URL prefix)."""
-    from znni.engine.io.stores import storage_path
-
-    dirs = {role: Path(storage_path(p)).resolve() for role, p in roots.items()}
+    dirs = {role: Path(p.bare().url).resolve() for role, p in roots.items()}
     for role, d in dirs.items():
         if not d.is_dir():
             raise ValueError(f"{role} {roots[role]} is not a local directory to serve")

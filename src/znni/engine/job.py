@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from znni.engine.context import StoreContext
+from znni.engine.location import Location
 from znni.triple import Triple
 
 if TYPE_CHECKING:  # a pure description: the CLI reads its vocabularies without numpy
@@ -37,8 +38,8 @@ class SegmentJob:
     """Everything that determines a run; same job + same output = resumable."""
 
     network: Network | OnnxModel  # a JSON spec (exact, MPF) or an ONNX model (windowed)
-    input_path: str
-    output_path: str
+    input_path: Location
+    output_path: Location
     roi: Roi | None = None  # None: the whole volume
     border: BorderMode = "reflect"
     dtype: OutputDtype = "float32"
@@ -66,10 +67,19 @@ class SegmentJob:
     # labels instead of the float output: "argmax" or "threshold:T[:CHANNEL]"
     # (engine/output/labels.py); None: the network's output as it is
     labels: str | None = None
-    mask_path: str | None = None  # --mask: blocks wholly outside it are not computed
+    mask_path: Location | None = None  # --mask: blocks wholly outside it are not computed
     skip_empty: float | None = None  # --skip-empty: blocks whose input is all this value
     # test-time flips: "flips" or "flips:AXES" (engine/compute/tta.py); None: none
     tta: str | None = None
+
+    def __post_init__(self) -> None:
+        """Text locations given by a Python caller are parsed here, once: the engine's own
+        entry point, as the CLI and the HTTP API parse theirs (`Location.parse`)."""
+        for name, what in (("input_path", "input"), ("output_path", "output"),
+                           ("mask_path", "mask")):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, Location):
+                object.__setattr__(self, name, Location.parse(value, what))
 
 
 class SegmentCancelled(Exception):
@@ -95,7 +105,7 @@ class ProgressEvent:
 class SegmentReport:
     """The summary of a finished run."""
 
-    output_path: str
+    output_path: Location
     blocks_total: int
     blocks_computed: int  # blocks computed by this run (resume skips done ones)
     voxels_written: int

@@ -35,6 +35,7 @@ from znni.engine.compute.tta import FlipSpec, flip_count, tta_parts
 from znni.engine.compute.windows import WindowGrid
 from znni.engine.geometry import Block, Box, Halo, Triple, split_blocks
 from znni.engine.io.faults import VolumeFault, raise_setup_fault
+from znni.engine.io.formats import InputVolume
 from znni.engine.io.ledger import (
     BlockLedger,
     fingerprint,
@@ -44,8 +45,8 @@ from znni.engine.io.ledger import (
     read_ledger,
 )
 from znni.engine.io.lock import OutputLock, hold_output
-from znni.engine.io.stores import check_location, check_output_location, resolved
-from znni.engine.io.volume import InputVolume, check_existing_output, open_input, output_chunks
+from znni.engine.io.stores import check_output_location
+from znni.engine.io.volume import check_existing_output, open_input, output_chunks
 from znni.engine.job import ProgressEvent, SegmentCancelled, SegmentJob, SegmentReport
 from znni.engine.options import check_options
 from znni.engine.output.form import OutputForm, output_form
@@ -107,12 +108,11 @@ def prepare_run(job: SegmentJob, plan: Plan | None = None) -> PreparedRun:
 def _prepare_run(job: SegmentJob, plan: Plan | None) -> PreparedRun:
     check_options(job)  # engine/options.py
     net = job.network
-    check_location(job.input_path, "input")
     ctx = job.store
     volume = open_input(job.input_path, net.in_channels, ctx=ctx)
     lo_hi = resolve_roi(job.roi, volume.shape)
     region = Box(tuple(a for a, _ in lo_hi), tuple(b for _, b in lo_hi))  # type: ignore[arg-type]
-    if resolved(job.output_path) == resolved(job.input_path):
+    if job.output_path.resolved() == job.input_path.resolved():
         raise ValueError(f"output {job.output_path} is the input array; choose another path")
     check_output_location(job.output_path, ctx=ctx)
     form = output_form(job, volume.shape)  # labels, mask, --skip-empty (output/form.py)
@@ -120,7 +120,7 @@ def _prepare_run(job: SegmentJob, plan: Plan | None) -> PreparedRun:
     existing = check_existing_output(job.output_path, out_shape, form.dtype, job.labels, ctx=ctx)
     output_plan(job, volume, out_shape)  # format and pyramid levels, checked
     chunks = output_chunks(job.chunks, existing, volume.shape, form.channels, form.dtype,
-                           job.output_path)
+                           str(job.output_path))
     parts = fingerprint_parts(
         net.digest, job.input_path, tuple(int(s) for s in volume.array.shape),
         str(volume.dtype), region.key(), job.border, job.dtype, **form.parts(),

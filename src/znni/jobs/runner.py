@@ -8,6 +8,7 @@ import sqlite3
 from typing import Any
 
 from znni.engine.job import ProgressEvent, SegmentCancelled, SegmentJob
+from znni.engine.location import Location
 from znni.engine.segment import check_and_plan, segment
 from znni.jobs.catalogue import Model, ModelOptions, NetworkCatalogue
 from znni.jobs.current import Current
@@ -112,8 +113,8 @@ class JobRunner:
         """The submitted job; a resumed overwrite job continues its own ledger if it can."""
         job = segment_job(
             network,
-            record.input_path,
-            record.output_path,
+            Location.parse(record.input_path, "input"),  # stored as confined text
+            Location.parse(record.output_path, "output"),
             record.parameters,
             scheduler=self.settings.scheduler,
             mask_path=locate_mask(self.settings.data_root, self.settings.allow_url,

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from znni.engine.compute.tta import canonical
 from znni.engine.context import StoreContext
 from znni.engine.job import OUTPUT_FORMATS, SegmentJob
+from znni.engine.location import TENSORSTORE_DRIVERS, Location
 from znni.jobs.catalogue import Model, ModelOptions, NetworkCatalogue, model_mode
 from znni.jobs.paths import confine, confine_url, looks_like_url, relative_to_root
 from znni.model.onnx_model import OnnxModel
@@ -34,14 +35,14 @@ FLAG_FIELDS = {f"--{f.replace('_', '-')}": f for f in (*WINDOW_FIELDS, "scale", 
 
 def segment_job(
     network: Model,
-    input_path: str,
-    output_path: str,
+    input_path: Location,
+    output_path: Location,
     params: dict[str, Any],
     *,
     scheduler: str | None = None,
     overwrite: bool | None = None,
     store: StoreContext | None = None,
-    mask_path: str | None = None,
+    mask_path: Location | None = None,
 ) -> SegmentJob:
     """The engine job for stored parameters (paths already confined and resolved; with a
     `level`, `input_path` is already that level's array, as `check_submission` stored it).
@@ -108,7 +109,7 @@ def check_submission(
     check_ome_fields(params)
     input_path = _locate(data_root, allow_url, input, "input")
     output_path = _locate(data_root, allow_url, output, "output")
-    if _overlap(input_path, output_path):
+    if _overlap(input_path.bare().url, output_path.bare().url):
         raise ValueError(
             f"output {output!r} and input {input!r} overlap; the output must be a separate array"
         )
@@ -181,24 +182,25 @@ def plan_form(
         raise ValueError(api_words(relative_to_root(data_root, str(e)))) from e
 
 
-def _locate(root: Path, allow_url: tuple[str, ...], given: str, what: str) -> str:
+def _locate(root: Path, allow_url: tuple[str, ...], given: str, what: str) -> Location:
     """A confined local path (the input and a mask must exist), or a URL under an allowed
     prefix; a `precomputed://` or `n5://` volume's location confined the same way, its
-    driver kept (its scale is the job's `level`, not a '#' part)."""
-    from znni.engine.io.stores import driver_of
-
-    driver = driver_of(given) if isinstance(given, str) else None
+    driver kept (its scale is the job's `level`, not a '#' part). Parsed here, once."""
+    driver = next((d for d in TENSORSTORE_DRIVERS if isinstance(given, str)
+                   and given.lower().startswith(f"{d}://")), None)
     prefix, location = ("", given) if driver is None else (given[:len(driver) + 3],
                                                            given[len(driver) + 3:])
     if driver is not None and "#" in location:
         raise ValueError(f"{what} {given!r} has a '#' part; give a precomputed scale as the "
                          "job's level")
     if looks_like_url(location):
-        return prefix + confine_url(allow_url, location, what)
-    return prefix + str(confine(root, location, what, must_exist=what in ("input", "mask")))
+        return Location.parse(prefix + confine_url(allow_url, location, what), what)
+    confined = confine(root, location, what, must_exist=what in ("input", "mask"))
+    return Location.parse(prefix + str(confined), what)
 
 
-def locate_mask(root: Path, allow_url: tuple[str, ...], params: dict[str, Any]) -> str | None:
+def locate_mask(root: Path, allow_url: tuple[str, ...],
+                params: dict[str, Any]) -> Location | None:
     """The job's `mask` field confined as the input is (None without one)."""
     mask = params.get("mask")
     return None if mask is None else _locate(root, allow_url, str(mask), "mask")
@@ -222,30 +224,29 @@ def check_ome_fields(params: dict[str, Any]) -> None:
             raise ValueError(f"{name} {value!r} must be a whole number, 0 or more")
 
 
-def input_level(root: Path, allow_url: tuple[str, ...], input_path: str, shown: str,
-                level: int, *, store: StoreContext) -> str:
+def input_level(root: Path, allow_url: tuple[str, ...], input_path: Location, shown: str,
+                level: int, *, store: StoreContext) -> Location:
     """The array of level `level` of the OME-Zarr image at `input_path` (confined: the
     image's metadata may not lead out of the data root or the allowed URL prefixes)."""
     from znni.engine.io.ome import level_path
-    from znni.engine.io.stores import driver_of
 
-    if driver_of(input_path) is not None:  # a precomputed scale: the same location, #mip=N
+    if input_path.is_tensorstore:  # a precomputed scale: the same location, #mip=N
         return level_path(input_path, level, ctx=store)
     try:
         array = level_path(input_path, level, ctx=store)
     except (ValueError, TypeError, FileNotFoundError, NotADirectoryError) as e:
         raise ValueError(api_words(relative_to_root(root, str(e)))) from e
-    if looks_like_url(array):
+    if array.is_remote:
         try:
-            return confine_url(allow_url, array, "input")
+            return Location.parse(confine_url(allow_url, array.url, "input"), "input")
         except ValueError as e:
             raise ValueError(f"level {level} of input {shown!r} is not readable here: {e}") from e
-    resolved = Path(array).resolve(strict=False)
+    resolved = Path(array.url).resolve(strict=False)
     if not resolved.is_relative_to(root) or resolved == root:
         raise ValueError(
             f"level {level} of input {shown!r} names an array outside the data root"
         )
-    return str(resolved)
+    return Location.parse(resolved, "input")
 
 
 def check_window_fields(net: Model, name: str, params: dict[str, Any]) -> None:
@@ -285,7 +286,7 @@ def _triple(value: Any) -> Triple | None:
     return as_triple(value) if value is not None else None
 
 
-def check_overwrite(output_path: str | Path, overwrite: bool, shown: str, *,
+def check_overwrite(output_path: Location, overwrite: bool, shown: str, *,
                     store: StoreContext) -> None:
     """An existing output is only written again with overwrite, or to resume its own run.
 
@@ -294,8 +295,8 @@ def check_overwrite(output_path: str | Path, overwrite: bool, shown: str, *,
     from znni.engine.io.ledger import read_ledger
     from znni.engine.io.stores import exists
 
-    if overwrite or not exists(str(output_path), ctx=store):
+    if overwrite or not exists(output_path, ctx=store):
         return
-    header, _ = read_ledger(str(output_path), ctx=store)
+    header, _ = read_ledger(output_path, ctx=store)
     if header is None:
         raise ValueError(f'output {shown!r} already exists; send "overwrite": true to replace it')

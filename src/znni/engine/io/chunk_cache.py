@@ -27,6 +27,7 @@ import numpy as np
 from znni.engine.geometry import Box, Triple
 from znni.engine.io.faults import BadChunks, chunk_key, read_fault
 from znni.engine.io.retry import StoreError
+from znni.engine.location import Location
 from znni.lru import BytesLRU
 from znni.triple import as_triple
 
@@ -42,7 +43,7 @@ class ChunkedReader:
     a `ChunkCache`, under keys (`name`, chunk index)."""
 
     def __init__(self, array: Any, has_channel_axis: bool, cache: ChunkCache,
-                 name: str, bad: BadChunks | None = None) -> None:
+                 name: Location, bad: BadChunks | None = None) -> None:
         self.array, self.has_channel_axis = array, has_channel_axis
         self.cache, self.name = cache, name
         self.bad = bad if bad is not None else BadChunks()

@@ -14,6 +14,7 @@ import threading
 from typing import Any
 
 from znni.engine.io.retry import StoreError, is_refused
+from znni.engine.location import Location
 
 EXIT_BAD_DATA = 2
 EXIT_ENVIRONMENT = 1
@@ -34,9 +35,11 @@ ERRNO_CAUSES: dict[int, tuple[str, str]] = {
 class VolumeFault(Exception):
     """A read or write of a volume that failed mid-run; `str()` is the one sentence."""
 
-    def __init__(self, kind: str, path: str, key: str, cause: str, *, what: str = "input chunk",
-                 exit_code: int = EXIT_ENVIRONMENT, hint: str = "") -> None:
-        self.kind, self.path, self.key, self.cause = kind, path, key, cause
+    def __init__(self, kind: str, path: Location | str, key: str, cause: str, *,
+                 what: str = "input chunk", exit_code: int = EXIT_ENVIRONMENT,
+                 hint: str = "") -> None:
+        # the volume's location as text: the fault is a message that crosses processes
+        self.kind, self.path, self.key, self.cause = kind, str(path), key, cause
         self.what, self.exit_code, self.hint = what, exit_code, hint
         verb = "read" if what.startswith("input") else "write"
         text = f"cannot {verb} {what} {key} of {path}: {cause}"
@@ -70,7 +73,7 @@ def chunk_key(array: Any, index: tuple[int, ...]) -> str:
         return "/".join(str(i) for i in index)
 
 
-def read_fault(e: BaseException, path: str, key: str, array: Any) -> VolumeFault:
+def read_fault(e: BaseException, path: Location, key: str, array: Any) -> VolumeFault:
     """The fault of a chunk that failed to read: missing store, refusal, or bad bytes."""
     if isinstance(e, VolumeFault):
         return e
@@ -92,7 +95,8 @@ def read_fault(e: BaseException, path: str, key: str, array: Any) -> VolumeFault
         exit_code=EXIT_BAD_DATA, hint="the chunk is corrupt")
 
 
-def write_fault(e: BaseException, path: str, key: str, what: str = "output block") -> VolumeFault:
+def write_fault(e: BaseException, path: Location, key: str,
+                what: str = "output block") -> VolumeFault:
     """The fault of a write that failed: no space, permission, read-only, a gone store."""
     if isinstance(e, VolumeFault):
         return e
@@ -109,7 +113,7 @@ def write_fault(e: BaseException, path: str, key: str, what: str = "output block
     return VolumeFault("io", path, key, f"{type(e).__name__}: {e}", what=what)
 
 
-def raise_setup_fault(e: BaseException, path: str) -> None:
+def raise_setup_fault(e: BaseException, path: Location) -> None:
     """Name a failure creating the output's metadata or ledger (a full disk, a refusal, a
     read-only file system) as a `VolumeFault`; return for anything else."""
     if isinstance(e, OSError) and e.errno in ERRNO_CAUSES:

@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+from znni.engine.location import Location
+
 EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
 
 
@@ -75,14 +77,14 @@ def refresh_credentials(fs: Any) -> None:
 CHECK_TIMEOUT_S = 10
 
 
-def check_token(fs: Any, url: str) -> None:
+def check_token(fs: Any, loc: Location) -> None:
     """One request for the URL's bucket with the client's fresh token and no retries, once
     per client and bucket; PermissionError when the store answers 401. Anonymous clients
     are not checked, and any other answer (403 for a token without bucket-level
     permission, an error, no answer) is left to the run's own requests."""
     creds = getattr(fs, "credentials", None)
     headers: dict[str, str] = {}
-    bucket = url.split("://", 1)[1].split("/", 1)[0]
+    bucket = loc.bucket
     checked = fs.__dict__.setdefault("_znni_checked_buckets", set())  # fsspec reuses fs
     if getattr(creds, "credentials", None) is None or bucket in checked:  # anonymous
         return

@@ -28,16 +28,8 @@ from typing import Any, Protocol
 from znni.engine.context import StoreContext
 from znni.engine.io.faults import write_fault
 from znni.engine.io.ome import is_group, ome_level
-from znni.engine.io.stores import (
-    is_url,
-    join,
-    list_names,
-    read_bytes,
-    remove_tree,
-    resolved,
-    storage_path,
-    write_bytes,
-)
+from znni.engine.io.stores import list_names, read_bytes, remove_tree, write_bytes
+from znni.engine.location import Location
 
 LEDGER_NAME = "znni-ledger.jsonl"
 OBJECT_LEDGER = "znni-ledger"  # the prefix of an object-store ledger
@@ -46,22 +38,22 @@ LEDGER_VERSION = 1
 
 
 def fingerprint_parts(
-    network_digest: str, input_path: str, input_shape: tuple[int, ...], input_dtype: str,
+    network_digest: str, input_path: Location, input_shape: tuple[int, ...], input_dtype: str,
     region: str, border: str, dtype: str, *, labels: str | None = None,
-    mask: str | None = None, skip_empty: float | None = None,
+    mask: Location | None = None, skip_empty: float | None = None,
 ) -> dict[str, Any]:
     """What determines the output values; a resume must agree on all of it. Labels, the
     mask and --skip-empty enter only when set, so earlier outputs' ledgers still match."""
     parts: dict[str, Any] = {
         "network": network_digest,
-        "input": resolved(input_path),
+        "input": str(input_path.resolved()),
         "input_shape": list(input_shape),
         "input_dtype": input_dtype,
         "roi": region,
         "border": border,
         "dtype": dtype,
     }
-    extra = {"labels": labels, "mask": None if mask is None else resolved(mask),
+    extra = {"labels": labels, "mask": None if mask is None else str(mask.resolved()),
              "skip_empty": skip_empty}
     return {**parts, **{k: v for k, v in extra.items() if v is not None}}
 
@@ -70,22 +62,22 @@ def fingerprint(parts: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
-def ledger_home(output_path: str, *, ctx: StoreContext) -> str:
+def ledger_home(output_path: Location, *, ctx: StoreContext) -> Location:
     """The array that holds the ledger: the output, or an OME-Zarr output's level 0, where
     listings of the image group (which warn about unknown files) do not see it. A
     precomputed:// output's is its folder or prefix, beside its `info`."""
-    output_path = storage_path(output_path)
+    output_path = output_path.bare()
     if is_group(output_path, ctx=ctx):
         try:
-            return ome_level(output_path, 0, ctx=ctx).array_path
+            return ome_level(output_path, 0, ctx=ctx).array_location
         except ValueError:
             pass
     return output_path
 
 
-def ledger_path(output_path: str, *, ctx: StoreContext) -> Path:
+def ledger_path(output_path: Location, *, ctx: StoreContext) -> Path:
     """The JSON-lines file of a local output's ledger."""
-    return Path(ledger_home(output_path, ctx=ctx)) / LEDGER_NAME
+    return Path(ledger_home(output_path, ctx=ctx).url) / LEDGER_NAME
 
 
 class BlockLedger(Protocol):
@@ -99,14 +91,15 @@ class BlockLedger(Protocol):
     def bad_chunks(self) -> list[str]: ...
 
 
-def open_ledger(output_path: str, *, ctx: StoreContext) -> BlockLedger:
+def open_ledger(output_path: Location, *, ctx: StoreContext) -> BlockLedger:
     """The ledger of an output: a JSON-lines file locally, objects in an object store."""
-    if is_url(storage_path(output_path)):
+    if output_path.is_remote:
         return ObjectLedger(output_path, ctx=ctx)
     return Ledger(output_path, ctx=ctx)
 
 
-def read_ledger(output_path: str, *, ctx: StoreContext) -> tuple[dict[str, Any] | None, set[str]]:
+def read_ledger(output_path: Location, *,
+                ctx: StoreContext) -> tuple[dict[str, Any] | None, set[str]]:
     """(header or None, keys of finished blocks) of an output; tolerates a torn last line."""
     return open_ledger(output_path, ctx=ctx).read()
 
@@ -121,7 +114,7 @@ def _header(parts: dict[str, Any], block_shape: tuple[int, int, int]) -> dict[st
     }
 
 
-def mismatch_sentence(output_path: str, header: dict[str, Any], parts: dict[str, Any]) -> str:
+def mismatch_sentence(output_path: Location, header: dict[str, Any], parts: dict[str, Any]) -> str:
     """Why an existing ledger belongs to another job, as one sentence."""
     old = header.get("parts", {})
     names = {"network": "network or weights"}
@@ -137,7 +130,7 @@ def mismatch_sentence(output_path: str, header: dict[str, Any], parts: dict[str,
 class Ledger:
     """Appends finished block keys durably; one writer (the process that runs segment)."""
 
-    def __init__(self, output_path: str, *, ctx: StoreContext) -> None:
+    def __init__(self, output_path: Location, *, ctx: StoreContext) -> None:
         self.path = ledger_path(output_path, ctx=ctx)
 
     def read(self) -> tuple[dict[str, Any] | None, set[str]]:
@@ -232,13 +225,13 @@ def _block_key(name: str) -> str:
 class ObjectLedger:
     """One object per finished block under `znni-ledger/<run>/`, named by `header.json`."""
 
-    def __init__(self, output_path: str, *, ctx: StoreContext) -> None:
-        self.prefix = join(ledger_home(output_path, ctx=ctx), OBJECT_LEDGER)
+    def __init__(self, output_path: Location, *, ctx: StoreContext) -> None:
+        self.prefix = ledger_home(output_path, ctx=ctx).join(OBJECT_LEDGER)
         self.ctx = ctx
         self.run: str | None = None
 
     def _read_header(self) -> dict[str, Any] | None:
-        raw = read_bytes(join(self.prefix, HEADER_OBJECT), "output", ctx=self.ctx)
+        raw = read_bytes(self.prefix.join(HEADER_OBJECT), "output", ctx=self.ctx)
         try:
             header = json.loads(raw) if raw is not None else None
         except ValueError:
@@ -250,7 +243,7 @@ class ObjectLedger:
         if header is None or not isinstance(header.get("run"), str):
             return None, set()
         self.run = header["run"]
-        names = list_names(join(self.prefix, self.run), ctx=self.ctx)
+        names = list_names(self.prefix.join(self.run), ctx=self.ctx)
         return header, {_block_key(n) for n in names}
 
     def start(self, parts: dict[str, Any], block_shape: tuple[int, int, int]) -> None:
@@ -258,10 +251,10 @@ class ObjectLedger:
         self.run = uuid.uuid4().hex
         header = {**_header(parts, block_shape), "run": self.run}
         body = (json.dumps(header) + "\n").encode()
-        write_bytes(join(self.prefix, HEADER_OBJECT), body, ctx=self.ctx)
+        write_bytes(self.prefix.join(HEADER_OBJECT), body, ctx=self.ctx)
         for name in list_names(self.prefix, ctx=self.ctx):
             if name not in (HEADER_OBJECT, self.run, f"bad-{self.run}.json"):
-                remove_tree(join(self.prefix, name), ctx=self.ctx)
+                remove_tree(self.prefix.join(name), ctx=self.ctx)
 
     def resume(self) -> None:
         """Continue the recorded run (puts are whole: there is nothing torn to repair)."""
@@ -275,7 +268,7 @@ class ObjectLedger:
         assert self.run is not None, "start or resume the ledger first"
         for key in keys:
             body = json.dumps({"block": key, "t": time.time()}).encode()
-            write_bytes(join(self.prefix, self.run, _object_name(key)), body, ctx=self.ctx)
+            write_bytes(self.prefix.join(self.run, _object_name(key)), body, ctx=self.ctx)
 
     def note_bad_chunks(self, keys: list[str]) -> None:
         """Input chunks filled with the fill value, added to `bad-<run>.json`."""
@@ -293,9 +286,9 @@ class ObjectLedger:
             return []
         return sorted(str(k) for k in keys) if isinstance(keys, list) else []
 
-    def _bad_name(self) -> str:
+    def _bad_name(self) -> Location:
         assert self.run is not None, "start or resume the ledger first"
-        return join(self.prefix, f"bad-{self.run}.json")
+        return self.prefix.join(f"bad-{self.run}.json")
 
 
 def _fsync_dir(path: Path) -> None:

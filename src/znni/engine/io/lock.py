@@ -24,14 +24,8 @@ from typing import Any
 
 from znni.engine.context import StoreContext
 from znni.engine.io.faults import write_fault
-from znni.engine.io.stores import (
-    is_url,
-    read_bytes,
-    remove_tree,
-    resolved,
-    storage_path,
-    write_bytes,
-)
+from znni.engine.io.stores import read_bytes, remove_tree, write_bytes
+from znni.engine.location import Location
 
 LOCK_SUFFIX = ".znni-lock"
 WAIT_POLL_S = 1.0  # --wait: how often a held lock is tried again
@@ -53,8 +47,8 @@ class OutputBusy(ValueError):
     """Another live run holds the output (one sentence naming it)."""
 
 
-def lock_path(output_path: str) -> Path:
-    path = Path(resolved(output_path))
+def lock_path(output_path: Location) -> Path:
+    path = Path(output_path.bare().resolved().url)
     return path.with_name(path.name + LOCK_SUFFIX)
 
 
@@ -109,15 +103,15 @@ class OutputLock:
         self.path = None
 
 
-def hold_output(output_path: str, wait: bool = False, *,
+def hold_output(output_path: Location, wait: bool = False, *,
                 ctx: StoreContext | None = None) -> OutputLock:
     """Take the output's lock (an object store's: a lease, `ObjectLease`), or raise
     OutputBusy naming the live holder (`wait`: poll until the holder ends, saying once whom
     it waits for)."""
-    said, output_path = False, storage_path(output_path)  # precomputed://: where it lives
+    said, output_path = False, output_path.bare()  # precomputed://: where it lives
     while True:
         try:
-            if is_url(output_path):
+            if output_path.is_remote:
                 return ObjectLease.take(output_path, replace(ctx or StoreContext(), memo=None))
             return _take(output_path)
         except OutputBusy as e:
@@ -136,14 +130,14 @@ def _identity() -> dict[str, Any]:
             "token": f"{socket.gethostname()}:{os.getpid()}:{time.time_ns()}"}
 
 
-def _busy(output_path: str, holder: dict[str, Any], remedy: str) -> OutputBusy:
+def _busy(output_path: Location, holder: dict[str, Any], remedy: str) -> OutputBusy:
     return OutputBusy(
         f"output {output_path} is being written by another run (host {holder.get('host')}, "
         f"pid {holder.get('pid')}, started {holder.get('started')}); wait for it to end "
         f"(--wait), or, if that run is gone, {remedy}")
 
 
-def _take(output_path: str) -> OutputLock:
+def _take(output_path: Location) -> OutputLock:
     path = lock_path(output_path)
     path.parent.mkdir(parents=True, exist_ok=True)
     me = _identity()
@@ -167,7 +161,7 @@ def _take(output_path: str) -> OutputLock:
         except OSError as e:
             os.close(fd)
             path.unlink(missing_ok=True)
-            raise write_fault(e, str(path), "lock file", what="output") from e
+            raise write_fault(e, Location.parse(path), "lock file", what="output") from e
         os.close(fd)
         _HELD.add(token)
         return OutputLock(path, token)
@@ -181,7 +175,7 @@ class ObjectLease(OutputLock):
     taker puts its lease, waits CONFIRM_S and reads it back: of two rivals the last put
     wins, and the other sees the winner's token and backs off."""
 
-    def __init__(self, url: str, me: dict[str, Any], ctx: StoreContext) -> None:
+    def __init__(self, url: Location, me: dict[str, Any], ctx: StoreContext) -> None:
         super().__init__(None, me["token"])
         self.url, self.me, self.ctx = url, me, ctx
         self.stop = threading.Event()
@@ -189,8 +183,8 @@ class ObjectLease(OutputLock):
                                         name="znni-lease")
 
     @classmethod
-    def take(cls, output_path: str, ctx: StoreContext) -> ObjectLease:
-        url = output_path.rstrip("/") + LOCK_SUFFIX
+    def take(cls, output_path: Location, ctx: StoreContext) -> ObjectLease:
+        url = output_path.beside(LOCK_SUFFIX)
         holder = _read_lease(url, ctx)
         if holder and float(holder.get("expires", 0)) > time.time() and not _stale(holder):
             raise _busy(output_path, holder, f"its lease {url} expires at "
@@ -230,7 +224,7 @@ class ObjectLease(OutputLock):
             log.debug("lease %s not removed (it expires by itself): %s", self.url, e)
 
 
-def _read_lease(url: str, ctx: StoreContext) -> dict[str, Any] | None:
+def _read_lease(url: Location, ctx: StoreContext) -> dict[str, Any] | None:
     raw = read_bytes(url, "output", ctx=ctx)
     try:
         holder = json.loads(raw) if raw is not None else None

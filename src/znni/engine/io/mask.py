@@ -18,7 +18,8 @@ import numpy as np
 
 from znni.engine.context import StoreContext
 from znni.engine.geometry import Box, Triple
-from znni.engine.io.stores import check_readable, is_url
+from znni.engine.io.stores import check_readable
+from znni.engine.location import Location
 
 OUTSIDE, PARTIAL, INSIDE = "outside", "partial", "inside"
 
@@ -27,12 +28,12 @@ OUTSIDE, PARTIAL, INSIDE = "outside", "partial", "inside"
 class MaskSpec:
     """A checked mask: its path and its factor per axis (picklable; workers open it)."""
 
-    path: str
+    path: Location
     factor: Triple
     store: StoreContext = field(default_factory=StoreContext)
 
 
-def check_mask(path: str, input_shape: Triple, *, ctx: StoreContext) -> MaskSpec:
+def check_mask(path: Location, input_shape: Triple, *, ctx: StoreContext) -> MaskSpec:
     """Open the mask and check that its shape divides the input's; ValueError naming it."""
     _, shape, _ = _open(path, ctx)
     if any(n % m for n, m in zip(input_shape, shape, strict=True)):
@@ -45,18 +46,18 @@ def check_mask(path: str, input_shape: Triple, *, ctx: StoreContext) -> MaskSpec
     return MaskSpec(path, factor, ctx)
 
 
-def _open(path: str, ctx: StoreContext) -> tuple[Any, Triple, bool]:
+def _open(path: Location, ctx: StoreContext) -> tuple[Any, Triple, bool]:
     """(the mask's array, its spatial shape, whether it has a channel axis of 1); a bool,
     integer or float array, or an OME-Zarr image or level of one."""
     from znni.engine.io.ome import find_ome
-    from znni.engine.io.volume import open_zarr_array
+    from znni.engine.io.zarr_arrays import open_zarr_array
 
     check_readable(path, "mask", ctx=ctx)
     try:
-        ome = find_ome(path, ctx=ctx) if is_url(path) or Path(path).is_dir() else None
+        ome = find_ome(path, ctx=ctx) if path.is_remote or Path(path.url).is_dir() else None
     except ValueError as e:  # the OME reader names what it reads "input"
         raise ValueError(str(e).replace("input", "mask", 1)) from None
-    arr = open_zarr_array(ome.array_path if ome else path, "mask", ctx=ctx)
+    arr = open_zarr_array(ome.array_location if ome else path, "mask", ctx=ctx)
     shape = tuple(int(n) for n in arr.shape)
     if np.dtype(arr.dtype).kind not in "biuf":
         raise ValueError(f"mask {path} has dtype {arr.dtype}; expected bool, integer or float")

@@ -18,23 +18,24 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from znni.engine.context import Memo
+from znni.engine.location import Location
 
 T = TypeVar("T")
 
 
-def remembered_read(memo: Memo | None, url: str, fetch: Callable[[], bytes | None]
+def remembered_read(memo: Memo | None, loc: Location, fetch: Callable[[], bytes | None]
                     ) -> bytes | None:
-    """fetch()'s answer for `url`, asked once while `memo` is open (else every time)."""
+    """fetch()'s answer for `loc`, asked once while `memo` is open (else every time)."""
     if memo is None or not memo.open:
         return fetch()
-    return _remembered(memo, memo.reads, url, fetch)
+    return _remembered(memo, memo.reads, loc.url, fetch)
 
 
-def remembered_list(memo: Memo | None, url: str, fetch: Callable[[], list[str]]) -> list[str]:
-    """fetch()'s listing of `url`, asked once while `memo` is open (else every time)."""
+def remembered_list(memo: Memo | None, loc: Location, fetch: Callable[[], list[str]]) -> list[str]:
+    """fetch()'s listing of `loc`, asked once while `memo` is open (else every time)."""
     if memo is None or not memo.open:
         return fetch()
-    return list(_remembered(memo, memo.lists, url, lambda: list(fetch())))
+    return list(_remembered(memo, memo.lists, loc.url, lambda: list(fetch())))
 
 
 def _remembered(m: Memo, answers: dict[str, T], url: str, fetch: Callable[[], T]) -> T:
@@ -50,16 +51,16 @@ def _remembered(m: Memo, answers: dict[str, T], url: str, fetch: Callable[[], T]
     return value
 
 
-def forget(memo: Memo | None, url: str) -> None:
-    """Called after every write or delete of `url` (an object or a prefix)."""
+def forget(memo: Memo | None, loc: Location) -> None:
+    """Called after every write or delete of `loc` (an object or a prefix)."""
     if memo is not None and memo.open:
-        memo.forget(url)
+        memo.forget(loc.url)
 
 
-def wrote(memo: Memo | None, url: str, data: bytes) -> None:
-    """Called after `data` was put at `url`: later reads in the setup get it unasked."""
+def wrote(memo: Memo | None, loc: Location, data: bytes) -> None:
+    """Called after `data` was put at `loc`: later reads in the setup get it unasked."""
     if memo is not None and memo.open:
-        memo.forget(url)
+        memo.forget(loc.url)
         with memo.lock:
             if memo.open:
-                memo.reads[url.rstrip("/")] = data
+                memo.reads[loc.url.rstrip("/")] = data

@@ -17,16 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from znni.engine.context import StoreContext
-from znni.engine.io.stores import (
-    StoreError,
-    basename,
-    driver_of,
-    is_url,
-    join,
-    parent,
-    read_bytes,
-    zarr_store,
-)
+from znni.engine.io.stores import StoreError, read_bytes, zarr_store
+from znni.engine.location import Location
 
 Float3 = tuple[float, float, float]
 Units = tuple[str | None, str | None, str | None]
@@ -37,8 +29,8 @@ SUPPORTED_VERSIONS = ("0.4", "0.5")
 class OmeLevel:
     """One resolution level of an OME-Zarr image, as znni reads it."""
 
-    group_path: str
-    array_path: str  # the level's array directory
+    group_location: Location
+    array_location: Location  # the level's array directory
     level: int
     levels: int  # datasets in the multiscale
     version: str
@@ -49,14 +41,13 @@ class OmeLevel:
     translation: Float3  # physical position (z, y, x) of this level's voxel 0
 
 
-def is_group(path: str | Path, *, ctx: StoreContext) -> bool:
-    """Whether `path` is a Zarr group (format 2 or 3): a directory or a URL."""
-    p = str(path)
-    if not is_url(p) and (Path(p) / ".zgroup").is_file():
+def is_group(loc: Location, *, ctx: StoreContext) -> bool:
+    """Whether `loc` is a Zarr group (format 2 or 3): a directory or a URL."""
+    if loc.is_local and (Path(loc.url) / ".zgroup").is_file():
         return True
-    raw = read_bytes(join(p, "zarr.json"), ctx=ctx)
+    raw = read_bytes(loc.join("zarr.json"), ctx=ctx)
     if raw is None:
-        return is_url(p) and read_bytes(join(p, ".zgroup"), ctx=ctx) is not None
+        return loc.is_remote and read_bytes(loc.join(".zgroup"), ctx=ctx) is not None
     try:
         meta = json.loads(raw)
     except ValueError:
@@ -64,18 +55,18 @@ def is_group(path: str | Path, *, ctx: StoreContext) -> bool:
     return isinstance(meta, dict) and meta.get("node_type") == "group"
 
 
-def _may_be_image(group: str, ctx: StoreContext) -> bool:
+def _may_be_image(group: Location, ctx: StoreContext) -> bool:
     """Cheap pre-check (no zarr): whether a group's attribute file mentions multiscales."""
-    return any(b"multiscales" in (read_bytes(join(group, name), ctx=ctx) or b"")
+    return any(b"multiscales" in (read_bytes(group.join(name), ctx=ctx) or b"")
                for name in ("zarr.json", ".zattrs"))
 
 
-def group_attrs(path: str | Path, *, ctx: StoreContext) -> dict[str, Any]:
+def group_attrs(path: Location, *, ctx: StoreContext) -> dict[str, Any]:
     """The attributes of the Zarr group at `path` (through zarr)."""
     import zarr
 
     try:
-        store = zarr_store(str(path), read_only=True, ctx=ctx)
+        store = zarr_store(path, read_only=True, ctx=ctx)
         return dict(zarr.open_group(store=store, mode="r").attrs.asdict())
     except StoreError:
         raise
@@ -83,7 +74,7 @@ def group_attrs(path: str | Path, *, ctx: StoreContext) -> dict[str, Any]:
         raise ValueError(f"{path} is not a readable Zarr group ({type(e).__name__}: {e})") from e
 
 
-def multiscale(attrs: dict[str, Any], path: str) -> tuple[str, dict[str, Any]]:
+def multiscale(attrs: dict[str, Any], path: Location) -> tuple[str, dict[str, Any]]:
     """(NGFF version, first multiscale) of an image group's attributes; ValueError if none."""
     if isinstance(attrs.get("ome"), dict):
         ome = attrs["ome"]
@@ -111,7 +102,7 @@ def multiscale(attrs: dict[str, Any], path: str) -> tuple[str, dict[str, Any]]:
     return version, ms
 
 
-def map_axes(axes: list[Any], path: str) -> tuple[bool, tuple[str, ...], Units]:
+def map_axes(axes: list[Any], path: Location) -> tuple[bool, tuple[str, ...], Units]:
     """(has a channel axis, axis names, units of the space axes); refuses other layouts."""
     names, kinds, units = [], [], []
     for a in axes:
@@ -163,7 +154,7 @@ def _scale_translation(transforms: Any, ndim: int, where: str) -> tuple[list[flo
     return scale, shift
 
 
-def ome_level(group_path: str, level: int, attrs: dict[str, Any] | None = None, *,
+def ome_level(group_path: Location, level: int, attrs: dict[str, Any] | None = None, *,
               ctx: StoreContext) -> OmeLevel:
     """Level `level` of the OME-Zarr image group at `group_path`, with its metadata checked
     (`attrs`: the group's attributes when already read, so each level costs no new read)."""
@@ -185,18 +176,18 @@ def ome_level(group_path: str, level: int, attrs: dict[str, Any] | None = None, 
     scale = [gs[i] * s[i] for i in range(n)][-3:]
     shift = [gs[i] * t[i] + gt[i] for i in range(n)][-3:]
     return OmeLevel(
-        group_path, join(group_path, ds["path"]), level, len(datasets), version, has_c,
+        group_path, group_path.join(ds["path"]), level, len(datasets), version, has_c,
         names, units, (scale[0], scale[1], scale[2]), (shift[0], shift[1], shift[2]),
     )
 
 
-def find_ome(path: str, *, ctx: StoreContext) -> OmeLevel | None:
+def find_ome(path: Location, *, ctx: StoreContext) -> OmeLevel | None:
     """The OME level that `path` names: an image group (its level 0), or an array that is a
     dataset of the image group around it; None for an array outside any OME image."""
     if is_group(path, ctx=ctx):
         return ome_level(path, 0, ctx=ctx)
-    up, name = parent(path), basename(path)
-    if name and up != path and _may_be_image(up, ctx) and is_group(up, ctx=ctx):
+    up, name = path.parent(), path.name
+    if name and up.url != path.url and _may_be_image(up, ctx) and is_group(up, ctx=ctx):
         try:
             _, ms = multiscale(group_attrs(up, ctx=ctx), up)
         except ValueError:
@@ -207,16 +198,14 @@ def find_ome(path: str, *, ctx: StoreContext) -> OmeLevel | None:
     return None
 
 
-def level_path(path: str, level: int, *, ctx: StoreContext) -> str:
+def level_path(path: Location, level: int, *, ctx: StoreContext) -> Location:
     """The array directory of level `level` of the OME-Zarr image at `path` (for --level), or
-    the path of scale `level` of a precomputed:// volume."""
-    if driver_of(path) is not None:
-        from znni.engine.io.precomputed import with_scale
-
-        return with_scale(path, level)
+    scale `level` of a precomputed:// volume."""
+    if path.is_tensorstore:
+        return path.with_level(level)
     if not is_group(path, ctx=ctx):
         raise ValueError(f"--level applies to OME-Zarr image groups, and input {path} is not one")
-    return ome_level(path, level, ctx=ctx).array_path
+    return ome_level(path, level, ctx=ctx).array_location
 
 
 def output_metadata(

@@ -4,7 +4,7 @@ A path `precomputed://LOCATION[#mip=N]` (LOCATION a local path, s3://, gs:// or 
 http(s):// URL) names scale N (default 0) of a precomputed volume; `n5://LOCATION` an N5
 dataset (input only). The format is never hand-written: TensorStore's
 `neuroglancer_precomputed` and `n5` drivers read and write it. What travels to workers
-(Dask block specs) is the path string; each process builds the TensorStore spec JSON from
+(Dask block specs) is the `Location`; each process builds the TensorStore spec JSON from
 it (`ts_spec`) and opens its own handle, so nothing unpicklable crosses.
 
 Axes: precomputed stores (x, y, z, channel) with its voxel offset as the domain's origin;
@@ -25,65 +25,36 @@ import numpy as np
 
 from znni.engine.context import StoreContext
 from znni.engine.io.retry import tries
-from znni.engine.io.stores import (
-    driver_of,
-    is_url,
-    join,
-    options_for,
-    read_bytes,
-    scheme,
-    storage_path,
-    write_bytes,
-)
+from znni.engine.io.stores import options_for, read_bytes, write_bytes
+from znni.engine.location import Location
 
 if TYPE_CHECKING:
     from znni.engine.geometry import Triple
 
-SCALE_MARK = "#mip="
 PROVENANCE_FILE = "znni.json"
 VOLUME_TYPES = ("image", "segmentation")
 SEGMENTATION_DTYPES = ("uint8", "uint16", "uint32", "uint64")
 Xyz = tuple[float, float, float]
 
 
-def with_scale(path: str, level: int) -> str:
-    """The path of scale `level` of a precomputed volume (what --level/--mip give)."""
-    if driver_of(path) != "precomputed":
-        raise ValueError(f"--level applies to OME-Zarr images and precomputed volumes; {path} "
-                         "is an N5 dataset of one scale")
-    if level < 0:
-        raise ValueError(f"--level {level} is negative; scales count from 0")
-    return f"{path.partition('#')[0]}{SCALE_MARK}{level}"
-
-
-def scale_index(path: str) -> int:
-    """The scale a precomputed path names (0 when it names none)."""
-    _, mark, rest = path.partition(SCALE_MARK)
-    if not mark:
-        return 0
-    if not rest.isdigit():
-        raise ValueError(f"{path}: the scale after {SCALE_MARK} must be a whole number")
-    return int(rest)
-
-
-def kvstore_spec(location: str, ctx: StoreContext) -> dict[str, Any]:
+def kvstore_spec(location: Location, ctx: StoreContext) -> dict[str, Any]:
     """TensorStore's kvstore JSON for a local path or URL, with the context's options for its
     bucket mapped to TensorStore's: endpoint_url (or AWS_ENDPOINT_URL) -> endpoint, region
     -> aws_region, anon -> anonymous credentials, profile; keys come from the environment."""
-    s = scheme(location)
-    if s is None:
-        return {"driver": "file", "path": str(Path(location).resolve()) + "/"}
-    bucket, _, key = location.split("://", 1)[1].partition("/")
-    prefix = key.strip("/") + "/" if key.strip("/") else ""
-    if s in ("http", "https"):
-        return {"driver": "http", "base_url": location.rstrip("/") + "/"}
-    if s == "gs":
+    location = location.bare()
+    if location.is_local:
+        return {"driver": "file", "path": str(Path(location.url).resolve()) + "/"}
+    bucket, key = location.bucket, location.key
+    prefix = key + "/" if key else ""
+    if location.is_http:
+        return {"driver": "http", "base_url": location.url.rstrip("/") + "/"}
+    if location.scheme == "gs":
         return {"driver": "gcs", "bucket": bucket, "path": prefix}
     return {"driver": "s3", "bucket": bucket, "path": prefix,
             **_s3_options(options_for(location, ctx), location)}
 
 
-def _s3_options(options: Mapping[str, Any], location: str) -> dict[str, Any]:
+def _s3_options(options: Mapping[str, Any], location: Location) -> dict[str, Any]:
     client = options.get("client_kwargs") or {}
     if options.get("key") or options.get("secret"):
         raise ValueError(f"{location}: TensorStore takes S3 keys from the environment "
@@ -107,13 +78,12 @@ def _s3_options(options: Mapping[str, Any], location: str) -> dict[str, Any]:
     return out
 
 
-def ts_spec(path: str, ctx: StoreContext) -> dict[str, Any]:
+def ts_spec(path: Location, ctx: StoreContext) -> dict[str, Any]:
     """The TensorStore spec JSON that opens the volume at `path` (an existing one)."""
-    driver = driver_of(path)
-    kv = kvstore_spec(storage_path(path), ctx)
-    if driver == "n5":
+    kv = kvstore_spec(path, ctx)
+    if path.driver == "n5":
         return {"driver": "n5", "kvstore": kv}
-    return {"driver": "neuroglancer_precomputed", "kvstore": kv, "scale_index": scale_index(path)}
+    return {"driver": "neuroglancer_precomputed", "kvstore": kv, "scale_index": path.scale}
 
 
 def ts_context() -> Any:
@@ -131,14 +101,13 @@ def error_sentence(e: BaseException) -> str:
     return " ".join(str(e).split(" [tensorstore_spec")[0].split())
 
 
-def read_info(path: str, what: str, *, ctx: StoreContext) -> dict[str, Any] | None:
+def read_info(path: Location, what: str, *, ctx: StoreContext) -> dict[str, Any] | None:
     """A precomputed volume's `info` as JSON, None when it has none; ValueError when it cannot
     be read or is not JSON."""
     import tensorstore as ts
 
-    location = storage_path(path)
     try:
-        store = ts.KvStore.open(kvstore_spec(location, ctx), context=ts_context()).result()
+        store = ts.KvStore.open(kvstore_spec(path, ctx), context=ts_context()).result()
         raw = store.read("info").result()
     except ValueError as e:  # an unreachable or refusing store: TensorStore's sentence
         raise ValueError(f"{what} {path} could not be read ({error_sentence(e)})") from e
@@ -153,9 +122,9 @@ def read_info(path: str, what: str, *, ctx: StoreContext) -> dict[str, Any] | No
     return info
 
 
-def scale_of(info: dict[str, Any], path: str, what: str) -> dict[str, Any]:
+def scale_of(info: dict[str, Any], path: Location, what: str) -> dict[str, Any]:
     """The scale entry `path` names, or ValueError naming the scales there are."""
-    k, scales = scale_index(path), info["scales"]
+    k, scales = path.scale, info["scales"]
     if k >= len(scales):
         raise ValueError(f"{what} {path} has no scale {k}: it has {len(scales)} "
                          f"(0..{len(scales) - 1})")
@@ -167,7 +136,7 @@ class TsArray:
     indexed by slices and written whole boxes at a time. `reverse`: the store's axes are
     (x, y, z, c) (precomputed) and are shown reversed."""
 
-    def __init__(self, handle: Any, path: str, reverse: bool, ctx: StoreContext,
+    def __init__(self, handle: Any, path: Location, reverse: bool, ctx: StoreContext,
                  info: dict[str, Any] | None = None) -> None:
         origin = [0] * handle.rank
         self.handle = handle.translate_to[origin]  # the voxel offset becomes 0
@@ -178,7 +147,7 @@ class TsArray:
         self.chunks = chunks[::-1] if reverse else chunks
         self.dtype = np.dtype(self.handle.dtype.numpy_dtype)
         self.fill_value = 0
-        self.attrs = ProvenanceFile(join(storage_path(path), PROVENANCE_FILE), ctx)
+        self.attrs = ProvenanceFile(path.join(PROVENANCE_FILE), ctx)
 
     @property
     def scale(self) -> dict[str, Any]:
@@ -208,7 +177,7 @@ class TsArray:
 class ProvenanceFile:
     """`znni.json` beside a precomputed output's `info`: the `attrs` a Zarr array has."""
 
-    def __init__(self, path: str, ctx: StoreContext) -> None:
+    def __init__(self, path: Location, ctx: StoreContext) -> None:
         self.path, self.ctx = path, ctx
 
     def asdict(self) -> dict[str, Any]:
@@ -224,19 +193,20 @@ class ProvenanceFile:
 
     def update(self, values: Mapping[str, Any]) -> None:
         body = json.dumps({**self.asdict(), **values}).encode()
-        if is_url(self.path):
+        if self.path.is_remote:
             write_bytes(self.path, body, ctx=self.ctx)
         else:
-            Path(self.path).write_bytes(body)
+            Path(self.path.url).write_bytes(body)
 
 
-def open_volume(path: str, what: str, *, ctx: StoreContext, write: bool = False) -> TsArray:
+def open_volume(path: Location, what: str, *, ctx: StoreContext,
+                write: bool = False) -> TsArray:
     """Open an existing precomputed or N5 volume, or raise ValueError saying why not (no
     `info`, no such scale, an unreadable location)."""
     import tensorstore as ts
 
     info = None
-    if driver_of(path) == "precomputed":
+    if path.driver == "precomputed":
         info = read_info(path, what, ctx=ctx)
         if info is None:
             raise ValueError(f"{what} {path} has no info file (not a neuroglancer precomputed "
@@ -246,24 +216,24 @@ def open_volume(path: str, what: str, *, ctx: StoreContext, write: bool = False)
         handle = ts.open(ts_spec(path, ctx), read=True, write=write, context=ts_context()).result()
     except ValueError as e:
         raise ValueError(f"{what} {path} could not be opened ({error_sentence(e)})") from e
-    return TsArray(handle, path, driver_of(path) == "precomputed", ctx, info)
+    return TsArray(handle, path, path.driver == "precomputed", ctx, info)
 
 
-def existing_chunks(path: str, shape: tuple[int, ...], dtype: str, *, ctx: StoreContext,
+def existing_chunks(path: Location, shape: tuple[int, ...], dtype: str, *, ctx: StoreContext,
                     volume_type: str = "image") -> Triple | None:
     """(z, y, x) chunks of an existing precomputed output that fits a (c, z, y, x) `shape`
     of `dtype`, None when there is none yet; ValueError when its `info` conflicts."""
     from znni.engine.io.stores import holds_anything
 
-    if driver_of(path) != "precomputed":
+    if path.driver != "precomputed":
         raise ValueError(f"output {path} is an N5 dataset; znni reads N5 and writes Zarr or "
                          "precomputed:// volumes")
-    if SCALE_MARK in path:
+    if path.level is not None:
         raise ValueError(f"output {path} names a scale; znni writes scale 0 of a precomputed "
                          "output, so leave out the #mip")
     info = read_info(path, "output", ctx=ctx)
     if info is None:
-        if holds_anything(storage_path(path), ctx=ctx):
+        if holds_anything(path.bare(), ctx=ctx):
             raise ValueError(f"output {path} holds files but no info (not a precomputed "
                              "volume); remove them or choose another output path")
         return None
@@ -281,7 +251,7 @@ def existing_chunks(path: str, shape: tuple[int, ...], dtype: str, *, ctx: Store
     return (z, y, x)
 
 
-def create_output(path: str, shape: tuple[int, ...], dtype: str, chunks: Triple,
+def create_output(path: Location, shape: tuple[int, ...], dtype: str, chunks: Triple,
                   resolution: Xyz, offset: tuple[int, int, int], *, ctx: StoreContext,
                   volume_type: str = "image") -> TsArray:
     """A new precomputed volume of one scale for a (c, z, y, x) `shape`: `info` written with
@@ -297,7 +267,7 @@ def create_output(path: str, shape: tuple[int, ...], dtype: str, chunks: Triple,
                          f"{shape[0]} of {dtype}")
     cz, cy, cx = chunks
     spec = {
-        "driver": "neuroglancer_precomputed", "kvstore": kvstore_spec(storage_path(path), ctx),
+        "driver": "neuroglancer_precomputed", "kvstore": kvstore_spec(path, ctx),
         "multiscale_metadata": {"type": volume_type, "data_type": dtype,
                                 "num_channels": int(shape[0])},
         "scale_metadata": {"size": [int(n) for n in shape[:0:-1]],  # (c, z, y, x) -> [x, y, z]
@@ -335,7 +305,7 @@ def output_geometry(array: Any, ome: Any) -> tuple[Xyz, tuple[int, int, int]]:
     return (nm[2], nm[1], nm[0]), (ox, oy, oz)
 
 
-def check_geometry(path: str, resolution: Xyz, offset: tuple[int, int, int], *,
+def check_geometry(path: Location, resolution: Xyz, offset: tuple[int, int, int], *,
                    ctx: StoreContext) -> None:
     """An existing precomputed output must carry the input's resolution and voxel offset."""
     info = read_info(path, "output", ctx=ctx)
@@ -350,7 +320,7 @@ def check_geometry(path: str, resolution: Xyz, offset: tuple[int, int, int], *,
                          "it or choose another output path")
 
 
-def open_or_create(path: str, shape: tuple[int, ...], dtype: str, chunks: Triple,
+def open_or_create(path: Location, shape: tuple[int, ...], dtype: str, chunks: Triple,
                    geometry: tuple[Xyz, tuple[int, int, int]], *, ctx: StoreContext,
                    volume_type: str = "image") -> TsArray:
     """A precomputed output for writing: the existing one (checked), else a new one with

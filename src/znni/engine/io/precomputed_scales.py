@@ -25,10 +25,9 @@ from znni.engine.io.precomputed import (
     open_volume,
     read_info,
     ts_context,
-    with_scale,
 )
 from znni.engine.io.pyramid import Factors, cumulative, level_shapes, level_steps
-from znni.engine.io.stores import storage_path
+from znni.engine.location import Location
 
 Geometry = tuple[Xyz, tuple[int, int, int]]  # (resolution nm, voxel offset), both (x, y, z)
 
@@ -49,7 +48,7 @@ def scales_metadata(shape: Triple, chunks: Triple, geometry: Geometry,
     return out
 
 
-def pyramid_steps(path: str, shape: Triple, geometry: Geometry, levels: int | None,
+def pyramid_steps(path: Location, shape: Triple, geometry: Geometry, levels: int | None,
                   check: bool, *, ctx: StoreContext) -> Factors:
     """The halving steps of a precomputed output's pyramid: `levels` (--pyramid) of them,
     else an existing output's own depth, else none. With `check`, an existing output must
@@ -82,14 +81,14 @@ def pyramid_steps(path: str, shape: Triple, geometry: Geometry, levels: int | No
     return steps
 
 
-def _nothing_done(path: str, ctx: StoreContext) -> bool:
+def _nothing_done(path: Location, ctx: StoreContext) -> bool:
     """Whether the output's ledger lists no finished block (or there is no ledger)."""
     from znni.engine.io.ledger import read_ledger
 
     return not read_ledger(path, ctx=ctx)[1]
 
 
-def open_scales(path: str, shape: tuple[int, ...], dtype: str, chunks: Triple,
+def open_scales(path: Location, shape: tuple[int, ...], dtype: str, chunks: Triple,
                 geometry: Geometry, steps: Factors, *, ctx: StoreContext,
                 volume_type: str = "image") -> list[TsArray]:
     """Scales 1..K of the precomputed output at `path` (scale 0 already there, a (c, z, y, x)
@@ -101,12 +100,12 @@ def open_scales(path: str, shape: tuple[int, ...], dtype: str, chunks: Triple,
     spatial: Triple = (int(shape[1]), int(shape[2]), int(shape[3]))
     out: list[TsArray] = []
     for k, meta in enumerate(scales_metadata(spatial, chunks, geometry, steps), start=1):
-        scale_path = with_scale(path, k)
+        scale_path = path.with_level(k)
         if k <= have:
             out.append(open_volume(scale_path, "output", ctx=ctx, write=True))
             continue
         spec = {"driver": "neuroglancer_precomputed",
-                "kvstore": kvstore_spec(storage_path(path), ctx),
+                "kvstore": kvstore_spec(path, ctx),
                 "multiscale_metadata": {"type": volume_type, "data_type": dtype,
                                         "num_channels": int(shape[0])},
                 "scale_metadata": meta, "create": True, "open": True}

@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import errno
 import os
-import posixpath
 import time
 from collections.abc import Callable
 from typing import TypeVar
+
+from znni.engine.location import Location
 
 RETRIES_ENV = "ZNNI_STORE_RETRIES"
 DEFAULT_TRIES = 5
 # gcsfs retries each request itself (6 tries, 1-16 s apart: about 31 s); znni's 5 tries
 # around that made a dead GCS endpoint take 2.5 min to fail, so gs:// gets one by default
-SELF_RETRYING_SCHEMES = ("gs://", "gcs://")
+SELF_RETRYING_SCHEMES = ("gs",)  # gcs:// parses as gs
 BACKOFF_S, MAX_BACKOFF_S = 0.5, 8.0
 TRANSIENT_NAMES = frozenset({
     "ConnectionError", "EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError",
@@ -71,9 +72,9 @@ def is_transient(e: BaseException) -> bool:
     return status is not None and (status >= 500 or status in TRANSIENT_STATUS)
 
 
-def tries(url: str = "") -> int:
-    """ZNNI_STORE_RETRIES, else the default for `url`'s scheme."""
-    default = 1 if url.startswith(SELF_RETRYING_SCHEMES) else DEFAULT_TRIES
+def tries(loc: Location | None = None) -> int:
+    """ZNNI_STORE_RETRIES, else the default for the location's scheme."""
+    default = 1 if loc is not None and loc.scheme in SELF_RETRYING_SCHEMES else DEFAULT_TRIES
     try:
         return max(1, int(os.environ.get(RETRIES_ENV, default)))
     except ValueError:
@@ -84,14 +85,14 @@ def delay(attempt: int) -> float:
     return min(MAX_BACKOFF_S, BACKOFF_S * 2**attempt)
 
 
-def gave_up(url: str, n: int, e: BaseException) -> StoreError:
-    return StoreError(f"the store at {url} did not answer after {n} "
+def gave_up(where: Location, n: int, e: BaseException) -> StoreError:
+    return StoreError(f"the store at {where} did not answer after {n} "
                       f"{'try' if n == 1 else 'tries'} ({type(e).__name__}: {e})")
 
 
-def retrying(fn: Callable[[], T], url: str) -> T:
-    """fn(), retried with backoff while it fails transiently; then StoreError naming `url`."""
-    n = tries(url)
+def retrying(fn: Callable[[], T], where: Location) -> T:
+    """fn(), retried with backoff while it fails transiently; then StoreError naming `where`."""
+    n = tries(where)
     for attempt in range(n):
         try:
             return fn()
@@ -99,11 +100,7 @@ def retrying(fn: Callable[[], T], url: str) -> T:
             if not is_transient(e):
                 raise
             if attempt == n - 1:
-                raise gave_up(url, n, e) from e
+                raise gave_up(where, n, e) from e
             time.sleep(delay(attempt))
     raise AssertionError("unreachable")
 
-
-def key_url(url: str, key: str) -> str:
-    """The URL of `key` under the store at `url`."""
-    return posixpath.join(url.rstrip("/"), key) if key else url

@@ -12,23 +12,28 @@ from zarr.storage import WrapperStore
 
 from znni.engine.context import Memo
 from znni.engine.io.memo import forget, wrote
-from znni.engine.io.retry import METADATA_NAMES, delay, gave_up, is_transient, key_url, tries
+from znni.engine.io.retry import METADATA_NAMES, delay, gave_up, is_transient, tries
+from znni.engine.location import Location
 
 
 class RetryingStore(WrapperStore):  # type: ignore[type-arg]
     """Every get, set and delete of the wrapped store, retried; a write forgets what
     the setup's memo (`io/memo.py`) remembered about its key."""
 
-    def __init__(self, store: Any, url: str, memo: Memo | None = None) -> None:
+    def __init__(self, store: Any, location: Location, memo: Memo | None = None) -> None:
         super().__init__(store)
-        self.url = url
+        self.location = location
         self.memo = memo
 
     def _with_store(self, store: Any) -> Any:
-        return type(self)(store, self.url, self.memo)
+        return type(self)(store, self.location, self.memo)
+
+    def _at(self, key: str) -> Location:
+        """Where `key` of this store lives (for messages and the memo)."""
+        return self.location.join(key) if key else self.location
 
     async def _retry(self, key: str, make: Callable[[], Any]) -> Any:
-        n = tries(self.url)
+        n = tries(self.location)
         for attempt in range(n):
             try:
                 return await make()
@@ -36,7 +41,7 @@ class RetryingStore(WrapperStore):  # type: ignore[type-arg]
                 if not is_transient(e):
                     raise
                 if attempt == n - 1:
-                    raise gave_up(key_url(self.url, key), n, e) from e
+                    raise gave_up(self._at(key), n, e) from e
                 await asyncio.sleep(delay(attempt))
         raise AssertionError("unreachable")
 
@@ -57,12 +62,12 @@ class RetryingStore(WrapperStore):  # type: ignore[type-arg]
         try:
             await self._retry(key, make)
         finally:
-            forget(self.memo, key_url(self.url, key))
+            forget(self.memo, self._at(key))
 
     async def set(self, key: str, value: Any) -> None:
         await self._write(key, lambda: self._store.set(key, value))
         if key.endswith(METADATA_NAMES):  # metadata is read again (chunks are not)
-            wrote(self.memo, key_url(self.url, key), value.to_bytes())
+            wrote(self.memo, self._at(key), value.to_bytes())
 
     async def set_if_not_exists(self, key: str, value: Any) -> None:
         await self._write(key, lambda: self._store.set_if_not_exists(key, value))

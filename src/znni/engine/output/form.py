@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from znni.engine.context import StoreContext
 from znni.engine.geometry import Box, Triple
 from znni.engine.io.mask import MaskSpec, check_mask, outside_boxes
+from znni.engine.location import Location
 from znni.engine.output.labels import LabelSpec, check_labels, stored_channels, stored_dtype
 from znni.planner.blocks import Edges, edges_blocks
 
@@ -50,7 +51,7 @@ def output_form(job: SegmentJob, volume_shape: Triple) -> OutputForm:
                      job.network.out_channels, volume_shape, ctx=job.store)
 
 
-def make_form(labels: str | None, dtype: str, mask_path: str | None, skip_empty: float | None,
+def make_form(labels: str | None, dtype: str, mask_path: Location | None, skip_empty: float | None,
               channels: int, volume_shape: Triple, *, ctx: StoreContext) -> OutputForm:
     """`output_form` from the options themselves (`znni plan` has no job)."""
     spec = check_labels(labels, dtype, channels)
@@ -70,7 +71,7 @@ EMPTY_NOT_COUNTED = ("blocks whose input is all {value:g} are found only once re
                      "predicted time counts them computed")
 
 
-def plan_fields(labels: str | None, dtype: str, mask: str | None, skip_empty: float | None,
+def plan_fields(labels: str | None, dtype: str, mask: Location | None, skip_empty: float | None,
                 channels: int, skipped_blocks: int | None) -> dict[str, Any]:
     """What these options change in a plan (`znni plan --input`, `POST /v1/plan`): the
     stored channels and dtype, the blocks wholly outside the mask (`skipped_blocks`, from
@@ -78,8 +79,9 @@ def plan_fields(labels: str | None, dtype: str, mask: str | None, skip_empty: fl
     empty-block value, which the plan shows but cannot count; {} without any option."""
     if labels is None and mask is None and skip_empty is None:
         return {}
+    shown = None if mask is None else str(mask)
     fields = {"labels": labels, "output_channels": stored_channels(labels, channels),
-              "output_dtype": stored_dtype(labels, dtype, channels), "mask": mask,
+              "output_dtype": stored_dtype(labels, dtype, channels), "mask": shown,
               "skip_empty": skip_empty, "blocks_outside_mask": skipped_blocks}
     if skip_empty is not None:
         fields["empty_blocks"] = EMPTY_NOT_COUNTED.format(value=skip_empty)

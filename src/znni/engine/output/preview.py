@@ -19,8 +19,9 @@ import numpy as np
 from znni.engine.context import StoreContext
 from znni.engine.io.arrays import open_array
 from znni.engine.io.ome import group_attrs, is_group, ome_level
-from znni.engine.io.stores import basename, driver_of, exists, is_url
-from znni.engine.io.volume import open_zarr_array
+from znni.engine.io.stores import exists
+from znni.engine.io.zarr_arrays import open_zarr_array
+from znni.engine.location import Location
 from znni.engine.output.provenance import read_provenance
 
 AXES = ("z", "y", "x")
@@ -40,7 +41,7 @@ class Slice:
     provenance: dict[str, Any]
 
 
-def read_slice(output_path: str, axis: str = "z", index: int | None = None, *,
+def read_slice(output_path: Location, axis: str = "z", index: int | None = None, *,
                ctx: StoreContext) -> Slice:
     """The input and output values of one slice; ValueError with one sentence when the
     output, its provenance, its input or the slice is not there."""
@@ -48,18 +49,20 @@ def read_slice(output_path: str, axis: str = "z", index: int | None = None, *,
         raise ValueError(f"slice axis {axis!r} is not one of z, y, x")
     if not exists(output_path, ctx=ctx):
         raise ValueError(f"output {output_path} does not exist")
-    if driver_of(output_path) is None and is_group(output_path, ctx=ctx):
+    if not output_path.is_tensorstore and is_group(output_path, ctx=ctx):
         attrs = group_attrs(output_path, ctx=ctx)
-        out = open_zarr_array(ome_level(output_path, 0, ctx=ctx).array_path, "output", ctx=ctx)
+        level0 = ome_level(output_path, 0, ctx=ctx).array_location
+        out = open_zarr_array(level0, "output", ctx=ctx)
     else:
         out = open_array(output_path, "output", ctx=ctx)
         attrs = out.attrs.asdict()
     prov = read_provenance(attrs, output_path)
-    if not exists(prov["input_array"], ctx=ctx):
+    source = Location.parse(prov["input_array"], "input")  # as the provenance recorded it
+    if not exists(source, ctx=ctx):
         raise ValueError(
-            f"input {prov['input_array']} named by the provenance of {output_path} does not exist"
+            f"input {source} named by the provenance of {output_path} does not exist"
         )
-    inp = open_array(prov["input_array"], "input", ctx=ctx)
+    inp = open_array(source, "input", ctx=ctx)
     spatial = tuple(int(s) for s in out.shape[1:])
     a = AXES.index(axis)
     extent = spatial[a]
@@ -80,7 +83,7 @@ def read_slice(output_path: str, axis: str = "z", index: int | None = None, *,
     return Slice(axis, index, extent, image, values, np.dtype(out.dtype), prov)
 
 
-def render_preview(output_path: str, png_path: str, axis: str = "z",
+def render_preview(output_path: Location, png_path: str, axis: str = "z",
                    index: int | None = None, *, ctx: StoreContext) -> str:
     """Write the PNG of one slice (default: the middle z) to `png_path`; returns the path."""
     png = preview_png(output_path, axis, index, ctx=ctx)
@@ -89,7 +92,7 @@ def render_preview(output_path: str, png_path: str, axis: str = "z",
     return png_path
 
 
-def preview_png(output_path: str, axis: str = "z", index: int | None = None, *,
+def preview_png(output_path: Location, axis: str = "z", index: int | None = None, *,
                 ctx: StoreContext) -> bytes:
     """The PNG bytes of one slice, the output drawn over the input (blocks not yet done
     read as the output's fill value, zero)."""
@@ -120,10 +123,11 @@ def preview_png(output_path: str, axis: str = "z", index: int | None = None, *,
     return buf.getvalue()
 
 
-def default_png(output_path: str, axis: str, index: int) -> str:
+def default_png(output_path: Location, axis: str, index: int) -> str:
     """`OUT` without its .zarr suffix, plus the slice: e.g. out/boundaries-z32.png (for a URL
     output, in the current directory)."""
-    p = Path(basename(output_path)) if is_url(output_path) else Path(output_path.rstrip("/"))
+    where = output_path.bare()
+    p = Path(where.name) if where.is_remote else Path(where.url.rstrip("/"))
     stem = p.name.removesuffix(".zarr").removesuffix(".ome")
     return str(p.with_name(f"{stem}-{axis}{index}.png"))
 
@@ -153,7 +157,7 @@ def _aspect(s: Slice, rows: str, cols: str) -> float:
     return float(r / c) if r and c else 1.0
 
 
-def _title(output_path: str, s: Slice, rows: str, cols: str) -> str:
+def _title(output_path: Location, s: Slice, rows: str, cols: str) -> str:
     shape = s.output.shape[1:]
     where = f"{s.axis} = {s.index} of 0..{s.extent - 1}"
     size, units = s.provenance.get("voxel_size"), s.provenance.get("units")
@@ -162,5 +166,5 @@ def _title(output_path: str, s: Slice, rows: str, cols: str) -> str:
         shift = s.provenance.get("translation") or [0.0, 0.0, 0.0]
         where += f" at {shift[a] + s.index * size[a]:g} {units[a]}"
     net = s.provenance.get("network", {}).get("name", "?")
-    return (f"{Path(output_path).name} ({net}): {where}; {rows} 0..{shape[0] - 1}, "
+    return (f"{output_path.bare().name} ({net}): {where}; {rows} 0..{shape[0] - 1}, "
             f"{cols} 0..{shape[1] - 1}")

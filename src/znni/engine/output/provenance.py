@@ -11,11 +11,11 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from znni.engine.geometry import Box
-from znni.engine.io.stores import resolved
+from znni.engine.location import Location
 from znni.engine.output.labels import stored_dtype
 
 if TYPE_CHECKING:
-    from znni.engine.io.volume import InputVolume
+    from znni.engine.io.formats import InputVolume
     from znni.engine.job import SegmentJob
 
 ATTR = "znni"
@@ -42,13 +42,14 @@ def provenance(
         "tta": job.tta,  # test-time flips (engine/compute/tta.py), as the CLI/API canonicalise
         "roi": None if whole else [[a, b] for a, b in zip(region.lo, region.hi, strict=True)],
         "plan": plan,
-        "input": resolved(job.input_path),
-        "input_array": resolved(volume.ome.array_path if volume.ome else job.input_path),
+        "input": str(job.input_path.resolved()),
+        "input_array": str((volume.ome.array_location if volume.ome else job.input_path)
+                           .resolved()),
         "input_shape": [int(s) for s in volume.array.shape],
         "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         # docs/design.md "Labels, masks and empty blocks": what was stored and skipped
         "labels": job.labels,
-        "mask": None if job.mask_path is None else resolved(job.mask_path),
+        "mask": None if job.mask_path is None else str(job.mask_path.resolved()),
         "skip_empty": job.skip_empty,
     }
     if mode == "windowed":
@@ -69,7 +70,7 @@ def provenance(
     return record
 
 
-def read_provenance(attrs: dict[str, Any], path: str) -> dict[str, Any]:
+def read_provenance(attrs: dict[str, Any], path: Location) -> dict[str, Any]:
     """The provenance in an output's attributes, or ValueError when it has none."""
     record = attrs.get(ATTR)
     if not isinstance(record, dict) or not isinstance(record.get("input_array"), str):
@@ -95,8 +96,8 @@ def note_bad_chunks(ledger: Any, target: Any, volume: InputVolume,
     the run went), listed in the output's provenance at the end of a finished run."""
     every: list[str] = ledger.bad_chunks()
     if every:
-        array = volume.ome.array_path if volume.ome else job.input_path
-        record_bad_chunks(_attrs(target, job), resolved(array), every)
+        array = volume.ome.array_location if volume.ome else job.input_path
+        record_bad_chunks(_attrs(target, job), str(array.resolved()), every)
     return every
 
 

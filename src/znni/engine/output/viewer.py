@@ -22,8 +22,9 @@ from urllib.parse import quote
 from znni.engine.context import StoreContext
 from znni.engine.io.ome import find_ome, group_attrs, is_group
 from znni.engine.io.precomputed import UNIT_NM, read_info, scale_of
-from znni.engine.io.stores import driver_of, is_url, join, read_bytes, scheme, storage_path
-from znni.engine.io.volume import open_zarr_array
+from znni.engine.io.stores import read_bytes
+from znni.engine.io.zarr_arrays import open_zarr_array
+from znni.engine.location import Location
 
 NEUROGLANCER = "https://neuroglancer-demo.appspot.com"
 VIEWABLE = ("s3", "gs", "http", "https")  # the locations neuroglancer reads itself
@@ -44,16 +45,16 @@ class Layer:
         return {"type": self.kind, "source": self.source, "name": self.name}
 
 
-def viewable(path: str) -> bool:
+def viewable(path: Location) -> bool:
     """Whether neuroglancer can read the volume at `path` from where it is."""
-    return scheme(storage_path(path)) in VIEWABLE
+    return path.scheme in VIEWABLE
 
 
-def source_url(path: str, served: str | None = None, zarr: str = "zarr") -> str:
+def source_url(path: Location, served: str | None = None, zarr: str = "zarr") -> str:
     """The neuroglancer source of a volume: its driver, then its URL (`served`: the http URL
     a local volume is served under). `zarr` spells a Zarr source: zarr, zarr2 or zarr3."""
-    location = served or storage_path(path).rstrip("/")
-    return f"{driver_of(path) or zarr}://{location}"
+    location = served or path.bare().url.rstrip("/")
+    return f"{path.driver if path.is_tensorstore else zarr}://{location}"
 
 
 def viewer_state(layers: list[Layer]) -> dict[str, Any]:
@@ -79,7 +80,7 @@ def viewer_url(state: dict[str, Any]) -> str:
     return f"{NEUROGLANCER}/#!{quote(json.dumps(state, separators=(',', ':')), safe='')}"
 
 
-def job_viewer_url(input_path: str, output_path: str, labels: bool = False) -> str | None:
+def job_viewer_url(input_path: Location, output_path: Location, labels: bool = False) -> str | None:
     """The link of a job whose volumes neuroglancer can read (s3://, gs://, https://), from
     the paths alone; None when either is a local path."""
     if not (viewable(input_path) and viewable(output_path)):
@@ -89,9 +90,10 @@ def job_viewer_url(input_path: str, output_path: str, labels: bool = False) -> s
                                     Layer("output", source_url(output_path), kind)]))
 
 
-def describe(path: str, name: str, *, ctx: StoreContext, served: str | None = None) -> Layer:
+def describe(path: Location, name: str, *, ctx: StoreContext,
+             served: str | None = None) -> Layer:
     """A volume as a layer, from its metadata (ValueError where it cannot be read)."""
-    driver = driver_of(path)
+    driver = path.driver
     if driver == "precomputed":
         info = read_info(path, name, ctx=ctx)
         if info is None:
@@ -102,33 +104,34 @@ def describe(path: str, name: str, *, ctx: StoreContext, served: str | None = No
         size = [int(n) for n in scale["size"]]
         offset = [int(o) for o in scale.get("voxel_offset", (0, 0, 0))]
         kind = "segmentation" if info.get("type") == "segmentation" else "image"
-        centre = tuple(o + n / 2 for o, n in zip(offset, size, strict=True))
-        return Layer(name, source_url(path, served), kind, (rx, ry, rz), centre)  # type: ignore[arg-type]
+        centre = (offset[0] + size[0] / 2, offset[1] + size[1] / 2, offset[2] + size[2] / 2)
+        return Layer(name, source_url(path, served), kind, (rx, ry, rz), centre)
     if driver == "n5":
         return Layer(name, source_url(path, served), "image")
     return _describe_zarr(path, name, ctx, served)
 
 
-def _describe_zarr(path: str, name: str, ctx: StoreContext, served: str | None) -> Layer:
+def _describe_zarr(path: Location, name: str, ctx: StoreContext, served: str | None) -> Layer:
     """A Zarr array or OME-Zarr image: zarr3 or zarr2 by its metadata, its voxel size (nm)
     and offset from the OME metadata where there is some."""
-    zarr = "zarr3" if read_bytes(join(path, "zarr.json"), ctx=ctx) is not None else "zarr2"
-    ome = find_ome(path, ctx=ctx) if is_url(path) or Path(path).is_dir() else None
-    array = open_zarr_array(ome.array_path if ome else path, name, ctx=ctx)
+    zarr = "zarr3" if read_bytes(path.join("zarr.json"), ctx=ctx) is not None else "zarr2"
+    ome = find_ome(path, ctx=ctx) if path.is_remote or Path(path.url).is_dir() else None
+    array = open_zarr_array(ome.array_location if ome else path, name, ctx=ctx)
     sz, sy, sx = (int(n) for n in array.shape[-3:])
     if ome is None:
         return Layer(name, source_url(path, served, zarr), "image", None, (sx / 2, sy / 2, sz / 2))
     nm = [s * UNIT_NM.get(u or "", 1.0) for s, u in zip(ome.scale, ome.units, strict=True)]
     at = [t / s if s else 0.0 for t, s in zip(ome.translation, ome.scale, strict=True)]
-    attrs = group_attrs(ome.group_path, ctx=ctx) if is_group(ome.group_path, ctx=ctx) else {}
+    group = ome.group_location
+    attrs = group_attrs(group, ctx=ctx) if is_group(group, ctx=ctx) else {}
     labels = "image-label" in attrs.get("ome", attrs)  # NGFF 0.5 under "ome", 0.4 at the top
-    return Layer(name, source_url(ome.group_path if served is None else path, served, zarr),
+    return Layer(name, source_url(group if served is None else path, served, zarr),
                  "segmentation" if labels else "image", (nm[2], nm[1], nm[0]),
                  (at[2] + sx / 2, at[1] + sy / 2, at[0] + sz / 2))
 
 
-def view_state(output: str, input_path: str | None = None, *, ctx: StoreContext,
-               served: dict[str, str] | None = None) -> dict[str, Any]:
+def view_state(output: Location, input_path: Location | None = None, *, ctx: StoreContext,
+               served: dict[Location, str] | None = None) -> dict[str, Any]:
     """The state showing `input_path` (an image layer) under `output`; `served` maps a
     local path to the http URL it is served under."""
     served = served or {}

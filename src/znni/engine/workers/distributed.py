@@ -20,7 +20,6 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from znni.engine.geometry import Block
-from znni.engine.io.stores import is_url
 from znni.engine.io.volume import open_output_array
 from znni.engine.job import SegmentCancelled
 from znni.engine.workers.base import Worker
@@ -41,7 +40,7 @@ def run_block_task(spec: Spec, block: Block) -> tuple[str, dict[str, float]]:
     if worker is None or worker.spec is not spec:
         _WORKERS.clear()
         url_output = (open_output_array(spec.output_path, ctx=spec.store)
-                      if is_url(spec.output_path) else None)
+                      if spec.output_path.is_remote else None)
         worker = make_worker(spec, output_array=url_output)
         _WORKERS[id(spec)] = worker
     times: dict[str, float] = {}

@@ -24,6 +24,7 @@ from znni.engine.context import StoreContext
 from znni.engine.geometry import Block, Box, Triple
 from znni.engine.io.borders import read_with_border
 from znni.engine.io.volume import encode_output
+from znni.engine.location import Location
 from znni.engine.workers.base import GraphWorker, trace_block
 from znni.model.onnx_model import OnnxModel
 from znni.model.processing import apply_chain
@@ -35,8 +36,8 @@ class ExactGraphSpec:
     """Everything a worker needs to compute any block of an exact graph job (picklable)."""
 
     model: OnnxModel
-    input_path: str
-    output_path: str
+    input_path: Location
+    output_path: Location
     border: str
     dtype: str
     tile: Triple  # input size of one tile

@@ -19,6 +19,7 @@ import numpy as np
 
 from znni.engine.geometry import Block
 from znni.engine.io.mask import OUTSIDE, PARTIAL, Mask, MaskSpec
+from znni.engine.location import Location
 
 
 class Labeller(Protocol):
@@ -41,12 +42,12 @@ class FinishSpec:
     skip_empty: float | None = None  # input value that makes a block empty; None: no check
 
     @property
-    def input_path(self) -> str:
-        return str(self.inner.input_path)
+    def input_path(self) -> Location:
+        return self.inner.input_path  # type: ignore[no-any-return]
 
     @property
-    def output_path(self) -> str:
-        return str(self.inner.output_path)
+    def output_path(self) -> Location:
+        return self.inner.output_path  # type: ignore[no-any-return]
 
     @property
     def store(self) -> Any:

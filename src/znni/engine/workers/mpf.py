@@ -20,6 +20,7 @@ from znni.engine.context import StoreContext
 from znni.engine.geometry import Block, Box, Triple, patch_tiling
 from znni.engine.io.borders import read_with_border
 from znni.engine.io.volume import encode_output
+from znni.engine.location import Location
 from znni.engine.workers.base import VolumeWorker, trace_block
 from znni.model.network import Network
 from znni.planner.jobtime import fft_layer_keys, record_warm
@@ -32,8 +33,8 @@ class BlockSpec:
     """Everything needed to compute any block of a job (sent to each worker once)."""
 
     network: Network
-    input_path: str
-    output_path: str
+    input_path: Location
+    output_path: Location
     border: str
     dtype: str
     patch: Triple  # dense output per patch, a multiple of the pool product per axis

@@ -28,6 +28,7 @@ from znni.engine.compute.windows import (
 from znni.engine.context import StoreContext
 from znni.engine.geometry import Block, Box, Triple
 from znni.engine.io.volume import encode_output
+from znni.engine.location import Location
 from znni.engine.workers.base import GraphWorker, trace_block
 from znni.lru import BytesLRU
 from znni.model.onnx_model import OnnxModel
@@ -47,8 +48,8 @@ class WindowedSpec:
     """Everything a worker needs to compute any block of a windowed job (picklable)."""
 
     model: OnnxModel
-    input_path: str
-    output_path: str
+    input_path: Location
+    output_path: Location
     dtype: str
     grid: WindowGrid
     blend: str
