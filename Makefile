@@ -36,6 +36,7 @@ browser:
 test: $(VENV)/.installed-test browser
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --durations=15 -m "not gpu"
 
 # Every @pytest.mark.gpu test, on the CUDA device; fails (never skips) without one. The gpu

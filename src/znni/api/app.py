@@ -8,6 +8,7 @@ import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio.to_thread
 from fastapi import FastAPI, Request, status
@@ -81,7 +82,10 @@ def create_app(settings: Settings, *, start_workers: bool = True) -> FastAPI:
     app.include_router(router)
     app.include_router(insight.router)
     app.include_router(pages.router)  # the dashboard: GET / and /static/*
-    app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(
+        RequestValidationError,
+        _validation_error,  # type: ignore[arg-type]  # starlette types any handler's exc as Exception
+    )
     _add_health_routes(app)
     app.add_middleware(StatusPollFastPath, state=state)  # innermost: counted, body-limited
     app.add_middleware(_CountResponses, counter=state.requests)
@@ -129,7 +133,8 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     """422 with one readable `detail` sentence (400 when the body is not JSON at all)."""
     errors = exc.errors()
     if any(e.get("type") == "json_invalid" for e in errors):
-        ctx = next((e.get("ctx", {}) for e in errors if e.get("type") == "json_invalid"), {})
+        ctx: dict[str, Any] = next(
+            (e.get("ctx", {}) for e in errors if e.get("type") == "json_invalid"), {})
         detail = f"request body is not valid JSON ({ctx.get('error', 'parse error')})"
         return JSONResponse({"detail": detail}, status_code=status.HTTP_400_BAD_REQUEST)
     parts = []

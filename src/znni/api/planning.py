@@ -145,6 +145,7 @@ def exact_plan(
     """The planner's plan (planner.Plan) for a sequential network, as a job would make it
     (within `pass_bytes` where given, else the pass budget of `memory_limit_bytes`)."""
     from znni.engine.compute.layout import pass_budget_bytes
+    from znni.planner.plan import as_device
     from znni.planner.search import make_plan
 
     other = machine.memory_bytes if settings.machine is not None else None
@@ -152,7 +153,7 @@ def exact_plan(
         pass_bytes = pass_budget_bytes(memory_limit_bytes, other)
     try:
         result = make_plan(
-            network, machine=machine, device=device, memory_limit_bytes=pass_bytes,
+            network, machine=machine, device=as_device(device), memory_limit_bytes=pass_bytes,
             max_output=region,
         )
     except ImportError as e:  # e.g. a GPU profile asked for without CuPy installed
@@ -181,8 +182,10 @@ def job_plan(
 
     # this machine: as a job plans (execution.plan_job, its plans cached)
     channels, out_dtype = job.stored(network.out_channels)
-    return plan_with_layout(network, device, chunks, box, budget, job.in_bytes, out_dtype,
-                            plan_for=None if settings.machine is None else other_machine,
+    from znni.planner.plan import as_device
+
+    return plan_with_layout(network, as_device(device), chunks, box, budget, job.in_bytes,
+                            out_dtype, plan_for=None if settings.machine is None else other_machine,
                             known_machine=settings.machine is None, flips=job.flips,
                             skip=None if job.form is None else job.form.outside,
                             out_channels=channels)

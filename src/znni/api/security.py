@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hmac
 import json
-from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -81,7 +80,7 @@ class BodyLimitMiddleware:
         await send({"type": "http.response.body", "body": payload})
 
 
-def _content_length(scope: dict[str, Any]) -> int | None:
+def _content_length(scope: Scope) -> int | None:
     for name, value in scope.get("headers", []):
         if name == b"content-length":
             try:

@@ -12,6 +12,7 @@ import sqlite3
 import threading
 from collections import OrderedDict
 from pathlib import Path
+from typing import Any
 
 from znni.api.schemas import JobRead, Progress
 from znni.engine.location import TENSORSTORE_DRIVERS as DRIVERS
@@ -40,7 +41,8 @@ def eta_seconds(record: JobRecord, predicted: float | None) -> float | None:
                 if rate and rate > 0 else None)
     planned = None if predicted is None else max(0.0, predicted - (record.elapsed_s or 0.0))
     if measured is None or planned is None:
-        return None if measured is None and planned is None else max(0.0, measured or planned)
+        known = measured if measured is not None else planned
+        return None if known is None else max(0.0, known)
     done = record.voxels_done / max(record.voxels_total, 1)
     return max(0.0, (1.0 - done) * planned + done * measured)
 
@@ -52,7 +54,7 @@ def job_read(record: JobRecord, data_root: Path) -> JobRead:
     eta = eta_seconds(record, predicted)
     return JobRead(
         id=record.id,
-        status=record.status,  # type: ignore[arg-type]
+        status=record.status,  # type: ignore[arg-type]  # a str: pydantic checks it is a JobStatus
         network=record.network,
         input=_relative(record.input_path, data_root),
         output=_relative(record.output_path, data_root),
@@ -101,7 +103,7 @@ class JobJsonCache:
     def __init__(self, data_root: Path, entries: int = JSON_CACHE_ENTRIES) -> None:
         self.data_root = data_root
         self.entries = entries
-        self._bodies: OrderedDict[int, tuple[tuple, bytes]] = OrderedDict()
+        self._bodies: OrderedDict[int, tuple[tuple[Any, ...], bytes]] = OrderedDict()  # row, body
         self._lock = threading.Lock()
 
     def body(self, row: sqlite3.Row) -> bytes:

@@ -15,7 +15,7 @@ def benchmarks_dir() -> Path:
     return Path(znni.__file__).resolve().parents[2] / "benchmarks"
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("bench", help="run a benchmark from benchmarks/ (layers, networks, ...)")
     p.add_argument("name", help="benchmark name: the file benchmarks/NAME.py")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark")

@@ -22,7 +22,7 @@ from typing import Any
 DEFAULT_TOLERANCE = (1e-3, 1e-3, 100.0)  # ContinuousReproducibilityTolerance's defaults
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("check", help="run a bioimage.io package's test input and compare "
                        "with its test output")
     p.add_argument("package", help="bioimage.io package: a .zip, a folder or its rdf.yaml")
@@ -68,6 +68,7 @@ def run_sample(model: Any, sample: Any) -> Any:
     import zarr
 
     from znni.engine.job import SegmentJob
+    from znni.engine.location import Location
     from znni.engine.segment import segment
 
     shape = tuple(int(n) for n in sample.shape[1:])
@@ -76,7 +77,8 @@ def run_sample(model: Any, sample: Any) -> Any:
         arr = zarr.create_array(inp, shape=sample.shape, chunks=sample.shape, dtype="float32",
                                 zarr_format=3)
         arr[...] = np.asarray(sample, np.float32)
-        job = SegmentJob(model, inp, out, window=window_for(model, shape), device="cpu",
+        job = SegmentJob(model, Location.parse(inp, "input"), Location.parse(out, "output"),
+                         window=window_for(model, shape), device="cpu",
                          chunks=(shape[0], shape[1], shape[2]))
         segment(job)
         return zarr.open_array(out)[...]

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("demo", help="segment a built-in synthetic EM volume")
     p.add_argument("--dir", default="znni-demo", help="where to write (default: ./znni-demo)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
@@ -21,6 +22,7 @@ def run(args: argparse.Namespace) -> int:
     from znni.cli.demo_data import synthetic_em, write_demo_network
     from znni.cli.segment import plan_summary
     from znni.engine.job import SegmentJob
+    from znni.engine.location import Location
     from znni.engine.segment import segment
     from znni.model.network import load_network
 
@@ -29,7 +31,8 @@ def run(args: argparse.Namespace) -> int:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ValueError(f"cannot write the demo into {root}: {e.strerror}") from None
-    say = (lambda *_: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))
+    say: Callable[[str], None] = ((lambda _: None) if args.quiet
+                                 else (lambda msg: print(msg, file=sys.stderr)))
     image, membranes = synthetic_em()
     em_path = root / "em.zarr" / "raw"
     zarr.create_array(str(em_path), data=image, chunks=(32, 96, 96), overwrite=True)
@@ -37,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
     say(f"synthetic EM volume {image.shape} uint8 -> {em_path}")
     network = load_network(spec_path)
     out_path = root / "boundaries.zarr"
-    job = SegmentJob(network, str(em_path), str(out_path), overwrite=True)
+    job = SegmentJob(network, Location.parse(em_path, "input"), Location.parse(out_path, "output"),
+                     overwrite=True)
     report = segment(job, quiet=args.quiet)
     boundary = np.asarray(zarr.open_array(str(out_path), mode="r")[0])
     pred = boundary > 0.5
@@ -58,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from znni.engine.output.preview import default_png, render_preview
 
     middle = boundary.shape[0] // 2
-    png = render_preview(str(out_path), default_png(str(out_path), "z", middle), "z", middle,
+    png = render_preview(job.output_path, default_png(job.output_path, "z", middle), "z", middle,
                          ctx=job.store)
     print(f"preview: {png} (the middle z slice, boundary probability over the EM)")
     return 0

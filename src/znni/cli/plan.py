@@ -226,11 +226,13 @@ def sequential_plan(
     from znni.engine.compute.tta import flipped_plan
     from znni.planner.detect import detect_machine
     from znni.planner.machine import MachineProfile
+    from znni.planner.plan import as_device
     from znni.planner.search import make_plan
 
     machine = MachineProfile.load(machine_name) if machine_name else detect_machine()
     budget = pass_budget_bytes(limit, machine.memory_bytes if machine_name else None)
-    plan = make_plan(network, machine=machine, device=device, memory_limit_bytes=budget,
+    plan = make_plan(network, machine=machine, device=as_device(device),
+                     memory_limit_bytes=budget,
                      max_output=region)
     return flipped_plan(plan, flips, network), machine
 

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported when the server starts, not with the CLI
+    from znni.jobs.settings import Settings
 
 FLAGS = (
     "host",
@@ -21,7 +25,7 @@ FLAGS = (
 )
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "serve",
         help="run the HTTP job server",
@@ -48,7 +52,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def settings_from_args(args: argparse.Namespace) -> object:
+def settings_from_args(args: argparse.Namespace) -> Settings:
     from pydantic import ValidationError
 
     from znni.jobs.settings import Settings
@@ -68,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from znni.api.app import create_app
 
     settings = settings_from_args(args)
-    app = create_app(settings)  # type: ignore[arg-type]
+    app = create_app(settings)
     s = app.state.znni.settings
     uvicorn.run(
         app,

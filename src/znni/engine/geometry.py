@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from znni.planner.blocks import Edges, check_edges, grid_cuts
-from znni.triple import Triple, as_triple  # Triple: engine code imports it from here
+from znni.triple import Triple as Triple  # re-exported: engine code imports it from here
+from znni.triple import as_triple
 
 
 @dataclass(frozen=True, order=True)
@@ -39,9 +40,8 @@ class Box:
 
     def slices(self, origin: Triple = (0, 0, 0)) -> tuple[slice, slice, slice]:
         """Slices of this box in an array whose index 0 sits at `origin`."""
-        return tuple(  # type: ignore[return-value]
-            slice(lo - o, h - o) for lo, h, o in zip(self.lo, self.hi, origin, strict=True)
-        )
+        z, y, x = (slice(lo - o, h - o) for lo, h, o in zip(self.lo, self.hi, origin, strict=True))
+        return (z, y, x)
 
     def grow(self, lo: Triple, hi: Triple) -> Box:
         return Box(
@@ -119,8 +119,9 @@ def split_blocks(
     """
     if edges is None:
         step = as_triple(-(-b // c) * c for b, c in zip(block_shape, chunks, strict=True))
-        edges = tuple(tuple(grid_cuts(lo, hi, s))  # type: ignore[assignment]
+        ez, ey, ex = (tuple(grid_cuts(lo, hi, s))
                       for lo, hi, s in zip(region.lo, region.hi, step, strict=True))
+        edges = (ez, ey, ex)
     assert edges is not None
     check_edges(edges, region.lo, region.hi, chunks)
     axes = [list(itertools.pairwise(e)) for e in edges]

@@ -14,6 +14,7 @@ import logging
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Hashable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ SUFFIXES = (".json", ".onnx", ".zip")  # and NAME/ folders of bioimage.io packag
 CACHE_ENTRIES = 64  # loaded models kept, over all names and ONNX option combinations
 
 Model = Network | OnnxModel
+_Entry = tuple[tuple[int, ...], Model, list[Path]]  # (file stamps, model, external files)
 
 
 class UnknownNetworkError(ValueError):
@@ -71,8 +73,8 @@ class NetworkCatalogue:
     def __init__(self, models_dir: Path, entries: int = CACHE_ENTRIES) -> None:
         self.models_dir = models_dir
         self.entries = entries
-        # key -> (stamps of the files read, model, external data files)
-        self._cache: OrderedDict[tuple, tuple[tuple[int, ...], Model, list[Path]]] = OrderedDict()
+        # (name, load options) -> (stamps of the files read, model, external data files)
+        self._cache: OrderedDict[tuple[Hashable, ...], _Entry] = OrderedDict()
         self._lock = threading.Lock()
 
     def names(self) -> list[str]:
@@ -167,7 +169,7 @@ def model_mode(network: Model) -> str:
     return "exact"
 
 
-def describe(name: str, network: Model) -> dict:
+def describe(name: str, network: Model) -> dict[str, Any]:
     """What a client needs to know to submit: mode, channels, and the field of view and
     layers (sequential networks) or the window grid (ONNX graph models)."""
     if isinstance(network, OnnxModel):
@@ -196,7 +198,7 @@ def describe(name: str, network: Model) -> dict:
     }
 
 
-def _package(network: OnnxModel) -> dict:
+def _package(network: OnnxModel) -> dict[str, Any]:
     """A bioimage.io package's name, description, citations and channel names."""
     info = getattr(network, "package", None)
     if info is None:
@@ -206,7 +208,7 @@ def _package(network: OnnxModel) -> dict:
                         "channel_names": list(network.channel_names)}}
 
 
-def _layer_dict(layer: dict) -> dict:
+def _layer_dict(layer: dict[str, Any]) -> dict[str, Any]:
     if layer["kind"] != "leaky_relu":
         layer.pop("slope", None)
     return {k: v for k, v in layer.items() if v is not None}

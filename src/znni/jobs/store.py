@@ -62,6 +62,7 @@ CREATE INDEX IF NOT EXISTS job_blocks_job ON job_blocks (job_id, attempt);
 """
 
 ACTIVE = ("queued", "running")
+Rows = list[dict[str, Any]]  # query rows as dicts (a name: JobStore.list hides `list` inside it)
 
 _WRITE_LOCKS: dict[Path, threading.Lock] = {}
 _WRITE_LOCKS_GUARD = threading.Lock()
@@ -370,7 +371,7 @@ class JobStore:
                  report["voxels_per_second"], job_id),
             )
 
-    def ledger(self, job_id: int) -> list[dict[str, Any]]:
+    def ledger(self, job_id: int) -> Rows:
         with self._read() as con:
             rows = con.execute(
                 "SELECT attempt, blocks_done, voxels_done, elapsed_s, at FROM job_blocks"
@@ -379,7 +380,7 @@ class JobStore:
             ).fetchall()
         return [dict(r) for r in rows]
 
-    def throughput(self, job_id: int) -> list[dict[str, Any]]:
+    def throughput(self, job_id: int) -> Rows:
         """The job's bounded throughput history (`throughput.py`), oldest first."""
         with self._read() as con:
             return throughput.history(con, job_id)

@@ -206,7 +206,8 @@ def _grid(base: OnnxModel, in_min: Triple, in_step: Triple, halo: Triple
 
 def _op(path: str | Path, p: Any, where: str) -> P.Op | None:
     """The processing op for the spec's description `p` (None: a no-op)."""
-    name, kw = str(p.id), getattr(p, "kwargs", None)
+    name = str(p.id)
+    kw: Any = getattr(p, "kwargs", None)  # the op's own kwargs class (bioimageio.spec), or None
     if name == "ensure_dtype":
         return None if kw.dtype == "float32" else P.EnsureDtype(name, kw.dtype)
     if name == "sigmoid":

@@ -11,12 +11,14 @@ import hashlib
 from dataclasses import dataclass
 from math import prod
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from znni.model.spec import LayerSpec, parse_spec, read_spec_file
 from znni.primitives.base import Activation, Conv, Op, Pool, Triple
 from znni.primitives.fragments import fragment_size
+from znni.triple import as_triple
 
 FLOAT_BYTES = 4
 
@@ -87,7 +89,7 @@ class Network:
     def pool_product(self) -> Triple:
         """P per axis: dense output sizes of one MPF pass are multiples of P."""
         windows = [op.window for op in self.ops if isinstance(op, Pool)]
-        return tuple(prod(w[d] for w in windows) for d in range(3))  # type: ignore[return-value]
+        return as_triple(prod(w[d] for w in windows) for d in range(3))
 
     def input_size_for(self, min_output: Triple) -> Triple:
         """Smallest valid MPF patch input size whose dense output covers `min_output`."""
@@ -101,7 +103,7 @@ class Network:
     def output_size(self, input_size: Triple) -> Triple:
         """Dense output size of a patch; raises ValueError if the size is not MPF-valid."""
         self.layer_shapes(input_size)
-        return tuple(n - f + 1 for n, f in zip(input_size, self.fov, strict=True))  # type: ignore[return-value]
+        return as_triple(n - f + 1 for n, f in zip(input_size, self.fov, strict=True))
 
     def is_valid_input_size(self, input_size: Triple) -> bool:
         try:
@@ -113,10 +115,10 @@ class Network:
     def layer_shapes(self, input_size: Triple, batch: int = 1) -> list[LayerShape]:
         """Shapes of every layer of a dense MPF pass over a patch of `input_size`."""
         shapes: list[LayerShape] = []
-        s, c, n = batch, self.in_channels, tuple(input_size)
+        s, c, n = batch, self.in_channels, as_triple(input_size)
         for i, op in enumerate(self.ops):
             if isinstance(op, Conv):
-                n2 = tuple(a - k + 1 for a, k in zip(n, op.kernel, strict=True))
+                n2 = as_triple(a - k + 1 for a, k in zip(n, op.kernel, strict=True))
                 if min(n2) < 1:
                     raise ValueError(
                         f"patch size {tuple(input_size)} is too small for layer {i} "
@@ -126,7 +128,7 @@ class Network:
                 c = op.out_channels
             elif isinstance(op, Pool):
                 try:
-                    n2 = tuple(fragment_size(a, p) for a, p in zip(n, op.window, strict=True))
+                    n2 = as_triple(fragment_size(a, p) for a, p in zip(n, op.window, strict=True))
                 except ValueError as e:
                     raise ValueError(f"patch size {tuple(input_size)} at layer {i}: {e}") from e
                 s2 = s * prod(op.window)
@@ -223,7 +225,7 @@ def _weight(
     return np.ascontiguousarray(arr, dtype=np.float32)
 
 
-def network_shapes_only(raw: dict, where: str = "<spec>") -> Network:
+def network_shapes_only(raw: dict[str, Any], where: str = "<spec>") -> Network:
     """A Network from a spec dict with zero weights that take no memory (broadcast views).
 
     For planning, which needs only shapes: `znni plan` on a spec whose weights

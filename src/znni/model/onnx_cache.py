@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,8 @@ class ParsedModel:
     model: Any  # onnx.ModelProto, its external weights loaded; never modified
     files: list[Path]
     digest: str
-    evaluated: dict[tuple, list[np.ndarray]] = field(default_factory=dict)
+    # (outputs, (name, dtype, shape, bytes) of each feed) -> the outputs
+    evaluated: dict[tuple[Hashable, ...], list[np.ndarray]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property

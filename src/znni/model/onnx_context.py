@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -40,6 +40,11 @@ class Context:
                 "znni can run (only the GroupNorm form of Reshape is supported)"
             )
         return name
+
+    @overload
+    def const(self, node: Any, index: int, required: Literal[True] = True) -> np.ndarray: ...
+    @overload
+    def const(self, node: Any, index: int, required: bool) -> np.ndarray | None: ...
 
     def const(self, node: Any, index: int, required: bool = True) -> np.ndarray | None:
         if index >= len(node.input) or not node.input[index]:

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from znni.model.graph import Graph, Node
 from znni.model.onnx_cache import parsed_model
-from znni.model.onnx_ops import CONVERTERS, SUPPORTED_OPS, Context, fold_batch_norms
+from znni.model.onnx_context import Context
+from znni.model.onnx_ops import CONVERTERS, SUPPORTED_OPS, fold_batch_norms
 
 FOLDABLE_WITHOUT_VALUES = ("Shape", "Size")
 
@@ -164,16 +165,18 @@ def _input_window(
             "znni runs 3D models with a 5D input (N, C, Z, Y, X)"
         )
     fixed = [d.dim_value if d.HasField("dim_value") else None for d in dims]
-    if fixed[1] is None:
+    channels = fixed[1]
+    if channels is None:
         raise ValueError(f"ONNX model {path} input {inp.name!r} has no fixed channel count")
     spatial = fixed[2:]
     if window is None:
-        if any(v is None for v in spatial):
+        declared = [v for v in spatial if v is not None]
+        if len(declared) != len(spatial):
             raise ValueError(
                 f"ONNX model {path} has dynamic spatial input axes; "
                 "give the window size with --window z,y,x"
             )
-        return int(fixed[1]), (int(spatial[0]), int(spatial[1]), int(spatial[2]))
+        return int(channels), (int(declared[0]), int(declared[1]), int(declared[2]))
     for axis, (v, w) in enumerate(zip(spatial, window, strict=True)):
         if v is not None and v != w:
             raise ValueError(
@@ -181,7 +184,7 @@ def _input_window(
                 f"{tuple(spatial)} voxels; window {window} differs on axis "
                 f"{'zyx'[axis]}"
             )
-    return int(fixed[1]), (int(window[0]), int(window[1]), int(window[2]))
+    return int(channels), (int(window[0]), int(window[1]), int(window[2]))
 
 
 def _opset(model: Any) -> int:
@@ -240,7 +243,8 @@ def _evaluate(ctx: Context, node: Any, opset: int) -> None:
     feeds = {n: ctx.consts[n] for n in node.input if n}
 
     def run() -> list[np.ndarray]:
-        return ReferenceEvaluator(node, opsets={"": opset}).run(None, feeds)
+        outs = ReferenceEvaluator(node, opsets={"": opset}).run(None, feeds)
+        return cast(list[np.ndarray], outs)  # output_names None: the list of all outputs
 
     try:
         outs = run() if ctx.evaluated is None else ctx.evaluated(tuple(node.output), feeds, run)

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, SupportsInt
 
 import numpy as np
 
@@ -185,16 +185,18 @@ def _reshape(ctx: Context, node: Any) -> None:
 def _slice(ctx: Context, node: Any) -> None:
     x = ctx.data(node, node.input[0])
     shape = ctx.shapes[x]
+    axes: Iterable[SupportsInt]
+    steps: Iterable[SupportsInt]
     if ctx.opset < 10:
         a = attrs(node)
         starts, ends = a["starts"], a["ends"]
         axes, steps = a.get("axes", range(len(starts))), [1] * len(starts)
     else:
         starts, ends = ctx.const(node, 1), ctx.const(node, 2)
-        axes = ctx.const(node, 3, required=False)
-        steps = ctx.const(node, 4, required=False)
-        axes = range(len(starts)) if axes is None else axes
-        steps = [1] * len(starts) if steps is None else steps
+        given_axes = ctx.const(node, 3, required=False)
+        given_steps = ctx.const(node, 4, required=False)
+        axes = range(len(starts)) if given_axes is None else given_axes
+        steps = [1] * len(starts) if given_steps is None else given_steps
     slices = [(0, n, 1) for n in shape]
     for st, en, ax, sp in zip(starts, ends, axes, steps, strict=True):
         ax = int(ax) % 5

@@ -17,7 +17,7 @@ from typing import Any
 
 from znni.model.graph import Graph, aligned_axes, downsampling, window_dependence
 from znni.model.onnx_import import load_onnx
-from znni.triple import Triple
+from znni.triple import Triple, as_triple
 
 GRAPH_CACHE_ENTRIES = 8  # resolved graphs kept per model (window choice probes several)
 PROBE_WINDOW: Triple = (96, 96, 96)  # dynamic models are probed at this size (2^5 * 3)
@@ -51,12 +51,12 @@ class OnnxModel:
     _graphs: dict[Triple, Graph] = field(default_factory=dict, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_graphs"], state["_lock"] = {}, None
         return state
 
-    def __setstate__(self, state: dict) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:
         state["_lock"] = threading.Lock()
         self.__dict__.update(state)
 
@@ -196,10 +196,10 @@ def _exact_model(
         found, outs = fixed, probe.out_window
     else:
         found, outs = _aligned_size(path, probe, factor, output_name)
-    context = tuple(n - m for n, m in zip(found, outs, strict=True))
+    context = as_triple(n - m for n, m in zip(found, outs, strict=True))
     minimum = fixed or _smallest_window(path, found, context, factor, output_name)
     return _model(path, probe, output_name, scale, shift, fixed, factor, minimum, "exact",
-                  (context[0], context[1], context[2]))
+                  context)
 
 
 def _aligned_size(
@@ -209,16 +209,17 @@ def _aligned_size(
     found: list[int | None] = [None, None, None]
     outs = [0, 0, 0]
     for d in range(max(factor)):
-        window = tuple(b + d for b in probe.window)
+        window = as_triple(b + d for b in probe.window)
         try:
-            graph = probe if d == 0 else load_onnx(path, window, output_name)  # type: ignore[arg-type]
+            graph = probe if d == 0 else load_onnx(path, window, output_name)
         except ValueError:
             continue
         for a, ok in enumerate(aligned_axes(graph)):
             if ok and found[a] is None:
                 found[a], outs[a] = window[a], graph.out_window[a]
-        if None not in found:
-            return (found[0], found[1], found[2]), (outs[0], outs[1], outs[2])  # type: ignore[return-value]
+        done = [f for f in found if f is not None]
+        if len(done) == 3:
+            return as_triple(done), as_triple(outs)
     raise ValueError(
         f"ONNX model {path}: no input size near {probe.window} fits its "
         f"{factor} downsampling exactly"

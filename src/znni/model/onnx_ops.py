@@ -20,7 +20,7 @@ from znni.model.onnx_layers import norm_converters, pointwise_converters, reshap
 
 
 def _auto_pads(
-    ctx: Context, node: Any, a: dict, size: Shape, k: Shape, s: Shape, d: Shape
+    ctx: Context, node: Any, a: dict[str, Any], size: Shape, k: Shape, s: Shape, d: Shape
 ) -> tuple[int, ...]:
     """ONNX `pads`, or those auto_pad implies (ONNX Conv: SAME_* pad to ceil(n / s) outputs)."""
     mode = a.get("auto_pad", "NOTSET")
@@ -258,10 +258,11 @@ def fold_batch_norms(nodes: list[Node], output: str) -> list[Node]:
         if node.op != "batch_norm":
             continue
         j = producer.get(node.inputs[0])
-        conv = out[j] if j is not None else None
+        if j is None:
+            continue
+        conv = out[j]
         if (
-            conv is None
-            or conv.op != "conv"
+            conv.op != "conv"
             or readers[node.inputs[0]] != 1
             or node.inputs[0] == output
         ):

@@ -21,7 +21,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -121,13 +123,17 @@ def _write_cache(path: Path, payload: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-def _conv_shape(shape: tuple[int, int, int, int, int]) -> LayerShape:
+ConvShape = tuple[int, int, int, int, int]  # (batch S, Cin f, Cout g, kernel k, input side n)
+PoolShape = tuple[int, int, int]  # (S, C, n) of an MPF with 2^3 windows
+
+
+def _conv_shape(shape: ConvShape) -> LayerShape:
     """The layer of a calibration shape (batch S, Cin f, Cout g, kernel k, input side n)."""
     s, f, g, k, n = shape
     return LayerShape(0, "conv", s, f, (n, n, n), s, g, (n - k + 1,) * 3, (k, k, k))
 
 
-def _timed(fn, repeats: int) -> float:  # type: ignore[no-untyped-def]
+def _timed(fn: Callable[[], object], repeats: int) -> float:
     fn()  # warm: FFTW plans, kept spectra, workspaces
     best = float("inf")
     for _ in range(repeats):
@@ -140,7 +146,8 @@ def _timed(fn, repeats: int) -> float:  # type: ignore[no-untyped-def]
 Row = tuple[str, Work, float, int]  # (scaling key, counted work, seconds, working-set bytes)
 
 
-def measurements(shapes: tuple, pools: tuple, quick: bool, fft_shapes: tuple = ()) -> list[Row]:
+def measurements(shapes: Sequence[ConvShape], pools: Sequence[PoolShape], quick: bool,
+                 fft_shapes: Sequence[ConvShape] = ()) -> list[Row]:
     """One row per primitive at every conv shape, per FFT primitive at every `fft_shapes`
     shape (timed once after the warm-up: seconds each), plus MPF at every pool shape."""
     from znni.primitives.backends import make_backend
@@ -150,7 +157,8 @@ def measurements(shapes: tuple, pools: tuple, quick: bool, fft_shapes: tuple = (
     rng = np.random.default_rng(0)
     rows: list[Row] = []
     repeats = 1 if quick else 2
-    runs = [(shape, ("direct", "fft-keep", "fft-recompute"), repeats) for shape in shapes]
+    runs: list[tuple[ConvShape, tuple[str, ...], int]] = [
+        (shape, ("direct", "fft-keep", "fft-recompute"), repeats) for shape in shapes]
     runs += [(shape, ("fft-keep", "fft-recompute"), 1) for shape in fft_shapes]
     for (s, f, g, k, n), prims, reps in runs:
         x = rng.standard_normal((s, f, n, n, n), dtype=np.float32)
@@ -158,14 +166,14 @@ def measurements(shapes: tuple, pools: tuple, quick: bool, fft_shapes: tuple = (
         b = np.zeros(g, np.float32)
         sh = _conv_shape((s, f, g, k, n))
         for prim in prims:
-            t = _timed(lambda p=prim, x=x, w=w, b=b: backend.conv3d(x, w, b, None, p), reps)
+            t = _timed(partial(backend.conv3d, x, w, b, None, prim), reps)
             rows.append((prim, cpu_conv_work(sh, prim, SPECTRA_BYTES), t, working_set_bytes(sh)))
         del x
     for s, c, n in pools:
         x = rng.standard_normal((s, c, n, n, n), dtype=np.float32)
         m = (n + 1) // 2 - 1  # MPF fragment size (n + 1 divisible by 2)
         sh = LayerShape(0, "maxpool", s, c, (n, n, n), 8 * s, c, (m, m, m), (2, 2, 2))
-        t = _timed(lambda x=x: backend.mpf(x, (2, 2, 2)), repeats)
+        t = _timed(partial(backend.mpf, x, (2, 2, 2)), repeats)
         rows.append(("maxpool", other_work(sh), t, working_set_bytes(sh)))
         del x
     close = getattr(backend, "close", None)

@@ -12,7 +12,7 @@ pooling.mpf and fragments.recombine.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import replace
 from math import prod
 
@@ -76,7 +76,7 @@ class HostSim:
             if not lst:
                 del self.free[k0]
 
-    def kept_spectra(self, key: Hashable, nbytes: int, make: callable) -> bool:  # type: ignore[valid-type]
+    def kept_spectra(self, key: Hashable, nbytes: int, make: Callable[[], object]) -> bool:
         """SpectraCache.get_or_make; returns True when the spectra are transient (not kept)."""
         if key in self.spectra:
             self.spectra.move_to_end(key)
@@ -93,7 +93,8 @@ class HostSim:
         return True
 
 
-def _rfftn(sim: HostSim, images: int, size: tuple[int, ...], padded: tuple[int, int, int]) -> tuple:
+def _rfftn(sim: HostSim, images: int, size: tuple[int, ...],
+           padded: tuple[int, int, int]) -> tuple[Hashable, int]:
     """pruned_rfftn workspace: a (b, nz, ny, Nx) float32 + d (b, Nz, Ny, Fx) complex64."""
     nbytes = images * (size[0] * size[1] * padded[2] * FLOAT_BYTES
                        + spectrum_points(padded) * COMPLEX_BYTES)

@@ -26,6 +26,7 @@ from znni.model.network import Network
 from znni.planner.blocks import Edges, edges_blocks, layout_patches
 from znni.planner.plan import Plan
 from znni.primitives.fft_sizes import padded_shape
+from znni.triple import as_triple
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ def fft_layer_keys(network: Network, input_size: Sequence[int], batch: int,
     * padded points. Direct layers plan nothing."""
     prims = tuple(primitives or ())
     keys = {}
-    for layer in network.layer_shapes(tuple(int(v) for v in input_size), int(batch)):
+    for layer in network.layer_shapes(as_triple(input_size), int(batch)):
         i = layer.index
         if layer.kind != "conv" or i >= len(prims) or prims[i] not in COLD_FFT_PRIMITIVES:
             continue
@@ -217,7 +218,7 @@ def _cold_s_per_point(some_wisdom: bool) -> float:
 
 def _exposed_io(blocks: list[tuple[float, float, float, int, int]]) -> float:
     """The first block's read and the last one's write wait; in between, block i+1's read
-    and block i-1's write overlap block i's compute (workers/pipeline.run_local)."""
+    and block i-1's write overlap block i's compute (engine/sweep/local.run_local)."""
     if not blocks:
         return 0.0
     exposed = blocks[0][1] + blocks[-1][2]

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from math import prod
 
 from znni.model.network import LayerShape
-from znni.planner.costs import COMPLEX_BYTES, FLOAT_BYTES
-from znni.planner.hostsim import RECOMPUTE_BYTES, WORK_BYTES, simulate_pass
+from znni.planner.costs import COMPLEX_BYTES, FLOAT_BYTES, RECOMPUTE_BYTES, WORK_BYTES
+from znni.planner.hostsim import simulate_pass
 from znni.primitives.fft_sizes import padded_shape, spectrum_points
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
 
+from znni.planner.blocks import Edges
 from znni.triple import Triple, as_triple
 
 # how a plan runs (module docstring); one closed set, so a misspelt name fails the type
@@ -30,6 +31,14 @@ DEVICE_ALGORITHMS: dict[DeviceChoice, tuple[Algorithm, ...]] = {
     "gpu": ("gpu", "gpu-ram"),
     "cpu-gpu": ("cpu-gpu",),
 }
+
+
+def as_device(text: str) -> DeviceChoice:
+    """`text` as a device choice; ValueError naming the choices otherwise."""
+    for choice in DEVICE_ALGORITHMS:
+        if text == choice:
+            return choice
+    raise ValueError(f"device {text!r} is not one of {', '.join(DEVICE_ALGORITHMS)}")
 
 
 @dataclass(frozen=True)
@@ -84,7 +93,7 @@ class Plan:
     # the blocks the engine cuts (engine.compute.layout.with_layout; planner/blocks.py):
     # the nominal block shape and, per axis, the cuts from the region's start to its end
     block_shape: Triple | None = None
-    block_edges: tuple[tuple[int, ...], ...] | None = None
+    block_edges: Edges | None = None
     # the whole run's predicted seconds by stage (planner/jobtime.py), over those blocks
     job_seconds: dict[str, float | int] | None = None
 

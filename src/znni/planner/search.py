@@ -33,7 +33,7 @@ from znni.planner.plan import (
     Plan,
 )
 from znni.planner.stages import Stage, cpu_stage, gpu_stage, streamed_stage
-from znni.triple import Triple
+from znni.triple import Triple, as_triple
 
 HOST_FRACTION = 0.85  # of available RAM, when no explicit limit is given
 GPU_FRACTION = 0.9  # of device memory (allocator slack, CUDA context)
@@ -135,11 +135,11 @@ def candidate_sizes(
     pool = network.pool_product
     pmax = max(pool)
     cap = max_output or (MAX_OUTPUT,) * 3
-    cap = tuple(max(p, -(-min(c, MAX_OUTPUT) // p) * p) for c, p in zip(cap, pool, strict=True))
+    cap = as_triple(max(p, -(-min(c, MAX_OUTPUT) // p) * p) for c, p in zip(cap, pool, strict=True))
     sizes: list[tuple[int, int, int]] = []
     for j in range(1, MAX_OUTPUT // pmax + 1):
-        out = tuple(min(j * pmax, c) for c in cap)
-        size = network.input_size_for(out)  # type: ignore[arg-type]
+        out = as_triple(min(j * pmax, c) for c in cap)
+        size = network.input_size_for(out)
         if network.is_valid_input_size(size) and size not in sizes:
             sizes.append(size)
         if all(o >= c for o, c in zip(out, cap, strict=True)):

@@ -73,9 +73,9 @@ def cpu_stage(shapes: list[LayerShape], machine: MachineProfile, budget: int) ->
             return None
         _, per_layer = pass_peak_bytes(shapes, prims, threads=threads, workspace_bytes=ws)
     kept = sum(layer_memory(sh, p).kept_bytes for sh, p in zip(shapes, prims, strict=True))
-    for i, (sh, p) in enumerate(zip(shapes, prims, strict=True)):
-        if p == "fft-keep":  # the real cache bound decides its tiling
-            times[i] = layer_seconds(sh, p, machine, spectra_budget=kept)
+    for i, (sh, prim) in enumerate(zip(shapes, prims, strict=True)):
+        if prim == "fft-keep":  # the real cache bound decides its tiling
+            times[i] = layer_seconds(sh, prim, machine, spectra_budget=kept)
     return Stage("cpu", tuple(shapes), tuple(prims), tuple(times), tuple(per_layer))
 
 
@@ -97,7 +97,9 @@ def _fall_back(
     if not over:
         return False
     i = over[-1][1]
-    prims[i] = FALLBACK[prims[i]]  # type: ignore[index]
+    prim = prims[i]
+    assert prim is not None  # `over` holds only layers whose primitive has a fallback
+    prims[i] = FALLBACK[prim]
     times[i] = layer_seconds(shapes[i], prims[i], machine)
     return True
 
@@ -184,7 +186,7 @@ def streamed_stage(
             times.append(0.0)
             sizes.append(0)
             continue
-        found = None
+        found: tuple[str | None, float, int] | None = None  # (primitive, seconds, bytes)
         k = 1
         while found is None and k <= max(sh.batch_in, sh.channels_out):
             chunk = _chunk(sh, k)

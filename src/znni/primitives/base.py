@@ -12,7 +12,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
-from znni.triple import Triple
+from znni.triple import Triple as Triple  # re-exported: primitives' code imports it here
 
 ACTIVATION_KINDS = ("relu", "sigmoid", "tanh", "elu", "leaky_relu", "linear")
 

@@ -8,14 +8,18 @@ instead of failing deep inside numpy with an unrelated broadcasting error.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal, TypeVar, cast
 
 import numpy as np
 
-from znni.triple import Triple, as_triple
+from znni.triple import Triple as Triple  # re-exported: the graph kernels import it here
+from znni.triple import as_triple
 
 Six = tuple[int, int, int, int, int, int]
+PadMode = Literal["constant", "reflect", "edge"]
+S = TypeVar("S", bound=str)
 
-PAD_MODES = ("constant", "reflect", "edge")  # ONNX Pad
+PAD_MODES: tuple[PadMode, ...] = ("constant", "reflect", "edge")  # ONNX Pad
 MODES = ("nearest", "linear")  # ONNX Resize's mode, coordinate transform and rounding
 TRANSFORMS = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")
 NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
@@ -29,9 +33,16 @@ def as_volume(x: np.ndarray, name: str = "x") -> np.ndarray:
     return arr
 
 
+def _entries(value: int | Sequence[int], n: int) -> list[int]:
+    """`value` repeated `n` times where numpy calls it a scalar, else its own entries."""
+    if np.isscalar(value):  # numpy's TypeIs narrows to its scalar kinds, never to int
+        return [cast(int, value)] * n
+    return list(cast(Sequence[int], value))  # not a scalar: the Sequence[int] of the union
+
+
 def triple(value: int | Sequence[int], name: str, minimum: int) -> Triple:
     """Three ints, each >= `minimum` (a scalar is broadcast to all three axes)."""
-    vals = [value] * 3 if np.isscalar(value) else list(value)  # type: ignore[list-item]
+    vals = _entries(value, 3)
     if len(vals) != 3:
         raise ValueError(f"{name} must have 3 entries (z, y, x), got {value!r}")
     out = as_triple(vals, name)
@@ -42,15 +53,16 @@ def triple(value: int | Sequence[int], name: str, minimum: int) -> Triple:
 
 def six(pads: int | Sequence[int], name: str = "pads", allow_negative: bool = False) -> Six:
     """ONNX-ordered pads (z_b, y_b, x_b, z_e, y_e, x_e) as six ints."""
-    vals = [pads] * 6 if np.isscalar(pads) else list(pads)  # type: ignore[list-item]
+    vals = _entries(pads, 6)
     if len(vals) != 6:
         raise ValueError(f"{name} must have 6 entries (z_b, y_b, x_b, z_e, y_e, x_e), got {pads!r}")
-    out = tuple(int(v) for v in vals)
+    zb, yb, xb, ze, ye, xe = (int(v) for v in vals)
+    out: Six = (zb, yb, xb, ze, ye, xe)
     if any(v != f for v, f in zip(out, vals, strict=True)):
         raise ValueError(f"{name} must be integers, got {pads!r}")
     if not allow_negative and min(out) < 0:
         raise ValueError(f"{name} must be non-negative, got {pads!r}")
-    return out  # type: ignore[return-value]
+    return out
 
 
 def channel_vector(v: np.ndarray | None, channels: int, name: str) -> np.ndarray | None:
@@ -63,8 +75,9 @@ def channel_vector(v: np.ndarray | None, channels: int, name: str) -> np.ndarray
     return arr
 
 
-def choice(value: str, name: str, allowed: Sequence[str]) -> str:
-    """`value` if it is one of `allowed`, else a ValueError listing them."""
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
-    return value
+def choice(value: str, name: str, allowed: Sequence[S]) -> S:
+    """`value` (as the entry of `allowed` it equals), else a ValueError listing them."""
+    for entry in allowed:
+        if entry == value:
+            return entry
+    raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")

@@ -52,7 +52,7 @@ def _producer(
     cpu: Backend,
     split_op: int,
     primitives: Sequence[str | None] | None,
-    handoff: queue.Queue,
+    handoff: queue.Queue[object],
     stop: threading.Event,
 ) -> None:
     def put(item: object) -> bool:
@@ -99,7 +99,7 @@ def run_patches_cpu_gpu(
     stops the CPU stage; an error in either stage is raised here.
     """
     _check_split_op(ops, split_op)
-    handoff: queue.Queue = queue.Queue(maxsize=1)
+    handoff: queue.Queue[object] = queue.Queue(maxsize=1)
     stop = threading.Event()
     worker = threading.Thread(
         target=_producer,
@@ -127,7 +127,7 @@ def run_patches_cpu_gpu(
         worker.join(JOIN_TIMEOUT_S)
 
 
-def _take(handoff: queue.Queue, worker: threading.Thread) -> object:
+def _take(handoff: queue.Queue[object], worker: threading.Thread) -> object:
     """The next hand-off; raises if the CPU stage died without saying why."""
     while True:
         try:
@@ -137,7 +137,7 @@ def _take(handoff: queue.Queue, worker: threading.Thread) -> object:
                 raise PipelineError("the CPU stage stopped without a result") from None
 
 
-def _drain(handoff: queue.Queue) -> None:
+def _drain(handoff: queue.Queue[object]) -> None:
     while True:
         try:
             handoff.get_nowait()

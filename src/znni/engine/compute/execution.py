@@ -12,6 +12,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Hashable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +22,7 @@ from znni.primitives.base import Backend
 
 if TYPE_CHECKING:  # the planner is imported when a plan is made, not with the engine
     from znni.planner.machine import MachineProfile
-    from znni.planner.plan import Plan
+    from znni.planner.plan import DeviceChoice, Plan
 
 STANDIN_ENV = "ZNNI_GPU_STANDIN"  # "1": GPU work runs on the numpy stand-in device
 BACKEND_ENV = "ZNNI_BACKEND"  # overrides the CPU backend's name (e.g. "reference")
@@ -30,10 +31,10 @@ PLAN_BUDGET_QUANTUM_BYTES = 64 * 2**20  # budgets are planned in whole 64 MiB st
 PLAN_CACHE_ENTRIES = 64  # plans are small frozen values; bounded by count
 MACHINE_TTL_S = 30.0  # a server re-detects this machine at most this often
 
-_PLANS: OrderedDict[tuple, Plan] = OrderedDict()
+_PLANS: OrderedDict[tuple[Hashable, ...], Plan] = OrderedDict()
 _PLAN_LOCK = threading.Lock()
 _MACHINE_LOCK = threading.Lock()
-_MACHINE: dict[tuple, tuple[float, MachineProfile]] = {}  # env key -> (detected at, profile)
+_MACHINE: dict[tuple[Hashable, ...], tuple[float, MachineProfile]] = {}  # env key -> (at, profile)
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,7 @@ def planning_machine() -> MachineProfile:
         return machine
 
 
-def plan_job(network: Network, device: str, budget_bytes: int, region: Triple) -> Plan:
+def plan_job(network: Network, device: DeviceChoice, budget_bytes: int, region: Triple) -> Plan:
     """The planner's best plan for computing `region` within `budget_bytes` of host memory.
 
     Budgets are rounded down to PLAN_BUDGET_QUANTUM_BYTES so that a plan is a pure

@@ -19,6 +19,7 @@ import numpy as np
 from znni.engine.compute.device_stream import download
 from znni.model.graph import FUSABLE_ACTIVATIONS, Graph, reader_counts
 from znni.primitives.base import Activation, Backend
+from znni.primitives.gpu.device import Device
 from znni.primitives.gpu.graph_device import DeviceGraphOps
 
 FUSES_NEXT = ("conv", "conv_transpose", "instance_norm", "group_norm", "batch_norm")
@@ -49,14 +50,14 @@ def conv_run_report(device: Any, shrinks: list[int] | None = None) -> dict[str, 
     }
 
 
-def run_graph_on_backend(graph: Graph, x: np.ndarray, backend: Backend,
-                         primitives: Mapping[str, str] | None = None) -> np.ndarray:
+def run_graph_on_device(graph: Graph, x: np.ndarray, device: Device,
+                        primitives: Mapping[str, str] | None = None) -> np.ndarray:
     """graph_forward.run_graph's contract (host arrays in and out, float32) on a GPU
-    backend's device: one upload, every node on the device, one download. Primitives
+    backend's `device`: one upload, every node on the device, one download. Primitives
     that are not GPU primitives (a CPU plan's) are left to the default."""
     from znni.primitives.gpu.conv_dispatch import GPU_CONV_PRIMITIVES
 
-    ops = DeviceGraphOps(backend.device)  # type: ignore[attr-defined]
+    ops = DeviceGraphOps(device)
     gpu = {k: v for k, v in (primitives or {}).items() if v in GPU_CONV_PRIMITIVES}
     xd = ops.to_device(np.asarray(x, np.float32))
     try:

@@ -16,8 +16,8 @@ supports it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -41,6 +41,13 @@ from znni.model.openvino_layers import (
 from znni.primitives.base import Activation, Backend, ConvStep, InstanceNorm
 
 
+class ChainBackend(Protocol):
+    """A backend that runs a chain of convs in one call (CpuBackend, through OpenVINO)."""
+
+    def conv3d_chain(self, parts: Sequence[np.ndarray], steps: Sequence[ConvStep],
+                     channels_last: bool = False) -> np.ndarray: ...
+
+
 def run_graph(
     graph: Graph,
     x: np.ndarray,
@@ -51,10 +58,11 @@ def run_graph(
 
     `primitives`: conv node name -> CPU primitive the planner chose (planner.graph.search);
     used on the CPU backend, where a conv without one is left to the backend's choice."""
-    if getattr(backend, "device", None) is not None:  # a GPU: every node on the device
-        from znni.engine.compute.graph_device import run_graph_on_backend
+    device = getattr(backend, "device", None)
+    if device is not None:  # a GPU: every node on the device
+        from znni.engine.compute.graph_device import run_graph_on_device
 
-        return run_graph_on_backend(graph, x, backend, primitives)
+        return run_graph_on_device(graph, x, device, primitives)
     chosen = primitives if primitives is not None and backend.name == "cpu" else {}
     if x.ndim != 5 or x.shape[1] != graph.in_channels or tuple(x.shape[2:]) != graph.window:
         raise ValueError(
@@ -89,8 +97,10 @@ class _GraphPass:
         # OpenVINO convs whose readers all are too; OpenVINO convs run in one layer
         self.last_layout = (channels_last_convs(graph, self.readers, pick)
                             if self.reads_parts else frozenset())
+        self.chainer = (cast(ChainBackend, backend)  # hasattr: it has ChainBackend's method
+                        if hasattr(backend, "conv3d_chain") else None)
         self.chains = (openvino_chains(graph, self.readers, pick)
-                       if self.reads_parts and hasattr(backend, "conv3d_chain") else {})
+                       if self.reads_parts and self.chainer is not None else {})
 
     def chain(self, i: int) -> int:
         """The chain of convs from node i in one call (the tensors between are not ours);
@@ -99,7 +109,8 @@ class _GraphPass:
         end = openvino_output_node(graph, chain[-1], self.readers)
         steps = _chain_steps(graph, chain, self.readers, node.inputs[0] in self.padded)
         x = self.env[node.inputs[0]]
-        y = self.backend.conv3d_chain(list(x) if isinstance(x, ChannelParts) else [x], steps,
+        assert self.chainer is not None  # self.chains is empty without one
+        y = self.chainer.conv3d_chain(list(x) if isinstance(x, ChannelParts) else [x], steps,
                                       chain[-1] in self.last_layout)
         call = Node(node.name, node.op, node.inputs, graph.nodes[end].outputs, node.params)
         _store(self.env, y, call, end, self.last, graph)
@@ -171,7 +182,7 @@ def _chain_steps(graph: Graph, chain: tuple[int, ...], readers: dict[str, int],
     return steps
 
 
-class ChannelParts(tuple):
+class ChannelParts(tuple[np.ndarray, ...]):
     """A concat's inputs, never joined: the Winograd conv right after it, its one reader,
     reads them in place with its zero pads (CpuBackend.conv3d_parts)."""
 
@@ -221,7 +232,7 @@ def _arrays(value: Any) -> tuple[np.ndarray, ...]:
     return tuple(value) if isinstance(value, ChannelParts) else (value,)
 
 
-def _pads_for_next_conv(graph: Graph, i: int, readers: dict[str, int]) -> tuple | None:
+def _pads_for_next_conv(graph: Graph, i: int, readers: dict[str, int]) -> tuple[int, ...] | None:
     """The zero pads of the fast conv right after concat node i, when that conv alone
     reads the concat (a U-Net's decoder: skip and upsampled, then a padded 3^3 conv)."""
     node = graph.nodes[i]

@@ -4,40 +4,42 @@ dies at it (no new buffer). Kernels read the node's params dict and its input ar
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
+Params = Mapping[str, Any]  # a node's params (model.graph.Node.params)
 
-def _relu_(p: dict, x: np.ndarray) -> np.ndarray:
+
+def _relu_(p: Params, x: np.ndarray) -> np.ndarray:
     return np.maximum(x, 0, out=x)
 
 
-def _leaky_relu_(p: dict, x: np.ndarray) -> np.ndarray:
+def _leaky_relu_(p: Params, x: np.ndarray) -> np.ndarray:
     neg = x * np.float32(p["alpha"])  # alpha < 1: max(x, alpha x); else min
     return np.maximum(x, neg, out=x) if p["alpha"] <= 1 else np.minimum(x, neg, out=x)
 
 
-def _sigmoid_(p: dict, x: np.ndarray) -> np.ndarray:
+def _sigmoid_(p: Params, x: np.ndarray) -> np.ndarray:
     np.negative(x, out=x)
     np.exp(x, out=x)
     x += 1
     return np.reciprocal(x, out=x)
 
 
-def _tanh_(p: dict, x: np.ndarray) -> np.ndarray:
+def _tanh_(p: Params, x: np.ndarray) -> np.ndarray:
     return np.tanh(x, out=x)
 
 
-def _instance_norm_(p: dict, x: np.ndarray) -> np.ndarray:
+def _instance_norm_(p: Params, x: np.ndarray) -> np.ndarray:
     from znni.primitives.cpu import graph_ops as g
 
     act = p.get("activation")
     return g.instance_norm(x, p["scale"], p["bias"], p["epsilon"], activation=act, out=x)
 
 
-def _group_norm_(p: dict, x: np.ndarray) -> np.ndarray:
+def _group_norm_(p: Params, x: np.ndarray) -> np.ndarray:
     from znni.primitives.cpu import graph_ops as g
 
     act = p.get("activation")
@@ -45,7 +47,7 @@ def _group_norm_(p: dict, x: np.ndarray) -> np.ndarray:
 
 
 # ops that may overwrite their input when it dies at them (no new buffer)
-INPLACE: dict[str, Callable[[dict, np.ndarray], np.ndarray]] = {
+INPLACE: dict[str, Callable[[Params, np.ndarray], np.ndarray]] = {
     "relu": _relu_,
     "leaky_relu": _leaky_relu_,
     "sigmoid": _sigmoid_,
@@ -55,7 +57,7 @@ INPLACE: dict[str, Callable[[dict, np.ndarray], np.ndarray]] = {
 }
 
 
-def _slice(p: dict[str, Any], x: np.ndarray) -> np.ndarray:
+def _slice(p: Params, x: np.ndarray) -> np.ndarray:
     """(start, stop, step) per axis as slice.indices gives them; a stop of -1 with a
     negative step means 'through index 0', which a slice writes as None."""
     index = tuple(slice(a, b if b >= 0 else None, c) for a, b, c in p["slices"][1:])
@@ -64,7 +66,7 @@ def _slice(p: dict[str, Any], x: np.ndarray) -> np.ndarray:
 
 
 def _binary(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Callable[..., np.ndarray]:
-    def run(params: dict[str, Any], a: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+    def run(params: Params, a: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
         if b is None:
             k = params["constant"]
             a, b = (k, a) if params["constant_first"] else (a, k)
@@ -76,7 +78,7 @@ def _binary(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Callable[...,
 def _kernels() -> dict[str, Callable[..., np.ndarray]]:
     from znni.primitives.cpu import graph_ops as g
 
-    def sigmoid(p: dict, x: np.ndarray) -> np.ndarray:
+    def sigmoid(p: Params, x: np.ndarray) -> np.ndarray:
         return (1.0 / (1.0 + np.exp(-x))).astype(np.float32)
 
     return {
@@ -134,7 +136,7 @@ def _kernels() -> dict[str, Callable[..., np.ndarray]]:
     }
 
 
-class _LazyKernels(dict):
+class _LazyKernels(dict[str, Callable[..., np.ndarray]]):
     """The kernel table, built on first use (graph_ops lives in the pyFFTW package)."""
 
     def get(self, key: str, default: Any = None) -> Any:

@@ -3,7 +3,7 @@ and the window (windowed) or tile (exact) chosen within the memory budget."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 from znni.engine.compute.execution import graph_backend_name, planning_machine
 from znni.engine.compute.graph_choice import GraphChoice, choose, plan_window
@@ -36,6 +36,14 @@ def graph_plan_device(device: str, machine: MachineProfile | None) -> str:
     return "gpu" if graph_runs_on_gpu(device) else "cpu"
 
 
+class _How(TypedDict):
+    """How graph_plan's window is planned (plan_window's and choose's keywords)."""
+
+    device: str
+    precision: str
+    device_cap: int | None
+
+
 def graph_plan(
     model: OnnxModel, limit_bytes: int | None, region: tuple[int, int, int] | None = None,
     overlap: float = 0.25, machine: MachineProfile | None = None,
@@ -58,13 +66,13 @@ def graph_plan(
         "fixed_window": list(model.fixed_window) if model.fixed_window else None,
         "memory_budget_bytes": budget,
     }
+    how: _How = {"device": device, "precision": precision, "device_cap": None}
     gpu: dict[str, Any] = {}
     if device == "gpu":
         from znni.planner.graph.gpu_search import device_cap_bytes
 
         machine = machine or planning_machine()
-        gpu["device_cap_bytes"] = device_cap_bytes(machine, limit_bytes)
-    how = {"device": device, "precision": precision, "device_cap": gpu.get("device_cap_bytes")}
+        gpu["device_cap_bytes"] = how["device_cap"] = device_cap_bytes(machine, limit_bytes)
     if window is not None:  # segment's --window: planned and checked, not chosen
         choice = plan_window(model, window, budget, shape, overlap, machine, **how, flips=flips)
     else:

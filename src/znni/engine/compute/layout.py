@@ -20,7 +20,7 @@ from znni.model.network import FLOAT_BYTES, Network
 from znni.planner.blocks import Edges, axis_options, grid_cuts
 from znni.planner.jobtime import job_seconds
 from znni.planner.machine import available_memory_bytes
-from znni.planner.plan import Plan
+from znni.planner.plan import DeviceChoice, Plan
 from znni.triple import as_triple
 
 MAX_BLOCK_EXTENTS = 16  # candidate block extents per axis (choose_block_shape)
@@ -191,7 +191,7 @@ def with_job_time(plan: Plan, network: Network, in_dtype_bytes: int, out_dtype: 
     `out_dtype`, `out_channels`: the stored output's (labels change them)."""
     assert plan.block_edges is not None
     edges = plan.block_edges
-    job = job_seconds(plan, network, (edges[0], edges[1], edges[2]), in_bytes=in_dtype_bytes,
+    job = job_seconds(plan, network, edges, in_bytes=in_dtype_bytes,
                       out_dtype=out_dtype, known_machine=known_machine,
                       cache_bytes=input_cache_bytes(budget_bytes) if budget_bytes else 0,
                       skipped=skip(edges) if skip is not None else frozenset(),
@@ -206,7 +206,7 @@ PASS_FRACTIONS = (PLAN_FRACTION, 0.6, 0.45, 0.3)
 
 
 def plan_with_layout(
-    network: Network, device: str, chunks: Triple, region: Box, budget_bytes: int,
+    network: Network, device: DeviceChoice, chunks: Triple, region: Box, budget_bytes: int,
     in_dtype_bytes: int, out_dtype: str, step: Triple | None = None, merge: bool = True,
     plan_for: Callable[[int], Plan] | None = None, known_machine: bool = True,
     flips: int = 1, skip: Callable[[Edges], frozenset[int]] | None = None,

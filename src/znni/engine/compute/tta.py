@@ -144,10 +144,10 @@ def unflipped_means(outputs: Iterable[np.ndarray], spec: FlipSpec) -> Iterator[n
     acc: np.ndarray | None = None
     for y in outputs:
         back = _flip(y, variants[k])
-        acc = np.array(back, np.float32) if k == 0 else acc + back  # type: ignore[operator]
+        acc = np.array(back, np.float32) if acc is None else acc + back  # None: k == 0
         k += 1
         if k == n:
-            yield acc / np.float32(n)  # type: ignore[operator]
+            yield acc / np.float32(n)
             k, acc = 0, None
 
 

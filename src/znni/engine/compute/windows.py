@@ -81,12 +81,12 @@ class WindowGrid:
         if isinstance(overlap, bool) or not 0.0 <= float(overlap) < 1.0:
             raise ValueError(f"overlap must be a float in [0, 1), got {overlap!r}")
         ov = float(overlap)
-        padded = tuple(max(v, w) for v, w in zip(vol, win, strict=True))
-        pad_before = tuple((p - v) // 2 for p, v in zip(padded, vol, strict=True))
-        starts = tuple(
+        padded = as_triple(max(v, w) for v, w in zip(vol, win, strict=True))
+        pad_before = as_triple((p - v) // 2 for p, v in zip(padded, vol, strict=True))
+        sz, sy, sx = (
             axis_starts(p, w, scan_interval(p, w, ov)) for p, w in zip(padded, win, strict=True)
         )
-        return cls(vol, win, ov, pad_before, padded, starts)  # type: ignore[arg-type]
+        return cls(vol, win, ov, pad_before, padded, (sz, sy, sx))
 
     @property
     def num_windows(self) -> int:
@@ -95,7 +95,8 @@ class WindowGrid:
 
     def all_windows(self) -> list[Triple]:
         """Every window start, in MONAI's order (z outermost, x innermost)."""
-        return [tuple(s) for s in itertools.product(*self.starts)]  # type: ignore[misc]
+        sz, sy, sx = self.starts
+        return list(itertools.product(sz, sy, sx))
 
 
 def _check_box(grid: WindowGrid, box_lo: Sequence[int], box_hi: Sequence[int]) -> None:
@@ -128,7 +129,8 @@ def windows_touching(
         b = box_hi[d] + grid.pad_before[d]
         s = grid.starts[d]
         per_axis.append(s[bisect_right(s, a - grid.window[d]) : bisect_left(s, b)])
-    return [tuple(c) for c in itertools.product(*per_axis)]  # type: ignore[misc]
+    pz, py, px = per_axis
+    return list(itertools.product(pz, py, px))
 
 
 def window_group(grid: WindowGrid, start: Triple, batch: int) -> tuple[Triple, ...]:

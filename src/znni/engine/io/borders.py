@@ -9,6 +9,7 @@ would give; `zero` fills zeros outside. Only the voxels the box needs are read.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -59,4 +60,5 @@ def _read_reflect(read: Reader, box: Box, shape: Triple) -> np.ndarray:
     )
     data = read(src)  # (C, sz, sy, sx): the bounding box of every source index
     local = [m - o for m, o in zip(maps, src.lo, strict=True)]
-    return data[(slice(None), *np.ix_(*local))]
+    index: tuple[Any, ...] = (slice(None), *np.ix_(*local))
+    return data[index]

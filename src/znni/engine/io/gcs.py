@@ -49,7 +49,7 @@ def gcs_options(options: Mapping[str, Any]) -> dict[str, Any]:
     return {"token": "anon", **options} if is_emulator(options) else dict(options)
 
 
-def filesystem_class(options: Mapping[str, Any]) -> type | None:
+def filesystem_class(options: Mapping[str, Any]) -> type[Any] | None:
     """gcsfs's JSON-API filesystem at an emulator; None: the class fsspec registers."""
     if not is_emulator(options):
         return None
@@ -86,8 +86,8 @@ def check_token(fs: Any, loc: Location) -> None:
     headers: dict[str, str] = {}
     bucket = loc.bucket
     checked = fs.__dict__.setdefault("_znni_checked_buckets", set())  # fsspec reuses fs
-    if getattr(creds, "credentials", None) is None or bucket in checked:  # anonymous
-        return
+    if creds is None or getattr(creds, "credentials", None) is None or bucket in checked:
+        return  # anonymous
     creds.apply(headers)
     if any(k.lower() == "authorization" for k in headers):
         request = urllib.request.Request(

@@ -210,7 +210,7 @@ class Ledger:
                 f.flush()
                 os.fsync(f.fileno())
         except OSError as e:
-            raise write_fault(e, str(self.path), key, "ledger entry of block") from e
+            raise write_fault(e, Location.parse(self.path), key, "ledger entry of block") from e
 
 
 def _object_name(key: str) -> str:

@@ -31,11 +31,13 @@ def remembered_read(memo: Memo | None, loc: Location, fetch: Callable[[], bytes 
     return _remembered(memo, memo.reads, loc.url, fetch)
 
 
-def remembered_list(memo: Memo | None, loc: Location, fetch: Callable[[], list[str]]) -> list[str]:
+def remembered_list(memo: Memo | None, loc: Location,
+                    fetch: Callable[[], list[str]]) -> list[str]:
     """fetch()'s listing of `loc`, asked once while `memo` is open (else every time)."""
     if memo is None or not memo.open:
         return fetch()
-    return list(_remembered(memo, memo.lists, loc.url, lambda: list(fetch())))
+    names: list[str] = _remembered(memo, memo.lists, loc.url, fetch)
+    return list(names)
 
 
 def _remembered(m: Memo, answers: dict[str, T], url: str, fetch: Callable[[], T]) -> T:

@@ -63,6 +63,7 @@ def pyramid_steps(path: Location, shape: Triple, geometry: Geometry, levels: int
     steps = level_steps(shape, (rz, ry, rx), levels)
     if info is None or not check:
         return steps
+    assert have is not None  # an info was read: it has scale 0 at least
     if have != len(steps) and not (have < len(steps) and _nothing_done(path, ctx)):
         raise ValueError(
             f"existing output {path} has {have} pyramid levels (scales after scale 0), this "

@@ -42,6 +42,7 @@ from znni.engine.geometry import Block, Box, Triple
 from znni.engine.io.faults import write_fault
 from znni.engine.io.level_writer import KEPT_BYTES, ChunkKey, LevelWriter
 from znni.engine.io.retry import StoreError
+from znni.engine.location import Location
 from znni.triple import as_triple
 
 COARSEST = 256  # default depth: the coarsest level's largest axis is at most this
@@ -77,7 +78,8 @@ def level_steps(shape: Triple, voxel: tuple[float, float, float], levels: int | 
     """Per-level halving factors for `levels` levels (None: the default depth)."""
     if levels is not None and levels < 0:
         raise ValueError(f"--pyramid {levels} must be 0 or more levels")
-    extent, size, steps = list(shape), [abs(v) or 1.0 for v in voxel], []
+    extent, size = list(shape), [abs(v) or 1.0 for v in voxel]
+    steps: Factors = []
     while (len(steps) < levels) if levels is not None else max(extent) > COARSEST:
         can = [i for i in range(3) if extent[i] > 1]
         if not can:
@@ -235,21 +237,22 @@ class PyramidBuilder:
             s = self.starts[i]
             first = max(0, bisect.bisect_right(s, box.lo[i]) - 1)
             axes.append([v for v in s[first:bisect.bisect_left(s, box.hi[i])]])
-        found = (self.by_lo.get(lo) for lo in itertools.product(*axes))
+        found = (self.by_lo.get((lo[0], lo[1], lo[2])) for lo in itertools.product(*axes))
         return {b.key for b in found if b is not None and b.write.intersect(box) is not None}
 
     def _loop(self) -> None:
         while True:
+            landed = True
             try:
                 item = self.queue.get(timeout=self._due())
             except queue.Empty:
-                item = ()  # no block landed, but the oldest dirty chunk is due
-            if item is None:
+                item, landed = None, False  # no block landed, but the oldest dirty chunk is due
+            if landed and item is None:
                 break
             if self.error is not None:
                 continue
             try:
-                if item:
+                if item is not None:
                     self._landed(*item)
                 if self.writer.dirty and (self._due() == 0.0 or self.writer.over()):
                     self._write(list(self.writer.dirty))
@@ -266,7 +269,8 @@ class PyramidBuilder:
         """A full disk or a refusal writing the levels as a `VolumeFault` naming them."""
         if isinstance(e, OSError | StoreError):
             where = str(getattr(self.level0, "store_path", "the output")).removeprefix("file://")
-            return write_fault(e, where.rsplit("/", 1)[0], "chunks", "pyramid level")
+            return write_fault(e, Location.parse(where.rsplit("/", 1)[0]), "chunks",
+                               "pyramid level")
         return e
 
     def _due(self) -> float | None:

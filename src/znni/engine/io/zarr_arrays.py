@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from znni.engine.context import OPEN_CACHE_ENTRIES, StoreContext
 from znni.engine.io.stores import StoreError, is_refusal, read_bytes, refusal, zarr_store
@@ -86,7 +86,7 @@ def url_array(url: Location, mode: str, *, ctx: StoreContext) -> Any:
         from zarr.storage import StorePath
 
         try:
-            return zarr.Array(AsyncArray(meta, StorePath(store)))
+            return zarr.Array(AsyncArray(cast(Any, meta), StorePath(store)))  # checked by zarr
         except Exception:  # zarr's own open says what is wrong with it
             pass
     return zarr.open_array(store=store, mode=mode)

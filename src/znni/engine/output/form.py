@@ -34,7 +34,7 @@ class OutputForm:
         outside the mask: the plan counts them as written without compute."""
         if self.mask is None:
             return frozenset()
-        boxes = [Box(lo, hi) for lo, hi in edges_blocks(edges)]  # type: ignore[arg-type]
+        boxes = [Box(lo, hi) for lo, hi in edges_blocks(edges)]
         return frozenset(i for i, out in enumerate(outside_boxes(self.mask, boxes)) if out)
 
     def parts(self) -> dict[str, Any]:

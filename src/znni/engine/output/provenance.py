@@ -8,7 +8,7 @@ running job's output already says which network, input and plan fill it.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from znni.engine.geometry import Box
 from znni.engine.location import Location
@@ -17,6 +17,7 @@ from znni.engine.output.labels import stored_dtype
 if TYPE_CHECKING:
     from znni.engine.io.formats import InputVolume
     from znni.engine.job import SegmentJob
+    from znni.model.onnx_model import OnnxModel
 
 ATTR = "znni"
 
@@ -57,7 +58,7 @@ def provenance(
                             "blend": plan.get("blend")}
     package = getattr(job.network, "package", None)
     if package is not None:  # a bioimage.io package: its processing, statistics resolved
-        net = job.network
+        net = cast("OnnxModel", job.network)  # only a graph model comes from a package
         record["package"] = {
             **package, "channel_names": list(net.channel_names), "halo": list(net.halo),
             "preprocessing": [op.record() for op in net.preprocessing],

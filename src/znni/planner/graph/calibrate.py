@@ -20,14 +20,19 @@ from __future__ import annotations
 import logging
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from znni.model.network import FLOAT_BYTES, LayerShape
 from znni.planner.fitting import relative_multipliers
 from znni.planner.machine import MachineProfile
+from znni.primitives.base import Backend
+
+if TYPE_CHECKING:  # imported where a calibration runs
+    from znni.model.graph import Graph
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +53,8 @@ REPEATS = 3  # each timed this many times after a warm-up run; the median counts
 
 # one measurement: the model's terms whose rates are fitted, its fixed seconds, measured s
 Row = tuple[tuple[float, ...], float, float]
+ConvCase = tuple[int, int, int]  # (Cin, Cout, output side) of a 3^3 conv
+GemmCase = tuple[str, int, int, int]  # (op, Cin, Cout, input side)
 
 
 def graph_rates(profile: MachineProfile, quick: bool = False) -> dict[str, float]:
@@ -104,7 +111,9 @@ def _median_s(fn: Callable[[], object]) -> float:
     return statistics.median(times)
 
 
-def _conv_case(cin: int, cout: int, side: int, rng: np.random.Generator) -> tuple:
+def _conv_case(
+    cin: int, cout: int, side: int, rng: np.random.Generator
+) -> tuple[LayerShape, np.ndarray, np.ndarray, np.ndarray]:
     """(layer shape, input, weight, bias) of a 3^3 conv with `side`^3 outputs."""
     n = side + 2
     x = rng.standard_normal((1, cin, n, n, n), dtype=np.float32)  # (N, C, Z, Y, X)
@@ -113,7 +122,8 @@ def _conv_case(cin: int, cout: int, side: int, rng: np.random.Generator) -> tupl
     return layer, x, w, np.zeros(cout, np.float32)
 
 
-def conv_rows(backend: object, profile: MachineProfile, shapes: tuple, *, primitive: str,
+def conv_rows(backend: Backend, profile: MachineProfile, shapes: Sequence[ConvCase], *,
+              primitive: str,
               terms: Callable[[LayerShape], tuple[tuple[float, ...], float]]) -> list[Row]:
     """A 3^3 conv per (Cin, Cout, side) by `primitive`, against `terms`(layer): its model's
     (fitted terms, fixed seconds)."""
@@ -121,13 +131,14 @@ def conv_rows(backend: object, profile: MachineProfile, shapes: tuple, *, primit
     rows: list[Row] = []
     for cin, cout, side in shapes:
         layer, x, w, b = _conv_case(cin, cout, side, rng)
-        seconds = _median_s(partial(backend.conv3d, x, w, b, None, primitive))  # type: ignore[attr-defined]
+        seconds = _median_s(partial(backend.conv3d, x, w, b, None, primitive))
         fitted, fixed_s = terms(layer)
         rows.append((fitted, fixed_s, seconds))
     return rows
 
 
-def winograd_rows(backend: object, profile: MachineProfile, shapes: tuple) -> list[Row]:
+def winograd_rows(backend: Backend, profile: MachineProfile,
+                  shapes: Sequence[ConvCase]) -> list[Row]:
     from znni.planner.graph.winograd_costs import winograd_terms
 
     def terms(layer: LayerShape) -> tuple[tuple[float, ...], float]:
@@ -137,7 +148,8 @@ def winograd_rows(backend: object, profile: MachineProfile, shapes: tuple) -> li
     return conv_rows(backend, profile, shapes, primitive="winograd", terms=terms)
 
 
-def openvino_rows(backend: object, profile: MachineProfile, shapes: tuple) -> list[Row]:
+def openvino_rows(backend: Backend, profile: MachineProfile,
+                  shapes: Sequence[ConvCase]) -> list[Row]:
     from znni.planner.graph.openvino_costs import openvino_terms
 
     def terms(layer: LayerShape) -> tuple[tuple[float, ...], float]:
@@ -147,7 +159,7 @@ def openvino_rows(backend: object, profile: MachineProfile, shapes: tuple) -> li
     return conv_rows(backend, profile, shapes, primitive="openvino", terms=terms)
 
 
-def norm_rows(profile: MachineProfile, shapes: tuple) -> list[Row]:
+def norm_rows(profile: MachineProfile, shapes: Sequence[tuple[int, int]]) -> list[Row]:
     """Instance norm in place, as a window runs it (engine/graph_forward.INPLACE)."""
     from znni.planner.graph.search import NODE_OVERHEAD_S, OP_TRAFFIC
     from znni.primitives.cpu import graph_ops
@@ -166,7 +178,7 @@ def norm_rows(profile: MachineProfile, shapes: tuple) -> list[Row]:
 
 
 def _strided_node(op: str, cin: int, cout: int, side: int, *,
-                  rng: np.random.Generator) -> tuple:
+                  rng: np.random.Generator) -> tuple[Graph, np.ndarray]:
     """(one-node graph, input) of a 3^3 stride-2 conv or transposed conv with pads 1."""
     from znni.model.graph import Graph, Node
 
@@ -184,7 +196,7 @@ def _strided_node(op: str, cin: int, cout: int, side: int, *,
     return graph, x
 
 
-def graph_gemm_rows(profile: MachineProfile, shapes: tuple) -> list[Row]:
+def graph_gemm_rows(profile: MachineProfile, shapes: Sequence[GemmCase]) -> list[Row]:
     """graph_ops' phase-split strided convs and scatter transposed convs, as a window runs
     them (engine/graph_forward); the fitted term is their GEMMs (graph/op_costs)."""
     from znni.planner.graph.op_costs import scatter_transpose_work, strided_conv_work

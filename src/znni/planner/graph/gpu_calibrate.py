@@ -193,7 +193,8 @@ def fit_multiplier(gpu: GpuProfile, graph: Graph, primitive: str, precision: str
 
 
 def _multiplier(gpu: GpuProfile, device: Any, device_conv: Callable[..., Any],
-                primitive: str, precision: str, shapes: tuple) -> float:
+                primitive: str, precision: str,
+                shapes: tuple[tuple[int, int, int, int], ...]) -> float:
     """Median over `shapes` of fit_multiplier; 1 where no shape tells the rate."""
     ratios = []
     for cin, cout, k, side in shapes:

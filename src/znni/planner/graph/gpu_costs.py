@@ -166,7 +166,7 @@ def fft_shape(graph: Graph, node: Node) -> tuple[int, int, int]:
     size = graph.shapes[node.inputs[0]][2:]
     pads = node.params["pads"]
     padded = tuple(int(size[a]) + pads[a] + pads[a + 3] for a in range(3))
-    return padded_shape(padded, CUFFT_EXTRA_FACTORS)  # type: ignore[arg-type]
+    return padded_shape(padded, CUFFT_EXTRA_FACTORS)
 
 
 def cufft_cost(graph: Graph, node: Node, gpu: GpuProfile, precision: str, batch: int, *,

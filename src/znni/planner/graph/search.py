@@ -249,7 +249,7 @@ def _peak(tensors: int, picks: dict[int, tuple[float, int, int, str]], other: in
     return tensors + kept + max([other, *(p[1] for p in picks.values())])
 
 
-def unbuilt_concats(graph: Graph, picks: dict[int, tuple[float, int, int, str]]) -> frozenset:
+def unbuilt_concats(graph: Graph, picks: dict[int, tuple[float, int, int, str]]) -> frozenset[str]:
     """Concats the executor never builds (model.graph.concat_read_in_parts)."""
     readers = reader_counts(graph)
     return frozenset(
@@ -323,7 +323,8 @@ def plan_graph(
     )
 
 
-def _give_up_kept_bytes(graph: Graph, picks: dict, options: dict, *, tensors: int,
+def _give_up_kept_bytes(graph: Graph, picks: dict[int, tuple[float, int, int, str]],
+                        options: dict[int, list[tuple[float, int, int, str]]], *, tensors: int,
                         space: int, limit: int) -> None:
     """While the peak is over `limit`, the conv whose kept bytes cost least time per byte
     to give up moves to its best option that keeps none (in `picks`); ValueError where

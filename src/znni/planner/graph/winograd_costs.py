@@ -12,6 +12,7 @@ from znni.model.network import FLOAT_BYTES, LayerShape
 from znni.planner.machine import MachineProfile
 from znni.primitives.cpu.winograd import PRIMITIVE_TILES, chunks
 from znni.primitives.cpu.winograd_error import layer_tile_error
+from znni.triple import as_triple
 
 # Winograd F(4, 3) (primitives/cpu/winograd.py): tiles of 4^3 outputs from 6^3 inputs
 WINOGRAD_M = 4
@@ -84,8 +85,8 @@ def chunk_rounds_factor(layer: LayerShape, cores: int, m: int = WINOGRAD_M) -> f
     to 0.35."""
     per_chunk = WINOGRAD_CHUNK_BYTES // (
         FLOAT_BYTES * (m + 2) ** 3 * (layer.channels_in + layer.channels_out))
-    tiles = tuple(-(-o // m) for o in layer.size_out)
-    n = len(chunks(layer.batch_in, tiles, per_chunk, cores))  # type: ignore[arg-type]
+    tiles = as_triple(-(-o // m) for o in layer.size_out)
+    n = len(chunks(layer.batch_in, tiles, per_chunk, cores))
     workers = max(1, cores)
     return ceil(n / workers) * workers / n
 

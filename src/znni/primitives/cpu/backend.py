@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from math import prod
 
 import numpy as np
@@ -45,6 +46,7 @@ from znni.primitives.cpu.tiling import (
 )
 from znni.primitives.cpu.winograd import PRIMITIVE_TILES, channel_parts, winograd_conv3d
 from znni.primitives.fft_sizes import padded_shape
+from znni.triple import as_triple
 
 CONV_PRIMITIVES = ("direct", "fft-keep", "fft-recompute")
 # only when chosen explicitly (the graph planner): OpenVINO is an optional dependency,
@@ -225,8 +227,8 @@ class CpuBackend:
         """FFT conv, over overlap-save tiles when the tiling model says that is faster."""
         s, cin = x.shape[:2]
         cout = weight.shape[0]
-        kernel: Triple = tuple(int(v) for v in weight.shape[2:])  # type: ignore[assignment]
-        out: Triple = tuple(int(n) - k + 1 for n, k in zip(x.shape[2:], kernel, strict=True))  # type: ignore[assignment]
+        kernel = as_triple(weight.shape[2:])
+        out = as_triple(int(n) - k + 1 for n, k in zip(x.shape[2:], kernel, strict=True))
         budget = self.spectra.max_bytes if keep else None
         m = self.fft_tiles or choose_tiles(s, cin, cout, out, kernel, budget)
         counts, t_out, t_in = tile_geometry(out, kernel, m)
@@ -309,7 +311,7 @@ class CpuBackend:
 
         return self.chooser.choose(
             key,
-            {n: (lambda n=n: timed(n)) for n in names},
+            {n: partial(timed, n) for n in names},
             {n: self.estimate(n, x.shape, weight.shape) for n in names},
         )
 

@@ -41,6 +41,7 @@ from numpy.lib.stride_tricks import as_strided
 from znni.primitives.activations import apply_activation
 from znni.primitives.base import Activation
 from znni.primitives.cpu.threads import blas_single_thread
+from znni.triple import as_triple
 
 FLOAT_BYTES = 4
 SPLIT_MIN_ROWS = 128  # fewer column rows per GEMM than this: one full-depth GEMM instead
@@ -135,9 +136,9 @@ def direct_conv3d(
     x = np.ascontiguousarray(x, dtype=np.float32)
     s, cin, nz, ny, nx = (int(v) for v in x.shape)
     cout = int(weight.shape[0])
-    kernel = tuple(int(v) for v in weight.shape[2:])
-    out_size = tuple(n - k + 1 for n, k in zip((nz, ny, nx), kernel, strict=True))
-    rows, gemms = column_layout(cin, kernel)  # type: ignore[arg-type]
+    kernel = as_triple(weight.shape[2:])
+    out_size = as_triple(n - k + 1 for n, k in zip((nz, ny, nx), kernel, strict=True))
+    rows, gemms = column_layout(cin, kernel)
     ky_g = kernel[1] // gemms  # kernel rows each GEMM's columns cover: ky, or 1 when split
     w = np.asarray(weight, dtype=np.float32)
     wg = [np.ascontiguousarray(w[:, :, :, g : g + ky_g].reshape(cout, rows))  # (Cout, rows)
@@ -146,7 +147,7 @@ def direct_conv3d(
     blocks = _blocks(s, out_size, (nz, ny, nx), rows * gemms, slab_bytes, pool._max_workers)
     cap = max(block_columns(b[2] - b[1], b[4] - b[3], ny, nx, out_size[2]) for b in blocks)
     conv = _ColumnConv(x, wg, bias.astype(np.float32).reshape(cout, 1), activation, out,
-                       kernel, ky_g)  # type: ignore[arg-type]
+                       kernel, ky_g)
     it = iter(blocks)
     lock = threading.Lock()
 
@@ -211,7 +212,9 @@ class _ColumnConv:
         res = res_buf[: self.cout * cols].reshape(self.cout, cols)
         np.matmul(self.wg[0], col[:, :cols], out=res)
         for g in range(1, len(self.wg)):  # offset dy = g: the same columns, g rows further on
-            acc = acc_buf[: self.cout * cols].reshape(self.cout, cols)  # type: ignore[index]
+            if acc_buf is None:  # buffers() makes one wherever there are several GEMMs
+                raise TypeError("several GEMMs need an accumulator buffer")
+            acc = acc_buf[: self.cout * cols].reshape(self.cout, cols)
             np.matmul(self.wg[g], col[:, g * nx : g * nx + cols], out=acc)
             res += acc
         res += self.bias
@@ -234,8 +237,8 @@ def direct_bytes(
     slab_bytes: int = 2**23,
 ) -> int:
     """Peak bytes of `direct_conv3d` besides its input: output + per-worker buffers."""
-    out = tuple(a - k + 1 for a, k in zip(n, kernel, strict=True))
-    blocks = _blocks(s, out, n, cin * prod(kernel), slab_bytes, workers)  # type: ignore[arg-type]
+    out = as_triple(a - k + 1 for a, k in zip(n, kernel, strict=True))
+    blocks = _blocks(s, out, n, cin * prod(kernel), slab_bytes, workers)
     cap = max(block_columns(b[2] - b[1], b[4] - b[3], n[1], n[2], out[2]) for b in blocks)
     per_worker = worker_bytes(cin, cout, kernel, cap, n[2])
     return s * cout * prod(out) * FLOAT_BYTES + min(workers, len(blocks)) * per_worker

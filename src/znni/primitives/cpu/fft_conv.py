@@ -13,7 +13,7 @@ inputs (F, Cin, S), the frequency range split over a thread pool.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from math import prod
 
@@ -24,6 +24,7 @@ from znni.primitives.base import Activation, Triple
 from znni.primitives.cpu.fftw_plans import PlanCache, Workspace
 from znni.primitives.cpu.threads import blas_single_thread
 from znni.primitives.fft_sizes import padded_shape
+from znni.triple import as_triple
 
 COMPLEX_BYTES = 8
 FLOAT_BYTES = 4
@@ -52,16 +53,18 @@ def _forward_builder(b: int, size: Triple, padded: Triple) -> Callable[[PlanCach
     return build
 
 
-def pruned_rfftn(cache: PlanCache, images: np.ndarray, padded: Triple) -> tuple[Workspace, tuple]:
+def pruned_rfftn(
+    cache: PlanCache, images: np.ndarray, padded: Triple
+) -> tuple[Workspace, tuple[Hashable, ...]]:
     """Spectra of real (b, a, c, e) images zero-padded to `padded`: ws.arrays['d'] (b, Nz, Ny, Fx).
 
     The caller must `cache.checkin(key, ws)` once done with the spectra.
     """
     b = images.shape[0]
-    size = tuple(int(v) for v in images.shape[1:])
+    size = as_triple(images.shape[1:])
     nz, ny, nx = size
     key = ("rfftn", b, size, padded)
-    ws = cache.checkout(key, _forward_builder(b, size, padded))  # type: ignore[arg-type]
+    ws = cache.checkout(key, _forward_builder(b, size, padded))
     a, d = ws.arrays["a"], ws.arrays["d"]
     a[..., :nx] = images
     a[..., nx:] = 0
@@ -88,7 +91,9 @@ def _inverse_builder(b: int, padded: Triple, out: Triple) -> Callable[[PlanCache
     return build
 
 
-def inverse_workspace(cache: PlanCache, b: int, padded: Triple, out: Triple) -> tuple:
+def inverse_workspace(
+    cache: PlanCache, b: int, padded: Triple, out: Triple
+) -> tuple[Workspace, tuple[Hashable, ...]]:
     key = ("irfftn", b, padded, out)
     return cache.checkout(key, _inverse_builder(b, padded, out)), key
 
@@ -218,7 +223,7 @@ def fft_conv3d(
     s, cin = x.shape[:2]
     size: Triple = (int(x.shape[2]), int(x.shape[3]), int(x.shape[4]))
     cout = weight.shape[0]
-    out_size: Triple = tuple(n - k + 1 for n, k in zip(size, weight.shape[2:], strict=True))  # type: ignore[assignment]
+    out_size = as_triple(n - k + 1 for n, k in zip(size, weight.shape[2:], strict=True))
     padded = padded_shape(size)
     nf = prod(spectrum_shape(padded))
     out = np.empty((s, cout, *out_size), dtype=np.float32)

@@ -34,7 +34,7 @@ def _import_pyfftw() -> Any:
     imported it yet."""
     blocked = [m for m in ("scipy.fftpack", "dask") if m not in sys.modules]
     for m in blocked:
-        sys.modules[m] = None  # type: ignore[assignment]
+        sys.modules[m] = None  # type: ignore[assignment]  # None blocks an import; typeshed omits it
     try:
         import pyfftw as module
     finally:

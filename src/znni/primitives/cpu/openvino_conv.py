@@ -26,7 +26,7 @@ import importlib.util
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from typing import Any, NamedTuple
@@ -62,15 +62,18 @@ def _activation(ops: Any, y: Any, act: Activation | None) -> Any:
     return ops.prelu(y, slope)  # leaky_relu
 
 
+_Compiled = tuple[Any, tuple[int, ...], threading.Lock]  # (infer request, output shape, lock)
+
+
 class _Layer(NamedTuple):
     """What shapes one compiled layer (for one window: a batch runs window by window): its
     inputs, and its convs one after another (a chain: model.openvino_layers.openvino_chains)."""
 
-    shapes: tuple  # (Cin_k, Z, Y, X) of each input part
-    layouts: tuple  # per part: True where it is channels-last in memory
+    shapes: tuple[tuple[int, ...], ...]  # (Cin_k, Z, Y, X) of each input part
+    layouts: tuple[bool, ...]  # per part: True where it is channels-last in memory
     steps: tuple[ConvStep, ...]
 
-    def key(self) -> tuple:
+    def key(self) -> tuple[Hashable, ...]:
         """The compiled-layer cache key: shapes, pads and a digest of the values."""
         digest = hashlib.sha1()
         for step in self.steps:
@@ -86,7 +89,7 @@ class _Layer(NamedTuple):
 # a layer's weights digested once: sha1 over 128 -> 128 3^3 weights (1.8 MB) took 1.8 ms,
 # every call; a window's weights are the graph's own arrays, the same objects each call,
 # never written (model.graph). Keyed by identity, checked by a weak reference; bounded.
-_DIGESTS: OrderedDict[int, tuple[weakref.ref, bytes]] = OrderedDict()
+_DIGESTS: OrderedDict[int, tuple[weakref.ref[np.ndarray], bytes]] = OrderedDict()
 _DIGESTS_LOCK = threading.Lock()
 MAX_DIGESTS = 256
 SMALL_DIGEST_BYTES = 64 * 2**10  # smaller arrays are digested each call
@@ -115,7 +118,7 @@ class OpenVinoConvs:
     def __init__(self, threads: int, pool: ThreadPoolExecutor | None = None) -> None:
         self.threads = threads
         self._pool = pool  # transposes the output back to channels-first; None: this thread
-        self._compiled: OrderedDict[tuple, Any] = OrderedDict()
+        self._compiled: OrderedDict[tuple[Hashable, ...], _Compiled] = OrderedDict()
         self._lock = threading.Lock()
         self._ov: Any = None  # the openvino module, once a layer is compiled
         self._core: Any = None
@@ -167,7 +170,7 @@ class OpenVinoConvs:
             return last.transpose(0, 4, 1, 2, 3)  # (S, Cout, Z', Y', X'), channels-last memory
         return _channels_first(last, self._pool)
 
-    def _request(self, layer: _Layer) -> tuple[Any, tuple, threading.Lock]:
+    def _request(self, layer: _Layer) -> _Compiled:
         key = layer.key()
         with self._lock:
             hit = self._compiled.get(key)
@@ -285,7 +288,7 @@ def _channels_first(last: np.ndarray, pool: ThreadPoolExecutor | None) -> np.nda
 
     n = s * z
     workers = 1 if pool is None or last.nbytes < PARALLEL_TRANSPOSE_BYTES else pool._max_workers
-    if workers == 1:
+    if pool is None or workers == 1:
         planes(0, n)
         return out
     cuts = [n * w // workers for w in range(workers + 1)]

@@ -29,6 +29,7 @@ import numpy as np
 
 log = logging.getLogger("znni.primitives")
 MAX_NETWORKS = 4  # compiled networks kept per process (one window shape per run, mostly)
+NetworkKey = tuple[str, tuple[int, ...], str, str, int | None]
 _COMPILER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="znni-ov-compile")
 
 
@@ -89,7 +90,8 @@ class CompiledNetworks:
 
     def __init__(self, max_networks: int = MAX_NETWORKS) -> None:
         self.max_networks = max_networks
-        self._items: OrderedDict[tuple, Future[OpenVinoNetwork]] = OrderedDict()
+        # (onnx path, input shape, output, precision, threads) -> its compile
+        self._items: OrderedDict[NetworkKey, Future[OpenVinoNetwork]] = OrderedDict()
         self._lock = threading.Lock()
 
     def start(self, onnx_path: str, input_shape: tuple[int, ...], output: str,
@@ -121,7 +123,7 @@ class CompiledNetworks:
         if future is not None:
             future.cancel()
 
-    def __contains__(self, key: tuple) -> bool:
+    def __contains__(self, key: NetworkKey) -> bool:
         """Whether (onnx_path, input_shape, output, precision, threads) is held."""
         path, *rest = key
         with self._lock:

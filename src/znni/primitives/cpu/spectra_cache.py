@@ -20,7 +20,7 @@ from znni.primitives.base import Triple
 def spectra_key(weight: np.ndarray, padded: Triple) -> Hashable:
     """Cache key of the spectra of `weight` transformed at `padded`."""
     w = np.ascontiguousarray(weight)
-    digest = hashlib.blake2b(w.view(np.uint8).reshape(-1), digest_size=16).hexdigest()
+    digest = hashlib.blake2b(w.view(np.uint8).reshape(-1).data, digest_size=16).hexdigest()
     return (digest, w.shape, w.dtype.str, tuple(padded))
 
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from znni.primitives.base import Triple
 from znni.primitives.fft_sizes import padded_shape
+from znni.triple import as_triple
 
 FFT_FLOPS_PER_S = 1.0e10
 GEMM_FLOPS_PER_S = 1.0e11
@@ -37,10 +38,10 @@ def recompute_parts(cin: int, cout: int, nf: int, part_bytes: int) -> int:
 
 def tile_geometry(out: Triple, kernel: Triple, m: int) -> tuple[Triple, Triple, Triple]:
     """(tiles per axis, tile output size, tile input size) for m tiles per axis (capped)."""
-    counts = tuple(min(m, o) for o in out)
-    t_out = tuple(-(-o // c) for o, c in zip(out, counts, strict=True))
-    t_in = tuple(t + k - 1 for t, k in zip(t_out, kernel, strict=True))
-    return counts, t_out, t_in  # type: ignore[return-value]
+    counts = as_triple(min(m, o) for o in out)
+    t_out = as_triple(-(-o // c) for o, c in zip(out, counts, strict=True))
+    t_in = as_triple(t + k - 1 for t, k in zip(t_out, kernel, strict=True))
+    return counts, t_out, t_in
 
 
 def model_s(

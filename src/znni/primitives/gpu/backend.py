@@ -43,6 +43,7 @@ from znni.primitives.gpu.streaming import (
 )
 from znni.primitives.gpu.workspace import Workspace
 from znni.primitives.reference import maxpool_reference
+from znni.triple import as_triple
 
 Shape = tuple[int, ...]
 MAX_FFT_BATCH_BYTES = 64 * 2**20
@@ -94,7 +95,7 @@ class GpuBackend:
         return self._run_conv(dop, self._host(x))
 
     def mpf(self, x: np.ndarray, window: Triple) -> np.ndarray:
-        return self._run_segment([DeviceOp(-1, Pool(tuple(window)))], self._host(x))  # type: ignore[arg-type]
+        return self._run_segment([DeviceOp(-1, Pool(as_triple(window)))], self._host(x))
 
     def activation(self, x: np.ndarray, activation: Activation) -> np.ndarray:
         return self._run_segment([DeviceOp(-1, activation)], self._host(x))
@@ -292,7 +293,8 @@ class GpuBackend:
 
     def _conv_fit(self, dop: DeviceOp, shape: Shape) -> tuple[int, int] | None:
         """(sub-batch, output channels per group) that fit, fewest groups first."""
-        cout = dop.op.out_channels  # type: ignore[union-attr]
+        assert isinstance(dop.op, Conv)  # _conv_fit is only called for convs (_run_conv)
+        cout = dop.op.out_channels
         for g in chunk_sizes(cout):
 
             def need(sub: int, n: int, g: int = g) -> int:

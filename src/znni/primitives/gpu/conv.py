@@ -17,15 +17,16 @@ import numpy as np
 
 from znni.primitives.base import Triple
 from znni.primitives.gpu.workspace import Workspace
+from znni.triple import as_triple
 
 FLOAT_BYTES = 4
 
 
 def conv_output_size(size: Triple, kernel: Triple) -> Triple:
-    out = tuple(n - k + 1 for n, k in zip(size, kernel, strict=True))
+    out = as_triple(n - k + 1 for n, k in zip(size, kernel, strict=True))
     if min(out) < 1:
         raise ValueError(f"input {size} is smaller than kernel {kernel}")
-    return out  # type: ignore[return-value]
+    return out
 
 
 def direct_workspace_bytes(batch: int, cin: int, cout: int, size: Triple, kernel: Triple) -> int:

@@ -33,6 +33,7 @@ from znni.primitives.gpu.fft_conv import (
     kernel_spectra,
 )
 from znni.primitives.gpu.workspace import Workspace
+from znni.triple import as_triple
 
 F32 = np.float32
 FFT_BATCH_BYTES = 1 << 26  # one bounded batch of transforms (fft_conv.py)
@@ -146,9 +147,9 @@ def cufft_conv(
     xp = device.xp
     n, cin = spec.x_shape[:2]
     cout = spec.out_channels
-    size = tuple(spec.x_shape[2 + i] + spec.pads[i] + spec.pads[i + 3] for i in range(3))
+    size = as_triple(spec.x_shape[2 + i] + spec.pads[i] + spec.pads[i + 3] for i in range(3))
     batch_bytes = max(1, min(FFT_BATCH_BYTES, device.memory_cap_bytes // 16))
-    fshape = fft_shape(size)  # type: ignore[arg-type]
+    fshape = fft_shape(size)
     w = params["weight"]
     spectra = None
     kept_key = (key, fshape, spec.w_shape, spec.io_dtype)
@@ -157,7 +158,7 @@ def cufft_conv(
         if spectra is None:
             spectra = _make_kept(device, kept, kept_key, w, fshape, batch_bytes)
     keep = spectra is not None
-    ws_bytes = fft_workspace_bytes(n, cin, cout, size, keep, batch_bytes)  # type: ignore[arg-type]
+    ws_bytes = fft_workspace_bytes(n, cin, cout, size, keep, batch_bytes)
     copies = (prod((n, cin, *size)) + prod(spec.w_shape) + prod(spec.out_shape) + cout) * 4
     device.reserve(ws_bytes + copies, "cuFFT conv workspace")
     try:

@@ -28,6 +28,7 @@ from znni.primitives.fft_sizes import (
     spectrum_points,
 )
 from znni.primitives.gpu.workspace import Workspace
+from znni.triple import as_triple
 
 COMPLEX_BYTES = 8
 TRANSFORM_TEMPS = 4  # live batch-sized temporaries in a pass, cuFFT's own workspace included
@@ -136,8 +137,8 @@ def fft_conv(
     """
     s, cin = x.shape[:2]
     cout = w.shape[0]
-    size = tuple(x.shape[2:])
-    fshape = fft_shape(size)  # type: ignore[arg-type]
+    size = as_triple(x.shape[2:])
+    fshape = fft_shape(size)
     nf = spectrum_points(fshape)
     step = batch_images(fshape, batch_bytes)
     xs = ws.take(xp.empty((nf, s * cin), dtype=xp.complex64))  # (F, S*Cin)
@@ -171,13 +172,13 @@ def _inverse_into(
 ) -> None:
     """Inverse-transform the (F, S*Cout) spectra into out (S, Cout, o), `step` images at a time."""
     s, cout = out.shape[:2]
-    out_size = tuple(out.shape[2:])
+    out_size = as_triple(out.shape[2:])
     fh = fshape[2] // 2 + 1
     out_images = out.reshape(s * cout, *out_size)  # a view of out
     for j0 in range(0, s * cout, step):
         j1 = min(j0 + step, s * cout)
         t = ws.take(xp.ascontiguousarray(ys[:, j0:j1].T))  # (b, F)
-        r = _inverse_pruned(xp, t.reshape(j1 - j0, fshape[0], fshape[1], fh), fshape, out_size, ws)  # type: ignore[arg-type]
+        r = _inverse_pruned(xp, t.reshape(j1 - j0, fshape[0], fshape[1], fh), fshape, out_size, ws)
         ws.give(t)
         out_images[j0:j1] = r[..., : out_size[2]]
         ws.give(r)

@@ -28,6 +28,7 @@ from znni.primitives.base import Activation
 from znni.primitives.gpu.device import Device, DeviceOutOfMemory
 from znni.primitives.gpu.graph_kernels import KERNELS
 from znni.primitives.gpu.graph_split import (
+    Shape,
     channel_ranges,
     channel_unit,
     chunk_inputs,
@@ -132,7 +133,7 @@ class DeviceGraphOps:
         return self._in_channel_chunks(op, key, params, inputs, primitive, activation, out)
 
     def _whole(self, op: str, key: str, params: Mapping[str, Any], inputs: Sequence[Any],
-               primitive: str | None, activation: Activation | None, out: tuple) -> Any:
+               primitive: str | None, activation: Activation | None, out: Shape) -> Any:
         dparams = self.params.get(f"{key}@{self.precision}", params)
         if op in CONV_OPS:
             return self._conv(op, inputs[0], dparams, primitive, activation, key)
@@ -146,7 +147,7 @@ class DeviceGraphOps:
                            activation=activation, precision=self.precision,
                            transposed=op == "conv_transpose", key=f"{key}@{self.precision}")
 
-    def _kernel(self, op: str, dparams: Mapping[str, Any], inputs: Sequence[Any], out: tuple,
+    def _kernel(self, op: str, dparams: Mapping[str, Any], inputs: Sequence[Any], out: Shape,
                 activation: Activation | None) -> Any:
         """An `xp` kernel in float32 with its temporaries reserved; the result in the
         storage dtype, counted."""
@@ -171,7 +172,7 @@ class DeviceGraphOps:
     def _in_channel_chunks(self, op: str, key: str, params: Mapping[str, Any],
                            inputs: Sequence[Any],
                            primitive: str | None, activation: Activation | None,
-                           out: tuple) -> Any:
+                           out: Shape) -> Any:
         """The op in the fewest chunks of output channels that fit (graph_split.py), each
         with its parameters uploaded for the chunk alone; DeviceOutOfMemory if none do."""
         p = dict(params)

@@ -96,7 +96,8 @@ def conv_transpose(xp: ModuleType, p: dict[str, Any], x: Any) -> Any:
     return y
 
 
-def _pool(xp: ModuleType, p: dict[str, Any], x: Any, fill: float, op: Any) -> tuple[Any, tuple]:
+def _pool(xp: ModuleType, p: dict[str, Any], x: Any, fill: float,
+          op: Any) -> tuple[Any, tuple[int, ...]]:
     """Separable strided window reduction with `op` over the padded input; (result, out)."""
     k, s, pads = tuple(p["kernel"]), tuple(p["strides"]), tuple(p["pads"])
     d = tuple(p.get("dilations", (1, 1, 1)))

@@ -27,6 +27,7 @@ from znni.primitives.gpu.fft_conv import (
     kernel_spectra,
 )
 from znni.primitives.gpu.workspace import Workspace
+from znni.triple import as_triple
 
 Shape = tuple[int, ...]
 
@@ -84,7 +85,7 @@ class DeviceOp:
         s, c = shape[:2]
         n = shape[2:]
         if isinstance(self.op, Conv):
-            return (s, self.op.out_channels, *conv_output_size(n, self.op.kernel))  # type: ignore[arg-type]
+            return (s, self.op.out_channels, *conv_output_size(as_triple(n), self.op.kernel))
         if isinstance(self.op, Pool):
             m = tuple(fragment_size(a, p) for a, p in zip(n, self.op.window, strict=True))
             return (s * prod(self.op.window), c, *m)
@@ -93,13 +94,13 @@ class DeviceOp:
     def workspace_bytes(self, shape: Shape, batch_bytes: int, cout: int | None = None) -> int:
         """Temporaries beyond input, output and parameters, for `cout` output channels."""
         s, c = shape[:2]
-        n = shape[2:]
         if isinstance(self.op, Conv):
+            n = as_triple(shape[2:])
             cout = self.op.out_channels if cout is None else cout
             if self.primitive in ("direct", "gemm"):
-                return direct_workspace_bytes(s, c, cout, n, self.op.kernel)  # type: ignore[arg-type]
+                return direct_workspace_bytes(s, c, cout, n, self.op.kernel)
             keep = self.primitive == "fft-keep"
-            return fft_workspace_bytes(s, c, cout, n, keep, batch_bytes)  # type: ignore[arg-type]
+            return fft_workspace_bytes(s, c, cout, n, keep, batch_bytes)
         if isinstance(self.op, Pool):  # the fragments array, one strided window copy, one max
             out = nbytes_of(self.out_shape(shape))
             return 2 * out + nbytes_of(shape)
@@ -113,7 +114,7 @@ class DeviceOp:
         cin = self.op.in_channels
         total = (cout * cin * prod(self.op.kernel) + cout) * 4
         if self.primitive == "fft-keep":
-            total += spectrum_points(fft_shape(shape[2:])) * cout * cin * COMPLEX_BYTES  # type: ignore[arg-type]
+            total += spectrum_points(fft_shape(as_triple(shape[2:]))) * cout * cin * COMPLEX_BYTES
         return total
 
 
@@ -152,7 +153,7 @@ def upload_params(
         device.copy_to_device(dst, pinned, copy, f"{dop.tag} weights")
     device.host_wait(device.record(copy))
     if dop.primitive == "fft-keep":
-        params.fshape = fft_shape(shape[2:])  # type: ignore[arg-type]
+        params.fshape = fft_shape(as_triple(shape[2:]))
         nf = spectrum_points(params.fshape)
         params.spectra = device.alloc((nf, w_host.shape[1], o1 - o0), np.complex64, "spectra")
     return params

@@ -25,6 +25,7 @@ AFFINE_TILE = 1 << 17
 SAMPLE = 1024
 
 Tile = tuple[int, int, int, int]  # rows r0:r1, columns c0:c1
+Moments = tuple[list[float], list[float]]  # (means, M2s) of a tile's rows
 
 
 def tiles(rows: int, length: int, tile: int) -> list[Tile]:
@@ -47,7 +48,7 @@ def _one_row(t: np.ndarray, ones: np.ndarray, scratch: np.ndarray) -> tuple[floa
     return float(centre) + s1 / k, max(s2 - s1 * s1 / k, 0.0)
 
 
-def _rows(t: np.ndarray, ones: np.ndarray, scratch: np.ndarray) -> tuple[list, list]:
+def _rows(t: np.ndarray, ones: np.ndarray, scratch: np.ndarray) -> Moments:
     """(means, M2s) of the whole rows of a contiguous (r, k) tile, as `_one_row`."""
     k = t.shape[1]
     centre = t[:, :SAMPLE].sum(axis=1) / np.float32(min(k, SAMPLE))  # float32 (r,)
@@ -59,7 +60,7 @@ def _rows(t: np.ndarray, ones: np.ndarray, scratch: np.ndarray) -> tuple[list, l
     return (centre + s1 / k).tolist(), m2.tolist()
 
 
-def _tile_moments(rows: np.ndarray, run: Sequence[Tile]) -> list[tuple[list, list]]:
+def _tile_moments(rows: np.ndarray, run: Sequence[Tile]) -> list[Moments]:
     """(means, M2s = sums of squared deviations) of each tile's rows, float64.
 
     Each row is centred on the mean of its first SAMPLE values: near the mean, in

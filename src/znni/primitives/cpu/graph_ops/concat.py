@@ -44,10 +44,10 @@ def concat_channels(xs: Sequence[np.ndarray], pads: Sequence[int] | None = None)
     def run(part: Sequence[tuple[int, int, int, int]]) -> list[None]:
         for i, c0, c1, o in part:
             if c1 > c0:
-                part = out[:, o : o + c1 - c0]  # (N, c, Z', Y', X')
+                dst = out[:, o : o + c1 - c0]  # (N, c, Z', Y', X')
                 if any(p):
-                    _zero_border(part, p)
-                part[(slice(None), slice(None), *inside)] = arrs[i][:, c0:c1]
+                    _zero_border(dst, p)
+                dst[(slice(None), slice(None), *inside)] = arrs[i][:, c0:c1]
         return [None] * len(part)
 
     run_tiles(run, pieces, out.nbytes)

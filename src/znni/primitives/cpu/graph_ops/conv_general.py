@@ -32,6 +32,7 @@ from znni.primitives.graph_args import (
     triple,
 )
 from znni.primitives.shapes import conv_out_size
+from znni.triple import as_triple
 
 COLUMN_BYTES = 4 * 2**20  # column buffer per block: a few MB keeps gather and GEMM in cache
 DEPTHWISE_BYTES = 2 * 2**20  # depthwise accumulator block (2 MB measured best on 2 cores)
@@ -89,7 +90,7 @@ def windows(
     if s[1] != 1 or s[2] != 1:
         xp = pad_zero(x, p)
         return window_view(xp, kernel, d, s, out), out
-    xp = pad_zero(x, p[:3] + (p[3] + 1,) + p[4:])  # type: ignore[arg-type]
+    xp = pad_zero(x, p[:3] + (p[3] + 1,) + p[4:])
     n, c, _, yp, xw = xp.shape
     sn, sc, sz = xp.strides[:3]
     shape = (n, c) + tuple(kernel) + (out[0], 1, yp * xw)
@@ -146,8 +147,8 @@ def conv3d(
     w = _check(x, weight, int(groups))
     s, d = triple(strides, "strides", 1), triple(dilations, "dilations", 1)
     p = six(pads)
-    kernel: Triple = w.shape[2:]  # type: ignore[assignment]
-    out: Triple = tuple(  # type: ignore[assignment]
+    kernel = as_triple(w.shape[2:])
+    out = as_triple(
         conv_out_size(x.shape[2 + i], kernel[i], s[i], d[i], p[i], p[i + 3]) for i in range(3)
     )
     if min(out) < 1:

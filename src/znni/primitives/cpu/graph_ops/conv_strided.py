@@ -20,6 +20,7 @@ import numpy as np
 
 from znni.primitives.cpu.graph_ops._parallel import run_tiles
 from znni.primitives.graph_args import Six, Triple
+from znni.triple import as_triple
 
 COLUMN_BYTES = 4 * 2**20  # columns per block: a few MB keeps gather and GEMM in cache
 
@@ -67,13 +68,13 @@ def conv_strided(
     """Cross-correlation of (N, Cin, Z, Y, X) with (Cout, Cin/g, kz, ky, kx), unit dilation,
     strides `s`, zero pads `p` -> (N, Cout, *out) float32, without bias."""
     stride: Triple = (int(s[0]), int(s[1]), int(s[2]))
-    kernel: Triple = w.shape[2:]  # type: ignore[assignment]
+    kernel = as_triple(w.shape[2:])
     ph = split_phases(x, kernel, stride, p, out)
     n, cin = x.shape[:2]
     cg, cout = cin // groups, w.shape[0]
     plane = (ph.shape[-2], ph.shape[-1])
     flat = ph.reshape(n, cin, -1, ph.shape[-3] * plane[0] * plane[1])  # (N, C, phases, F+)
-    tap_list = taps(kernel, stride, ph.shape[2:5], plane)  # type: ignore[arg-type]
+    tap_list = taps(kernel, stride, as_triple(ph.shape[2:5]), plane)
     kdim = len(tap_list) * cg
     # K ordered (tap, channel): matches the columns below
     wm = w.reshape(groups, cout // groups, cg, -1).transpose(0, 1, 3, 2).reshape(

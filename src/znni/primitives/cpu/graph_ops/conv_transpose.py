@@ -27,6 +27,7 @@ from znni.primitives.graph_args import (
     triple,
 )
 from znni.primitives.shapes import transpose_out_size
+from znni.triple import as_triple
 
 # bytes of one slab's GEMM result: stays in L2 for the strided copies out of it
 SLAB_BYTES = 1 << 20
@@ -64,8 +65,8 @@ def conv_transpose3d(
     w = _check(x, weight, groups)
     s, d = triple(strides, "strides", 1), triple(dilations, "dilations", 1)
     p, op = six(pads), triple(output_padding, "output_padding", 0)
-    kernel: Triple = w.shape[2:]  # type: ignore[assignment]
-    out: Triple = tuple(  # type: ignore[assignment]
+    kernel = as_triple(w.shape[2:])
+    out = as_triple(
         transpose_out_size(x.shape[2 + i], kernel[i], s[i], d[i], p[i], p[i + 3], op[i])
         for i in range(3)
     )

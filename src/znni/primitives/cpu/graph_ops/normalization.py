@@ -168,8 +168,11 @@ def fold_batch_norm_into_conv(
         raise ValueError(f"weight must be (Cout, Cin/groups, ...), got shape {w.shape}")
     cout = w.shape[0]
     a, b = _bn_coefficients(cout, scale, bn_bias, mean, var, epsilon)
-    conv_b = np.zeros(cout) if bias is None else np.asarray(bias, np.float64).reshape(-1)
-    if conv_b.size != cout:
-        raise ValueError(f"bias must have {cout} entries, got shape {np.shape(bias)}")
+    if bias is None:
+        conv_b = np.zeros(cout)
+    else:
+        conv_b = np.asarray(bias, np.float64).reshape(-1)
+        if conv_b.size != cout:
+            raise ValueError(f"bias must have {cout} entries, got shape {np.shape(bias)}")
     w_f = w * a.reshape((cout,) + (1,) * (w.ndim - 1))
     return w_f.astype(np.float32), (conv_b * a + b).astype(np.float32)

@@ -22,7 +22,7 @@ def pad3d(
     """Pad (or crop, for negative entries) with pads (z_b, y_b, x_b, z_e, y_e, x_e) -> float32."""
     x = as_volume(x)
     p = six(pads, allow_negative=True)
-    choice(mode, "mode", PAD_MODES)
+    kind = choice(mode, "mode", PAD_MODES)
     crop = [slice(None), slice(None)]
     for i in range(3):
         n = x.shape[2 + i]
@@ -32,11 +32,11 @@ def pad3d(
         crop.append(slice(lo, hi))
     xc = x[tuple(crop)]
     width = ((0, 0), (0, 0)) + tuple((max(0, p[i]), max(0, p[i + 3])) for i in range(3))
-    if mode == "constant":
+    if kind == "constant":
         if all(v >= 0 for v in p):
             return pad_constant(xc, p, value)
         return np.pad(xc, width, mode="constant", constant_values=np.float32(value))
-    return np.pad(xc, width, mode=mode)
+    return np.pad(xc, width, mode=kind)
 
 
 def pad_constant(x: np.ndarray, pads: Sequence[int], value: float = 0.0) -> np.ndarray:

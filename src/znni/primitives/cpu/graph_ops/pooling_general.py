@@ -24,6 +24,7 @@ from znni.primitives.graph_args import (
     triple,
 )
 from znni.primitives.shapes import pool_out_size
+from znni.triple import as_triple
 
 CHANNEL_TILE_BYTES = 1 << 20  # input per channel range: whole channels, a few per core
 
@@ -42,7 +43,7 @@ def _geometry(
     for i in range(3):
         if max(p[i], p[i + 3]) >= d[i] * (k[i] - 1) + 1:
             raise ValueError(f"pads {p} must be smaller than the (dilated) kernel {k}")
-    out: Triple = tuple(  # type: ignore[assignment]
+    out = as_triple(
         pool_out_size(x.shape[2 + i], k[i], s[i], d[i], p[i], p[i + 3], bool(ceil_mode))
         for i in range(3)
     )

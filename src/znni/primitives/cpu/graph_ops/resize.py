@@ -30,7 +30,7 @@ def _scales(scales: Sequence[float] | None) -> tuple[float, float, float] | tupl
     vals = tuple(float(v) for v in scales)
     if len(vals) != 3 or min(vals) <= 0:
         raise ValueError(f"scales must be 3 positive numbers (z, y, x), got {scales!r}")
-    return vals  # type: ignore[return-value]
+    return (vals[0], vals[1], vals[2])
 
 
 def resize3d(
