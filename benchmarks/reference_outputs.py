@@ -56,7 +56,6 @@ def _spec_with_weights(name: str, out: Path) -> None:
 
 def prepare(out: Path) -> None:
     import zarr
-
     from support.onnx_models import MODELS, export
 
     out.mkdir(parents=True, exist_ok=True)

@@ -79,7 +79,7 @@ def per_patch_plan(network, limit: int, region: tuple[int, int, int]):  # type: 
 def run(job, plan=None) -> float:  # type: ignore[no-untyped-def]
     from znni.engine.segment import segment
 
-    shutil.rmtree(job.output_path, ignore_errors=True)
+    shutil.rmtree(str(job.output_path), ignore_errors=True)  # a local Location
     t0 = time.perf_counter()
     segment(job, quiet=True, plan=plan)
     return time.perf_counter() - t0

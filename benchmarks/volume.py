@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from znni.engine.context import StoreContext
+from znni.engine.location import Location
 
 CTX = StoreContext()  # store options (none) and caches for this module's calls
 
@@ -161,7 +162,8 @@ def s3_job(job: object, local_input: str, chunks: tuple[int, int, int] | None) -
     from znni.engine.io.stores import zarr_store
 
     src = zarr.open_array(local_input, mode="r")
-    dst = zarr.create_array(store=zarr_store("s3://bench/in.zarr", read_only=False, ctx=CTX),
+    where = Location.parse("s3://bench/in.zarr")
+    dst = zarr.create_array(store=zarr_store(where, read_only=False, ctx=CTX),
                             shape=src.shape, chunks=chunks or src.chunks, dtype=src.dtype,
                             overwrite=True)
     dst[...] = src[...]
@@ -229,9 +231,10 @@ def main() -> None:
 def measure(args: argparse.Namespace, backend: object, tmp: Path,
             server: subprocess.Popen | None) -> dict:
     """The fastest run of compute-only and of each end-to-end case over `args.reps`."""
-    from znni.engine.io.volume import open_or_create_output
+    from znni.engine.io.formats.zarr_array import create_zarr_array
     from znni.engine.job import SegmentJob
-    from znni.engine.segment import _blocks_and_spec, make_worker, prepare_run, segment
+    from znni.engine.segment import _blocks_and_spec, prepare_run, segment
+    from znni.engine.workers.make import make_worker
     from znni.model.network import load_network
 
     inp = build_volume(tmp / "in.zarr", args.shape)
@@ -254,8 +257,8 @@ def measure(args: argparse.Namespace, backend: object, tmp: Path,
                          output_path=str(tmp / "out.zarr"), window=(args.window,) * 3)
     prep = prepare_run(job)
     blocks, spec = _blocks_and_spec(job, prep)  # the blocks and plan segment() runs
-    scratch = open_or_create_output(
-        str(tmp / "scratch.zarr"), prep.out_shape, "float32", prep.chunks, ctx=CTX
+    scratch = create_zarr_array(  # a new array: the scratch output of the compute-only case
+        Location.parse(tmp / "scratch.zarr"), prep.out_shape, "float32", prep.chunks, ctx=CTX
     )
 
     def new_worker() -> object:  # a windowed worker keeps straddling windows: one per pass

@@ -20,6 +20,7 @@ from support.server_util import wait_job
 from znni.api.schemas import JobCreate, PlanRequest
 from znni.cli import main
 from znni.engine.context import StoreContext
+from znni.engine.location import Location
 from znni.engine.output.form import make_form
 
 SHAPE = (64, 64, 64)  # plan_in.zarr: (2, 64, 64, 64); chunks 16: a layout of several blocks
@@ -63,7 +64,8 @@ def _cli_plan(root: Path, *extra: str) -> dict:
 
 def _outside(root: Path, mask: str, edges: list, shape: tuple = SHAPE) -> frozenset[int]:
     """The engine's blocks wholly outside `mask` in a plan's layout (output.form)."""
-    form = make_form(None, "float32", str(root / mask), None, 2, shape, ctx=StoreContext())
+    form = make_form(None, "float32", Location.parse(root / mask), None, 2, shape,
+                     ctx=StoreContext())
     return form.outside(tuple(tuple(e) for e in edges))
 
 

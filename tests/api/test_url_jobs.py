@@ -15,6 +15,7 @@ from support.server_util import Server, reference, wait_job, write_models
 
 from znni.engine.context import StoreContext
 from znni.engine.io.stores import zarr_store
+from znni.engine.location import Location
 
 CTX = StoreContext()  # store options (none) and caches for this module's calls
 
@@ -32,8 +33,8 @@ def url_server(s3, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]: 
             mp.setenv(k, v)  # the server's environment: its only source of credentials
         x = np.random.default_rng(5).standard_normal((2, 14, 13, 11)).astype(np.float32)
         inp = f"{ALLOWED}/{s3.prefix().rsplit('/', 1)[1]}/in.zarr"
-        arr = zarr.create_array(store=zarr_store(inp, read_only=False, ctx=CTX), shape=x.shape,
-                                chunks=(2, 8, 8, 8), dtype="float32")
+        arr = zarr.create_array(store=zarr_store(Location.parse(inp), read_only=False, ctx=CTX),
+                                shape=x.shape, chunks=(2, 8, 8, 8), dtype="float32")
         arr[...] = x
         srv = Server(root, models, base / "jobs.sqlite",
                      extra=["--allow-url", ALLOWED, "--allow-url", "s3://znni-test/also",
@@ -78,7 +79,8 @@ def test_a_job_under_an_allowed_prefix_runs_on_the_store(url_server: dict, s3) -
     with pytest.MonkeyPatch.context() as mp:
         for k, v in s3.env().items():
             mp.setenv(k, v)
-        got = zarr.open_array(store=zarr_store(out, read_only=True, ctx=CTX), mode="r")[...]
+        got = zarr.open_array(store=zarr_store(Location.parse(out), read_only=True, ctx=CTX),
+                              mode="r")[...]
     ref = reference(url_server["x"], url_server["params"], "reflect")
     assert close(got, ref), float(np.max(np.abs(got - ref)))
 

@@ -20,6 +20,7 @@ from support.engine_ref import slow_network, small_network, write_network, write
 
 from znni.engine.context import StoreContext
 from znni.engine.io.ledger import read_ledger
+from znni.engine.location import Location
 
 CTX = StoreContext()
 SHAPE, BLOCK, CHUNKS = (40, 50, 60), (8, 10, 12), (16, 16, 16)
@@ -69,7 +70,7 @@ def test_corrupt_chunk_stops_names_it_and_resumes(tmp_path: Path) -> None:
     first = r.stderr.splitlines()[0]
     assert BAD in first and inp in first and "ZstdCodec" in first
     assert "rerun the same command to resume" in r.stderr
-    done = read_ledger(str(out), ctx=CTX)[1]
+    done = read_ledger(Location.parse(out), ctx=CTX)[1]
     assert 0 < len(done) < TOTAL  # the blocks before the bad chunk are kept
     verbose = _run([*_cmd(spec, inp, out)[:3], "-v", *_cmd(spec, inp, out)[3:]])
     assert verbose.returncode == 2 and "Traceback" in verbose.stderr
@@ -131,7 +132,7 @@ def test_full_disk_stops_names_the_block_and_resumes_after_space_is_freed(
     assert r.returncode == 1, r.stderr
     _one_sentence(r.stderr)
     assert "no space left on the device" in r.stderr and "output block" in r.stderr
-    done = read_ledger(str(out), ctx=CTX)[1]
+    done = read_ledger(Location.parse(out), ctx=CTX)[1]
     assert len(done) < TOTAL
     subprocess.run(["mount", "-o", "remount,size=8m", str(small_fs)], check=True)
     r = _run(_cmd(spec, inp, out))
@@ -150,7 +151,7 @@ def test_signal_stops_gracefully_and_resumes_exactly(tmp_path: Path, sig: int,
     proc = subprocess.Popen(_cmd(spec, inp, out), env=ENV, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
-        if len(read_ledger(str(out), ctx=CTX)[1]) >= TOTAL // 3:
+        if len(read_ledger(Location.parse(out), ctx=CTX)[1]) >= TOTAL // 3:
             break
         time.sleep(0.01)
     proc.send_signal(sig)
@@ -158,7 +159,7 @@ def test_signal_stops_gracefully_and_resumes_exactly(tmp_path: Path, sig: int,
     assert proc.returncode == code, stderr
     assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1, stderr
     assert f"stopped by {signal.Signals(sig).name}" in stderr
-    done = read_ledger(str(out), ctx=CTX)[1]
+    done = read_ledger(Location.parse(out), ctx=CTX)[1]
     assert TOTAL // 3 <= len(done) < TOTAL
     assert not Path(str(out) + ".znni-lock").exists()
     r = _run(_cmd(spec, inp, out))
@@ -192,7 +193,7 @@ def test_second_run_on_a_held_output_is_refused_and_a_dead_holder_does_not_block
     first = subprocess.Popen(_cmd(spec, inp, out), env=ENV, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not read_ledger(str(out), ctx=CTX)[1]:
+        while time.monotonic() < deadline and not read_ledger(Location.parse(out), ctx=CTX)[1]:
             time.sleep(0.01)
         second = [subprocess.Popen(_cmd(spec, inp, out, *extra), env=ENV, text=True,
                                    stderr=subprocess.PIPE) for extra in ((), ("--overwrite",))]
@@ -223,7 +224,7 @@ def test_fill_run_stopped_by_a_full_disk_still_lists_the_chunk_after_resuming(
     out = small_fs / "out.zarr"
     r = _run(_cmd(spec, inp, out, "--on-bad-chunk", "fill"))
     assert r.returncode == 1 and "no space left" in r.stderr, r.stderr
-    assert read_ledger(str(out), ctx=CTX)[1]  # blocks over the bad chunk are done
+    assert read_ledger(Location.parse(out), ctx=CTX)[1]  # blocks over the bad chunk are done
     assert '"bad_chunk": "c/0/0/0"' in (out / "znni-ledger.jsonl").read_text()  # noted
     subprocess.run(["mount", "-o", "remount,size=8m", str(small_fs)], check=True)
     r = _run(_cmd(spec, inp, out, "--on-bad-chunk", "fill"))

@@ -29,6 +29,7 @@ from support.store_runs import (
 
 from znni.engine.context import StoreContext
 from znni.engine.io.ledger import read_ledger
+from znni.engine.location import Location
 
 CTX = StoreContext()  # store options (none) and caches for this module's calls
 
@@ -54,7 +55,7 @@ def test_gs_run_equals_the_local_run_and_a_rerun_computes_nothing(gcs, case, tmp
     cmd = _cmd(case["spec"], case["input"], out)
     assert subprocess.run(cmd, env=_env(ZNNI_ENGINE_TRACE=str(trace)), timeout=WAIT_S).returncode == 0
     assert np.array_equal(_read(out), case["expected"])
-    header, done = read_ledger(out, ctx=CTX)
+    header, done = read_ledger(Location.parse(out), ctx=CTX)
     assert header is not None and len(done) == TOTAL == len(_trace(trace))
     run = header["run"]
     blocks = [k for k in gcs.keys_under(f"{out}/znni-ledger") if f"/{run}/" in k]

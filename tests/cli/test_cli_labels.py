@@ -20,6 +20,7 @@ from support.store_runs import kill_after_blocks
 from znni.cli import main
 from znni.engine.context import StoreContext
 from znni.engine.io.ledger import read_ledger
+from znni.engine.location import Location
 
 CTX = StoreContext()
 
@@ -129,9 +130,9 @@ def test_sigkill_then_resume_keeps_the_same_labels(tmp_path: Path) -> None:
     env = {**os.environ, "ZNNI_BACKEND": "reference", "OMP_NUM_THREADS": "1"}
     out = tmp_path / "out.zarr"
     kill_after_blocks(subprocess.Popen(_cmd(spec, inp, out, mpath), env=env), str(out), 60)
-    assert 60 <= len(read_ledger(str(out), ctx=CTX)[1]) < 125
+    assert 60 <= len(read_ledger(Location.parse(out), ctx=CTX)[1]) < 125
     assert subprocess.run(_cmd(spec, inp, out, mpath), env=env).returncode == 0
-    assert len(read_ledger(str(out), ctx=CTX)[1]) == 125
+    assert len(read_ledger(Location.parse(out), ctx=CTX)[1]) == 125
     clean = tmp_path / "clean.zarr"
     assert subprocess.run(_cmd(spec, inp, clean, mpath), env=env).returncode == 0
     got, want = zarr.open_array(str(out))[...], zarr.open_array(str(clean))[...]

@@ -29,6 +29,7 @@ from support.store_runs import (
 from znni.engine.context import StoreContext
 from znni.engine.io.ledger import read_ledger
 from znni.engine.job import SegmentJob
+from znni.engine.location import Location
 from znni.engine.segment import segment
 from znni.model.network import load_network
 from znni.primitives.backends import make_backend
@@ -77,14 +78,14 @@ def kill_then_resume(spec: Path, inp: str, out: str, env: dict[str, str],
     cmd = segment_cmd(spec, inp, out)
     kill_after_blocks(subprocess.Popen(cmd, env={**env, "ZNNI_ENGINE_TRACE": str(trace1)}),
                       out, TOTAL // 3)
-    _, before = read_ledger(out, ctx=CTX)
+    _, before = read_ledger(Location.parse(out), ctx=CTX)
     assert TOTAL // 3 <= len(before) < TOTAL and before <= set(traced(trace1))
     run = subprocess.run(cmd, env={**env, "ZNNI_ENGINE_TRACE": str(trace2)}, timeout=WAIT_S)
     assert run.returncode == 0
     again = traced(trace2)
     assert not set(again) & before  # no finished block computed twice
     assert len(again) == len(set(again)) == TOTAL - len(before)
-    assert len(read_ledger(out, ctx=CTX)[1]) == TOTAL
+    assert len(read_ledger(Location.parse(out), ctx=CTX)[1]) == TOTAL
 
 
 @pytest.mark.slow

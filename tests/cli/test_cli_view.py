@@ -22,6 +22,7 @@ from znni.cli import main
 from znni.engine.context import StoreContext
 from znni.engine.io.precomputed import create_output
 from znni.engine.io.stores import zarr_store
+from znni.engine.location import Location
 from znni.engine.output.viewer import NEUROGLANCER, job_viewer_url
 
 CTX = StoreContext()
@@ -40,14 +41,14 @@ def volumes(tmp_path: Path) -> dict[str, str]:
     """A precomputed input (4 x 5 x 40 nm at offset 10, 20, 30) and a 2-channel float
     output of the same grid, and a one-channel uint32 segmentation."""
     inp = f"precomputed://{tmp_path / 'in.pc'}"
-    arr = create_output(inp, (1, 8, 10, 12), "uint8", (8, 10, 12), (4.0, 5.0, 40.0),
+    arr = create_output(Location.parse(inp), (1, 8, 10, 12), "uint8", (8, 10, 12), (4.0, 5.0, 40.0),
                         (10, 20, 30), ctx=CTX)
     arr[(slice(None), slice(0, 8), slice(0, 10), slice(0, 12))] = np.ones((1, 8, 10, 12))
     out = f"precomputed://{tmp_path / 'out.pc'}"
-    create_output(out, (2, 8, 10, 12), "float32", (4, 5, 6), (4.0, 5.0, 40.0), (10, 20, 30),
+    create_output(Location.parse(out), (2, 8, 10, 12), "float32", (4, 5, 6), (4.0, 5.0, 40.0), (10, 20, 30),
                   ctx=CTX)
     seg = f"precomputed://{tmp_path / 'seg.pc'}"
-    create_output(seg, (1, 8, 10, 12), "uint32", (4, 5, 6), (4.0, 5.0, 40.0), (10, 20, 30),
+    create_output(Location.parse(seg), (1, 8, 10, 12), "uint32", (4, 5, 6), (4.0, 5.0, 40.0), (10, 20, 30),
                   ctx=CTX, volume_type="segmentation")
     return {"in": inp, "out": out, "seg": seg}
 
@@ -99,8 +100,10 @@ def test_ome_zarr_labels_image_in_micrometres(tmp_path: Path, capsys) -> None:  
 def test_urls_are_given_to_neuroglancer_as_they_are(s3, s3_env, capsys) -> None:  # noqa: ANN001
     prefix = s3.prefix()
     out = f"precomputed://{prefix}/out.pc"
-    create_output(out, (2, 4, 4, 4), "uint8", (4, 4, 4), (8.0, 8.0, 8.0), (0, 0, 0), ctx=CTX)
-    zarr.create_array(store=zarr_store(f"{prefix}/in.zarr", read_only=False, ctx=CTX),
+    create_output(Location.parse(out), (2, 4, 4, 4), "uint8", (4, 4, 4), (8.0, 8.0, 8.0),
+                  (0, 0, 0), ctx=CTX)
+    inp = Location.parse(f"{prefix}/in.zarr")
+    zarr.create_array(store=zarr_store(inp, read_only=False, ctx=CTX),
                       shape=(4, 4, 4), dtype="uint8", zarr_format=3)
     assert main(["view", out, "--input", f"{prefix}/in.zarr"]) == 0
     result = capsys.readouterr()
@@ -111,10 +114,11 @@ def test_urls_are_given_to_neuroglancer_as_they_are(s3, s3_env, capsys) -> None:
 
 
 def test_job_links_only_where_both_paths_are_urls() -> None:
-    assert job_viewer_url("/data/in.zarr", "s3://b/out.zarr") is None
-    assert job_viewer_url("s3://b/in.zarr", "precomputed://gs://b/out") is not None
-    state = decode(job_viewer_url("https://h/in.zarr", "precomputed://s3://b/seg", labels=True)
-                   or "")
+    at = Location.parse
+    assert job_viewer_url(at("/data/in.zarr"), at("s3://b/out.zarr")) is None
+    assert job_viewer_url(at("s3://b/in.zarr"), at("precomputed://gs://b/out")) is not None
+    state = decode(job_viewer_url(at("https://h/in.zarr"), at("precomputed://s3://b/seg"),
+                                  labels=True) or "")
     assert state["layers"] == [
         {"type": "image", "source": "zarr://https://h/in.zarr", "name": "input"},
         {"type": "segmentation", "source": "precomputed://s3://b/seg", "name": "output"}]

@@ -19,6 +19,7 @@ from support.engine_ref import write_volume
 from znni.engine.context import StoreContext
 from znni.engine.io.ledger import read_ledger
 from znni.engine.job import SegmentJob
+from znni.engine.location import Location
 from znni.engine.segment import segment
 from znni.engine.workers.base import TRACE_ENV
 from znni.model.bioimage_package import halo_min_window
@@ -114,7 +115,7 @@ def test_statistics_and_channel_names_recorded(onnx, volumes, tmp_path) -> None:
     assert [c["label"] for c in attrs["ome"]["omero"]["channels"]] == ["fg", "boundary"]
     lower = [float(np.percentile(vol[c], 1.5)) for c in range(2)]
     assert record["preprocessing"][0]["lower"] == pytest.approx(lower, abs=0)
-    header, _ = read_ledger(str(out), ctx=StoreContext())
+    header, _ = read_ledger(Location.parse(out), ctx=StoreContext())
     assert header is not None
     assert header["parts"]["statistics"]["percentile:1.5:channel"] == lower
 

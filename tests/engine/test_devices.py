@@ -103,7 +103,7 @@ def test_plan_batch_stacks_patches_and_equals_reference(setup, batch) -> None:
                                output_size=net.output_size(small))
     report = segment(job, plan=plan)
     assert report.plan["batch"] == batch and report.blocks_total >= 4
-    assert close(zarr.open_array(job.output_path)[...], setup["ref"])
+    assert close(zarr.open_array(str(job.output_path))[...], setup["ref"])
 
 
 @pytest.mark.parametrize("stage", ["cpu", "gpu"])
@@ -134,7 +134,7 @@ def test_failure_in_either_stage_marks_no_partial_block_and_resume_completes(
     monkeypatch.setattr(target, method, failing)
     with pytest.raises(Exception, match=f"injected {stage} failure"):
         segment(job)
-    _, done = read_ledger(out, ctx=CTX)
+    _, done = read_ledger(job.output_path, ctx=CTX)
     assert 0 < len(done) < 36  # some blocks finished before the failure, not all
     written = zarr.open_array(out)[...]
     for key in done:  # every block the ledger calls done holds its final values

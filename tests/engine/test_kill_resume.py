@@ -16,6 +16,7 @@ from support.engine_ref import slow_network, write_network, write_volume
 
 from znni.engine.context import StoreContext
 from znni.engine.io.ledger import read_ledger
+from znni.engine.location import Location
 
 CTX = StoreContext()  # store options (none) and caches for this module's calls
 
@@ -53,14 +54,14 @@ def test_sigkill_half_way_then_resume(tmp_path: Path) -> None:
     deadline = time.monotonic() + 120
     try:
         while time.monotonic() < deadline and proc.poll() is None:
-            if len(read_ledger(str(out), ctx=CTX)[1]) >= TOTAL // 2:
+            if len(read_ledger(Location.parse(out), ctx=CTX)[1]) >= TOTAL // 2:
                 break
             time.sleep(0.01)
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.wait()
     assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
-    _, done_before = read_ledger(str(out), ctx=CTX)
+    _, done_before = read_ledger(Location.parse(out), ctx=CTX)
     assert TOTAL // 2 <= len(done_before) < TOTAL
     assert done_before <= set(_trace(trace1))  # recorded only after being computed
 
@@ -69,7 +70,7 @@ def test_sigkill_half_way_then_resume(tmp_path: Path) -> None:
     recomputed = _trace(trace2)
     assert not set(recomputed) & done_before  # finished blocks were not recomputed
     assert len(recomputed) == len(set(recomputed)) == TOTAL - len(done_before)
-    _, done_after = read_ledger(str(out), ctx=CTX)
+    _, done_after = read_ledger(Location.parse(out), ctx=CTX)
     assert len(done_after) == TOTAL
 
     clean = tmp_path / "clean.zarr"

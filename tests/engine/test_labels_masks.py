@@ -204,7 +204,7 @@ def test_dask_local_cluster_skips_and_labels_as_the_local_run(
     report = segment(job)
     assert (report.blocks_computed, report.blocks_skipped) == (36, 28)
     assert (local.blocks_computed, local.blocks_skipped) == (36, 28)
-    assert np.array_equal(zarr.open_array(job.output_path)[...],
+    assert np.array_equal(zarr.open_array(str(job.output_path))[...],
                           zarr.open_array(out_local)[...])
 
 
@@ -254,7 +254,7 @@ def test_windowed_model_labels_and_mask_equal_its_float_run(tmp_path: Path) -> N
     keep = np.zeros((16, 16, 16), bool)
     keep[:8, 8:] = True
     expect = np.where(keep, np.argmax(zarr.open_array(str(tmp_path / "f.zarr"))[...], 0), 0)
-    assert np.array_equal(zarr.open_array(job.output_path)[0], expect)
+    assert np.array_equal(zarr.open_array(str(job.output_path))[0], expect)
 
 
 def test_masks_of_bool_4d_and_ome_zarr_levels_cut_the_same_blocks(tmp_path: Path,

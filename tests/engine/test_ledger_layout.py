@@ -23,6 +23,7 @@ from znni.engine.context import StoreContext
 from znni.engine.geometry import Box, Halo, patch_tiling, split_blocks
 from znni.engine.io.ledger import Ledger, fingerprint, read_ledger
 from znni.engine.job import SegmentJob
+from znni.engine.location import Location
 from znni.engine.segment import segment
 from znni.model.network import load_network
 
@@ -32,28 +33,28 @@ PARTS = {"network": "abc", "roi": "0:1,0:1,0:1", "border": "reflect"}
 
 
 def test_ledger_survives_a_torn_last_line(tmp_path: Path) -> None:
-    ledger = Ledger(str(tmp_path), ctx=CTX)
+    ledger = Ledger(Location.parse(tmp_path), ctx=CTX)
     ledger.start(PARTS, (8, 8, 8))
     ledger.record(["0:8,0:8,0:8", "0:8,0:8,8:16"])
     with open(ledger.path, "a") as f:
         f.write('{"block": "8:16,0:8,0')  # killed mid-append
-    header, done = read_ledger(str(tmp_path), ctx=CTX)
+    header, done = read_ledger(Location.parse(tmp_path), ctx=CTX)
     assert header is not None and header["fingerprint"] == fingerprint(PARTS)
     assert header["block_shape"] == [8, 8, 8]
     assert done == {"0:8,0:8,0:8", "0:8,0:8,8:16"}
     ledger.resume()
     ledger.record(["8:16,0:8,0:8"])
-    assert read_ledger(str(tmp_path), ctx=CTX)[1] == done | {"8:16,0:8,0:8"}
+    assert read_ledger(Location.parse(tmp_path), ctx=CTX)[1] == done | {"8:16,0:8,0:8"}
     lines = ledger.path.read_text().splitlines()
     assert json.loads(lines[-1])["block"] == "8:16,0:8,0:8"
 
 
 def test_ledger_start_forgets_earlier_blocks(tmp_path: Path) -> None:
-    ledger = Ledger(str(tmp_path), ctx=CTX)
+    ledger = Ledger(Location.parse(tmp_path), ctx=CTX)
     ledger.start(PARTS, (8, 8, 8))
     ledger.record(["0:8,0:8,0:8"])
     ledger.start({**PARTS, "border": "zero"}, (4, 4, 4))
-    header, done = read_ledger(str(tmp_path), ctx=CTX)
+    header, done = read_ledger(Location.parse(tmp_path), ctx=CTX)
     assert done == set() and header is not None and header["parts"]["border"] == "zero"
     assert not list(tmp_path.glob("*.tmp"))
 
@@ -188,7 +189,7 @@ def test_default_backend_4d_input(tmp_path: Path) -> None:
                      chunks=(8, 8, 8), block=(8, 16, 16), border="zero")
     report = segment(job)  # the machine's default backend (the fast CPU one when present)
     assert report.blocks_total >= 8
-    assert close(zarr.open_array(job.output_path)[...], dense_volume(layers, params, vol, "zero"))
+    assert close(zarr.open_array(str(job.output_path))[...], dense_volume(layers, params, vol, "zero"))
 
 
 def test_segment_follows_a_plan(tmp_path: Path) -> None:
@@ -212,4 +213,4 @@ def test_segment_follows_a_plan(tmp_path: Path) -> None:
     assert report.plan == {**plan.to_dict(), **layout} and report.blocks_total >= 8
     assert layout["block_edges"] == ((0, 10, 19), (0, 7, 14, 21), (0, 12, 23))  # --block
     ref = dense_volume(layers, params, vol[None], "reflect")
-    assert close(zarr.open_array(job.output_path)[...], ref)
+    assert close(zarr.open_array(str(job.output_path))[...], ref)

@@ -107,7 +107,7 @@ def test_cancel_then_resume_recomputes_only_unfinished(tmp_path: Path) -> None:
     assert 10 <= len(done) < events[0].blocks_total
     report = segment(job, backend=make_backend("reference"))
     assert report.blocks_computed == report.blocks_total - len(done)
-    assert close(zarr.open_array(job.output_path)[...], dense_volume(layers, params, vol[None],
+    assert close(zarr.open_array(str(job.output_path))[...], dense_volume(layers, params, vol[None],
                                                                      "reflect"))
     again = segment(job, backend=make_backend("reference"))
     assert again.blocks_computed == 0 and again.voxels_written == 0
@@ -123,7 +123,7 @@ def test_different_job_refused_unless_overwrite(tmp_path: Path) -> None:
                      backend=make_backend("reference"))
     assert report.blocks_computed == report.blocks_total
     ref = dense_volume(layers, params, vol[None], "zero")
-    assert close(zarr.open_array(job.output_path)[...], ref)
+    assert close(zarr.open_array(str(job.output_path))[...], ref)
 
 
 def test_stage_times_and_progress_reported(tmp_path: Path) -> None:
@@ -161,7 +161,7 @@ def test_first_block_is_read_while_the_output_is_created(tmp_path: Path, monkeyp
     monkeypatch.setattr(seg, "open_target", open_after_the_read)
     segment(job, backend=make_backend("reference"))
     assert created == [True]
-    assert close(zarr.open_array(job.output_path)[...], dense_volume(layers, params, vol[None],
+    assert close(zarr.open_array(str(job.output_path))[...], dense_volume(layers, params, vol[None],
                                                                      "reflect"))
 
 

@@ -21,6 +21,7 @@ from znni.engine.context import StoreContext
 from znni.engine.io.ledger import ObjectLedger, read_ledger
 from znni.engine.io.stores import zarr_store
 from znni.engine.job import SegmentJob
+from znni.engine.location import Location
 from znni.engine.segment import segment
 from znni.model.network import load_network
 
@@ -34,6 +35,11 @@ WAIT_S = 180.0
 Env = Callable[..., dict[str, str]]  # extra variables -> the child's environment
 
 
+def loc(where: str | Location) -> Location:
+    """`where` as a Location (a test's text, or a job's location as it is)."""
+    return where if isinstance(where, Location) else Location.parse(where)
+
+
 def make_case(server: Any, tmp_path: Path, seed: int) -> dict:
     """A network heavy enough for a block to take a while, an input on the server and the
     local run's output."""
@@ -42,8 +48,8 @@ def make_case(server: Any, tmp_path: Path, seed: int) -> dict:
     spec = write_network(tmp_path, layers, params, scale=1 / 255)
     vol = rng.integers(0, 256, size=SHAPE).astype(np.uint8)
     prefix = server.prefix()
-    arr = zarr.create_array(store=zarr_store(f"{prefix}/in.zarr", read_only=False, ctx=CTX), shape=SHAPE,
-                            chunks=(16, 16, 16), dtype="uint8")
+    arr = zarr.create_array(store=zarr_store(loc(f"{prefix}/in.zarr"), read_only=False, ctx=CTX),
+                            shape=SHAPE, chunks=(16, 16, 16), dtype="uint8")
     arr[...] = vol
     local = str(tmp_path / "local.zarr")
     segment(SegmentJob(network=load_network(spec), input_path=f"{prefix}/in.zarr",
@@ -67,7 +73,7 @@ def local_job(tmp_path: Path, seed: int) -> tuple[SegmentJob, np.ndarray]:
 
 
 def upload(url: str, vol: np.ndarray, zarr_format: int = 2) -> str:
-    arr = zarr.create_array(store=zarr_store(url, read_only=False, ctx=CTX), shape=vol.shape,
+    arr = zarr.create_array(store=zarr_store(loc(url), read_only=False, ctx=CTX), shape=vol.shape,
                             chunks=(7, 7, 7), dtype=vol.dtype, zarr_format=zarr_format)
     arr[...] = vol
     return url
@@ -94,8 +100,8 @@ def refused(cmd: list[str], env: dict[str, str], *words: str) -> str:
     return err
 
 
-def read_url(url: str) -> np.ndarray:
-    return zarr.open_array(store=zarr_store(url, read_only=True, ctx=CTX), mode="r")[...]
+def read_url(url: str | Location) -> np.ndarray:
+    return zarr.open_array(store=zarr_store(loc(url), read_only=True, ctx=CTX), mode="r")[...]
 
 
 def traced(path: Path) -> list[str]:
@@ -106,7 +112,7 @@ def traced(path: Path) -> list[str]:
 def wait_for_blocks(proc: subprocess.Popen, out: str, n: int) -> None:
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline and proc.poll() is None:
-        if len(read_ledger(out, ctx=CTX)[1]) >= n:
+        if len(read_ledger(loc(out), ctx=CTX)[1]) >= n:
             return
         time.sleep(0.05)
 
@@ -129,7 +135,7 @@ def kill_then_rerun(case: dict, env: Env, tmp_path: Path) -> None:
     cmd = segment_cmd(case["spec"], case["input"], out)
     kill_after_blocks(subprocess.Popen(cmd, env=env(ZNNI_ENGINE_TRACE=str(trace1))), out,
                       TOTAL // 3)
-    _, before = read_ledger(out, ctx=CTX)
+    _, before = read_ledger(loc(out), ctx=CTX)
     assert TOTAL // 3 <= len(before) < TOTAL
     assert before <= set(traced(trace1))  # recorded only after being computed
 
@@ -138,7 +144,7 @@ def kill_then_rerun(case: dict, env: Env, tmp_path: Path) -> None:
     again = traced(trace2)
     assert not set(again) & before  # no finished block computed twice
     assert len(again) == len(set(again)) == TOTAL - len(before)
-    assert len(read_ledger(out, ctx=CTX)[1]) == TOTAL
+    assert len(read_ledger(loc(out), ctx=CTX)[1]) == TOTAL
     assert np.array_equal(read_url(out), case["expected"])
 
 
@@ -199,9 +205,10 @@ def ome_pyramid_run(server: Any, local: SegmentJob, vol: np.ndarray,
     segment(here)
     report = segment(there)
     for level in ("0", "1"):
-        expected = zarr.open_array(f"{here.output_path}/{level}")[...]
-        assert np.array_equal(read_url(f"{there.output_path}/{level}"), expected)
-    attrs = zarr.open_group(store=zarr_store(there.output_path, read_only=True, ctx=CTX), mode="r").attrs
+        expected = zarr.open_array(here.output_path.join(level).url)[...]
+        assert np.array_equal(read_url(there.output_path.join(level)), expected)
+    attrs = zarr.open_group(store=zarr_store(there.output_path, read_only=True, ctx=CTX),
+                            mode="r").attrs
     assert [d["path"] for d in attrs["ome"]["multiscales"][0]["datasets"]] == ["0", "1"]
     assert read_ledger(there.output_path, ctx=CTX)[1] == read_ledger(here.output_path, ctx=CTX)[1]
     return there, report
@@ -210,7 +217,7 @@ def ome_pyramid_run(server: Any, local: SegmentJob, vol: np.ndarray,
 def ledger_start_forgets_earlier_runs(server: Any) -> None:
     """An object ledger records each block once, and a new run's start forgets the old
     run's header and deletes its block objects."""
-    out = f"{server.prefix()}/out.zarr"
+    out = Location.parse(f"{server.prefix()}/out.zarr")
     ledger = ObjectLedger(out, ctx=CTX)
     ledger.start({"network": "a"}, (8, 8, 8))
     ledger.record(["0:8,0:8,0:8", "0:8,0:8,8:16"])
@@ -222,7 +229,7 @@ def ledger_start_forgets_earlier_runs(server: Any) -> None:
     again.start({"network": "b"}, (4, 4, 4))
     header, done = read_ledger(out, ctx=CTX)
     assert header is not None and header["parts"] == {"network": "b"} and done == set()
-    assert len(server.keys_under(f"{out}/znni-ledger")) == 1  # stale block objects deleted
+    assert len(server.keys_under(out.join("znni-ledger").url)) == 1  # stale block objects deleted
 
 
 def dask_reads_and_writes(server: Any, local: SegmentJob, vol: np.ndarray,
@@ -236,11 +243,11 @@ def dask_reads_and_writes(server: Any, local: SegmentJob, vol: np.ndarray,
     inp = upload(f"{prefix}/in.zarr", vol)
     monkeypatch.delenv(endpoint_env)
     out = f"{prefix}/dask.zarr"
-    store = context_for((inp, out), {"endpoint_url": server.endpoint})
+    store = context_for((loc(inp), loc(out)), {"endpoint_url": server.endpoint})
     job = SegmentJob(**{**local.__dict__, "input_path": inp, "output_path": out,
                         "scheduler": "local:2", "store": store})
     report = segment(job)
     assert report.blocks_computed == report.blocks_total
     monkeypatch.setenv(endpoint_env, server.endpoint)
-    assert np.array_equal(read_url(job.output_path), zarr.open_array(local.output_path)[...])
+    assert np.array_equal(read_url(job.output_path), zarr.open_array(local.output_path.url)[...])
     assert len(read_ledger(job.output_path, ctx=CTX)[1]) == report.blocks_total

@@ -63,17 +63,19 @@ class Location:
 
     @classmethod
     def _parse_tensorstore(cls, raw: str, driver: str, rest: str, what: str) -> Location:
+        shown = mask_userinfo(raw)
         inner, mark, scale = rest.partition(SCALE_MARK)
         level = None
         if mark:
             if driver != "precomputed":
-                raise ValueError(f"{what} {raw}: {SCALE_MARK}N names a scale of a precomputed "
+                raise ValueError(f"{what} {shown}: {SCALE_MARK}N names a scale of a precomputed "
                                  "volume; an N5 dataset has one scale")
             if not scale.isdigit():
-                raise ValueError(f"{raw}: the scale after {SCALE_MARK} must be a whole number")
+                raise ValueError(f"{what} {shown}: the scale after {SCALE_MARK} must be a whole "
+                                 "number")
             level = int(scale)
         if not inner.strip():
-            raise ValueError(f"{what} {raw} names no location after {driver}://")
+            raise ValueError(f"{what} {shown} names no location after {driver}://")
         bare = cls._parse_store(inner, inner, what)
         return replace(bare, driver=driver, level=level, text=raw)
 
@@ -191,8 +193,10 @@ class Location:
     def with_level(self, level: int) -> Location:
         """Scale `level` of a precomputed volume (what --level / --mip give)."""
         if self.driver != "precomputed":
+            kind = "an N5 dataset of one scale" if self.driver == "n5" else \
+                "not a precomputed:// volume (an OME-Zarr image's levels are its arrays)"
             raise ValueError(f"--level applies to OME-Zarr images and precomputed volumes; "
-                             f"{self} is an N5 dataset of one scale")
+                             f"{self} is {kind}")
         if level < 0:
             raise ValueError(f"--level {level} is negative; scales count from 0")
         return replace(self, level=level,

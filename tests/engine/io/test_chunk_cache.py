@@ -22,6 +22,7 @@ from znni.engine.io.borders import read_with_border
 from znni.engine.io.chunk_cache import ChunkCache, ChunkedReader, cover
 from znni.engine.io.volume import open_input
 from znni.engine.job import SegmentJob
+from znni.engine.location import Location
 from znni.engine.segment import _blocks_and_spec, prepare_run
 from znni.model.network import load_network
 
@@ -67,7 +68,7 @@ def test_reads_equal_direct_reads(tmp_path: Path, shape: tuple, chunks: tuple,
     vol = np.random.default_rng(0).integers(0, 255, size=shape).astype(np.uint8)
     arr = zarr.open_array(write_volume(tmp_path / "v.zarr", vol, 3, chunks), mode="r")
     cache = ChunkCache(bound)
-    reader = ChunkedReader(arr, len(shape) == 4, cache, "v")
+    reader = ChunkedReader(arr, len(shape) == 4, cache, Location.parse("v"))
     full = vol if len(shape) == 4 else vol[None]
     for box in random_boxes(full.shape[1:], 40, seed=len(shape)):
         got = reader.read(box)
@@ -88,10 +89,10 @@ def test_each_chunk_fetched_once_over_a_segment_runs_blocks(tmp_path: Path) -> N
                      block=(6, 8, 5), border="reflect", memory_limit_bytes=2**28)
     blocks, bspec = _blocks_and_spec(job, prepare_run(job))
     assert len(blocks) > 20 and bspec.input_cache_bytes == 2**28 // 16
-    worker_volume = open_input(path, 1, bspec.input_cache_bytes, ctx=CTX)
-    direct = open_input(path, 1, ctx=CTX)
+    worker_volume = open_input(Location.parse(path), 1, bspec.input_cache_bytes, ctx=CTX)
+    direct = open_input(Location.parse(path), 1, ctx=CTX)
     arr, store = counted(path)
-    reader = ChunkedReader(arr, False, ChunkCache(bspec.input_cache_bytes), path)
+    reader = ChunkedReader(arr, False, ChunkCache(bspec.input_cache_bytes), Location.parse(path))
     for b in blocks:
         want = read_with_border(direct.read, b.read, direct.shape, "reflect")
         got = read_with_border(reader.read, b.read, direct.shape, "reflect")
@@ -112,7 +113,7 @@ def test_bound_evicts_least_recent_and_refetches_correctly(tmp_path: Path) -> No
     arr, store = counted(write_volume(tmp_path / "v.zarr", vol, 2, (4, 4, 4)))
     chunk_bytes = 4 * 4 * 4 * 2
     cache = ChunkCache(3 * chunk_bytes)
-    reader = ChunkedReader(arr, False, cache, "v")
+    reader = ChunkedReader(arr, False, cache, Location.parse("v"))
     np.testing.assert_array_equal(reader.read(Box((0, 0, 0), (4, 4, 8)))[0], vol[:4, :4, :])
     np.testing.assert_array_equal(reader.read(Box((0, 4, 0), (4, 8, 8)))[0], vol[:4, 4:, :])
     assert cache.nbytes == 3 * chunk_bytes and len(cache) == 3  # the oldest went
@@ -132,7 +133,8 @@ def test_ome_level_reads_through_the_cache(tmp_path: Path) -> None:
 
         write_image(vol, zarr.open_group(path, mode="w"), axes="czyx", scale_factors=[],
                     storage_options={"chunks": (1, 4, 7, 5)})
-    cached, direct = open_input(path, 2, 2**20, ctx=CTX), open_input(path, 2, ctx=CTX)
+    loc = Location.parse(path)
+    cached, direct = open_input(loc, 2, 2**20, ctx=CTX), open_input(loc, 2, ctx=CTX)
     assert cached.reader is not None and direct.reader is None
     for box in random_boxes(cached.shape, 20, seed=7):
         np.testing.assert_array_equal(cached.read(box), direct.read(box))

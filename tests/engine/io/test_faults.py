@@ -25,6 +25,7 @@ from znni.engine.io.ledger import read_ledger
 from znni.engine.io.lock import OutputBusy, hold_output, lock_path
 from znni.engine.io.volume import open_input
 from znni.engine.job import SegmentCancelled, SegmentJob
+from znni.engine.location import Location
 from znni.engine.segment import segment
 from znni.model.network import load_network
 from znni.primitives.backends import make_backend
@@ -46,7 +47,7 @@ def test_corrupt_chunk_named_or_filled(tmp_path: Path, zarr_format: int, key: st
                                        cache_bytes: int) -> None:
     path, vol = _volume(tmp_path, zarr_format)
     (Path(path) / key).write_bytes(np.random.default_rng(0).bytes(100))
-    volume = open_input(path, 1, cache_bytes, ctx=CTX)
+    volume = open_input(Location.parse(path), 1, cache_bytes, ctx=CTX)
     assert np.array_equal(volume.read(Box((0, 0, 0), (8, 16, 16)))[0], vol[:8])  # untouched
     with pytest.raises(VolumeFault) as info:
         volume.read(Box((4, 0, 4), (12, 8, 12)))
@@ -62,7 +63,7 @@ def test_corrupt_chunk_named_or_filled(tmp_path: Path, zarr_format: int, key: st
 
 
 def test_live_lock_refused_even_with_overwrite_and_stale_lock_taken_over(tmp_path: Path) -> None:
-    out = str(tmp_path / "out.zarr")
+    out = Location.parse(tmp_path / "out.zarr")
     held = hold_output(out)
     with pytest.raises(OutputBusy, match=f"pid {os.getpid()}"):
         hold_output(out)  # a second run in the same live process
@@ -102,7 +103,7 @@ def test_stop_asked_during_set_up_computes_no_block_and_releases_the_lock(
 
 
 def test_wait_takes_the_lock_when_its_holder_ends(tmp_path: Path) -> None:
-    out = str(tmp_path / "out.zarr")
+    out = Location.parse(tmp_path / "out.zarr")
     held = hold_output(out)
     threading.Timer(1.0, held.release).start()
     taken = hold_output(out, wait=True)
@@ -113,7 +114,7 @@ def test_wait_takes_the_lock_when_its_holder_ends(tmp_path: Path) -> None:
 def test_a_zombie_holder_does_not_block(tmp_path: Path) -> None:
     """A holder that exited but was never reaped (its parent gone, as a server's worker is
     when the server is SIGKILLed in a container whose init does not reap) is stale."""
-    out = str(tmp_path / "out.zarr")
+    out = Location.parse(tmp_path / "out.zarr")
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and " Z " not in Path(f"/proc/{child.pid}/stat").read_text():

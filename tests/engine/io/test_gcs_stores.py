@@ -18,6 +18,7 @@ from support.store_runs import (
 from znni.engine.context import StoreContext
 from znni.engine.io.stores import is_transient, options_for, refusal, zarr_store
 from znni.engine.job import SegmentJob
+from znni.engine.location import Location
 
 CTX = StoreContext()  # store options (none) and caches for this module's calls
 
@@ -32,8 +33,9 @@ def case(tmp_path: Path) -> tuple[SegmentJob, np.ndarray]:
 def test_ome_zarr_output_with_pyramid_on_gs_equals_the_local_one(gcs, case, tmp_path) -> None:  # noqa: ANN001
     there, report = ome_pyramid_run(gcs, *case, tmp_path)
     assert report.blocks_computed == report.blocks_total >= 8
-    attrs = zarr.open_group(store=zarr_store(there.output_path, read_only=True, ctx=CTX), mode="r").attrs
-    assert attrs["znni"]["input"] == there.input_path
+    attrs = zarr.open_group(store=zarr_store(there.output_path, read_only=True, ctx=CTX),
+                            mode="r").attrs
+    assert attrs["znni"]["input"] == str(there.input_path)
 
 
 @pytest.mark.usefixtures("gcs_env")
@@ -60,7 +62,7 @@ def test_gcsfs_errors_are_classified() -> None:
     forbidden = OSError("Forbidden: https://storage.googleapis.com/b/o\nno access")
     assert not is_transient(forbidden)
     for e in (forbidden, HttpError({"code": 401, "message": "Invalid Credentials"})):
-        text = str(refusal(e, "gs://b/in.zarr", "input", ctx=CTX))
+        text = str(refusal(e, Location.parse("gs://b/in.zarr"), "input", ctx=CTX))
         assert "refused access" in text and "GOOGLE_APPLICATION_CREDENTIALS" in text
         assert "\n" not in text
 
@@ -68,9 +70,9 @@ def test_gcsfs_errors_are_classified() -> None:
 def test_emulator_endpoints_default_to_anonymous_credentials(monkeypatch) -> None:  # noqa: ANN001
     """At an emulator (STORAGE_EMULATOR_HOST) gs:// is anonymous; at Google it is not."""
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:4443")
-    assert options_for("gs://b/x.zarr", CTX)["token"] == "anon"
+    assert options_for(Location.parse("gs://b/x.zarr"), CTX)["token"] == "anon"
     monkeypatch.delenv("STORAGE_EMULATOR_HOST")
-    assert options_for("gs://b/x.zarr", CTX) == {}
+    assert options_for(Location.parse("gs://b/x.zarr"), CTX) == {}
     from znni.engine.io.gcs import is_emulator
 
     assert not is_emulator({"endpoint_url": "https://storage.googleapis.com"})

@@ -14,14 +14,15 @@ from znni.engine.context import StoreContext
 from znni.engine.io import lock
 from znni.engine.io.lock import OutputBusy, hold_output
 from znni.engine.io.stores import read_bytes, write_bytes
+from znni.engine.location import Location
 
 pytestmark = pytest.mark.usefixtures("s3_env")
 CTX = StoreContext()
 
 
 def test_lease_refuses_a_second_run_and_is_taken_over_when_expired(s3) -> None:  # noqa: ANN001
-    out = f"{s3.prefix()}/out.zarr"
-    url = out + lock.LOCK_SUFFIX
+    out = Location.parse(f"{s3.prefix()}/out.zarr")
+    url = Location.parse(str(out) + lock.LOCK_SUFFIX)
     taken_at = time.time()
     held = hold_output(out, ctx=CTX)
     record = json.loads(read_bytes(url, ctx=CTX))  # type: ignore[arg-type]

@@ -33,6 +33,7 @@ from znni.engine.io.stores import (
     zarr_store,
 )
 from znni.engine.job import SegmentJob
+from znni.engine.location import Location
 from znni.engine.segment import segment
 
 CTX = StoreContext()  # store options (none) and caches for this module's calls
@@ -53,14 +54,15 @@ def test_s3_in_and_out_equals_the_local_run_bit_for_bit(s3, case) -> None:  # no
                         "output_path": f"{prefix}/out.zarr"})
     report = segment(job)
     assert report.blocks_computed == report.blocks_total >= 8
-    assert np.array_equal(read_url(job.output_path), zarr.open_array(local.output_path)[...])
+    assert np.array_equal(read_url(job.output_path), zarr.open_array(str(local.output_path))[...])
     header, done = read_ledger(job.output_path, ctx=CTX)
     assert header is not None and len(done) == report.blocks_total
     run = header["run"]
     blocks = [k for k in s3.keys_under(f"{prefix}/out.zarr/znni-ledger") if f"/{run}/" in k]
     assert len(blocks) == report.blocks_total  # one object per finished block
     assert segment(job).blocks_computed == 0  # the ledger says everything is done
-    prov = zarr.open_array(store=zarr_store(job.output_path, read_only=True, ctx=CTX), mode="r").attrs["znni"]
+    prov = zarr.open_array(store=zarr_store(job.output_path, read_only=True, ctx=CTX),
+                           mode="r").attrs["znni"]
     assert prov["input"] == f"{prefix}/in.zarr"
 
 
@@ -96,8 +98,8 @@ def test_read_only_http_input(case, http_root, tmp_path: Path) -> None:  # noqa:
     job = SegmentJob(**{**local.__dict__, "input_path": f"{url}/em.zarr",
                         "output_path": str(tmp_path / "from-http.zarr")})
     segment(job)
-    assert np.array_equal(zarr.open_array(job.output_path)[...],
-                          zarr.open_array(local.output_path)[...])
+    assert np.array_equal(zarr.open_array(str(job.output_path))[...],
+                          zarr.open_array(str(local.output_path))[...])
     with pytest.raises(ValueError, match="does not exist"):
         segment(SegmentJob(**{**job.__dict__, "input_path": f"{url}/missing.zarr"}))
 
@@ -136,14 +138,14 @@ def test_transient_errors_are_retried_then_named(monkeypatch: pytest.MonkeyPatch
             raise ConnectionResetError("reset by peer")
         return "ok"
 
-    assert retrying(flaky, "s3://b/x") == "ok" and len(calls) == 3
+    assert retrying(flaky, Location.parse("s3://b/x")) == "ok" and len(calls) == 3
     assert not is_transient(PermissionError("denied"))
 
     def down() -> None:
         raise ConnectionRefusedError("refused")
 
     with pytest.raises(StoreError, match=r"s3://b/x did not answer after 5 tries"):
-        retrying(down, "s3://b/x")
+        retrying(down, Location.parse("s3://b/x"))
     calls.clear()
 
     def gcs_down() -> None:  # gcsfs has retried this request itself already
@@ -151,11 +153,11 @@ def test_transient_errors_are_retried_then_named(monkeypatch: pytest.MonkeyPatch
         raise ConnectionRefusedError("refused")
 
     with pytest.raises(StoreError, match=r"gs://b/x did not answer after 1 try \("):
-        retrying(gcs_down, "gs://b/x")
+        retrying(gcs_down, Location.parse("gs://b/x"))
     assert len(calls) == 1
     monkeypatch.setenv("ZNNI_STORE_RETRIES", "3")
     with pytest.raises(StoreError, match=r"gs://b/x did not answer after 3 tries"):
-        retrying(gcs_down, "gs://b/x")
+        retrying(gcs_down, Location.parse("gs://b/x"))
     assert len(calls) == 4
 
 
@@ -173,11 +175,12 @@ def test_s3_stores_skip_the_head_before_each_get() -> None:
     from znni.engine.io.stores import context_for, options_for
 
     plain = StoreContext()
-    assert options_for("s3://nobucket-defaults/x.zarr", plain) == {"max_concurrency": 1}
-    assert options_for("gs://b/x.zarr", plain) == {}
-    assert options_for("https://h/x.zarr", plain) == {}
-    given = context_for(["s3://bucket-with-options/x"], {"max_concurrency": 4, "anon": True})
-    assert options_for("s3://bucket-with-options/y", given) == {"max_concurrency": 4,
-                                                                "anon": True}
-    assert options_for("s3://other-bucket/y", given) == {"max_concurrency": 1}  # per bucket
-    assert options_for("s3://bucket-with-options/y", plain) == {"max_concurrency": 1}
+    at = Location.parse
+    assert options_for(at("s3://nobucket-defaults/x.zarr"), plain) == {"max_concurrency": 1}
+    assert options_for(at("gs://b/x.zarr"), plain) == {}
+    assert options_for(at("https://h/x.zarr"), plain) == {}
+    given = context_for([at("s3://bucket-with-options/x")], {"max_concurrency": 4, "anon": True})
+    assert options_for(at("s3://bucket-with-options/y"), given) == {"max_concurrency": 4,
+                                                                    "anon": True}
+    assert options_for(at("s3://other-bucket/y"), given) == {"max_concurrency": 1}  # per bucket
+    assert options_for(at("s3://bucket-with-options/y"), plain) == {"max_concurrency": 1}

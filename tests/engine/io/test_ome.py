@@ -25,6 +25,7 @@ from znni.engine.io.ledger import ledger_path, read_ledger
 from znni.engine.io.ome import level_path
 from znni.engine.io.volume import open_input
 from znni.engine.job import SegmentCancelled, SegmentJob
+from znni.engine.location import Location
 from znni.engine.segment import check_and_plan, segment
 from znni.model.network import load_network
 from znni.primitives.backends import make_backend
@@ -151,13 +152,13 @@ def test_level_and_channel_axis(tmp_path: Path) -> None:
     vol = rng.integers(0, 256, size=(2, 6, 16, 12)).astype(np.uint8)
     axes = [{"name": "c", "type": "channel"}, *space()]
     inp = write_ome(tmp_path / "in.ome.zarr", vol, "0.5", axes, [1.0, 30.0, 4.0, 4.0])
-    v0 = open_input(inp, 2, ctx=CTX)
+    v0 = open_input(Location.parse(inp), 2, ctx=CTX)
     assert v0.has_channel_axis and v0.shape == (6, 16, 12) and v0.ome.scale == (30.0, 4.0, 4.0)
-    level1 = level_path(inp, 1, ctx=CTX)
+    level1 = level_path(Location.parse(inp), 1, ctx=CTX)
     v1 = open_input(level1, 2, ctx=CTX)
     assert v1.ome.level == 1 and v1.shape == (6, 8, 6) and v1.ome.scale == (30.0, 8.0, 8.0)
     got = v1.read(Box.from_shape(v1.shape))
-    np.testing.assert_array_equal(got, np.asarray(zarr.open_array(level1, mode="r")[...]))
+    np.testing.assert_array_equal(got, np.asarray(zarr.open_array(str(level1), mode="r")[...]))
 
 
 def test_resume_after_cancel_equals_uninterrupted(tmp_path: Path, net: dict,
@@ -185,9 +186,10 @@ def test_resume_after_cancel_equals_uninterrupted(tmp_path: Path, net: dict,
     job = SegmentJob(net["network"], inp, str(out), memory_limit_bytes=2**28, **opts)
     with pytest.raises(SegmentCancelled):
         segment(job, backend=make_backend("reference"), progress=progress, cancel=cancel)
-    _, done = read_ledger(str(out), ctx=CTX)
+    _, done = read_ledger(Location.parse(out), ctx=CTX)
     assert 1 <= len(done) < 5 * 5 * 6
-    assert ledger_path(str(out), ctx=CTX).parent.name == "0"  # out of the group's listing
+    # out of the group's listing
+    assert ledger_path(Location.parse(out), ctx=CTX).parent.name == "0"
     run(net, inp, out, **opts)
     for a, b in zip(levels_of(out), whole):
         np.testing.assert_array_equal(a, b)
@@ -202,9 +204,9 @@ def test_lost_blocks_are_recomputed_with_their_levels(tmp_path: Path, net: dict)
     out = tmp_path / "out.ome.zarr"
     run(net, inp, out, **opts)
     clean = levels_of(out)
-    lines = ledger_path(str(out), ctx=CTX).read_text().splitlines()
+    lines = ledger_path(Location.parse(out), ctx=CTX).read_text().splitlines()
     keep, lost = lines[:20], [json.loads(line)["block"] for line in lines[20:]]
-    ledger_path(str(out), ctx=CTX).write_text("\n".join(keep) + "\n")
+    ledger_path(Location.parse(out), ctx=CTX).write_text("\n".join(keep) + "\n")
     group = zarr.open_group(str(out), mode="r+")
     for key in lost:
         lo_hi = [tuple(int(v) for v in part.split(":")) for part in key.split(",")]
@@ -247,7 +249,8 @@ def test_provenance_of_a_windowed_plan(tmp_path: Path, net: dict) -> None:
     from znni.engine.output.provenance import provenance
 
     vol = np.zeros((4, 4, 4), np.uint8)
-    volume = open_input(write_volume(tmp_path / "in.zarr", vol, 3, (4, 4, 4)), 1, ctx=CTX)
+    volume = open_input(Location.parse(write_volume(tmp_path / "in.zarr", vol, 3, (4, 4, 4))), 1,
+                        ctx=CTX)
     plan = {"mode": "windowed", "window": [32, 32, 32], "overlap": 0.25, "blend": "gaussian"}
     job = SegmentJob(net["network"], volume.path, str(tmp_path / "o"))
     record = provenance(job, volume, Box.from_shape((4, 4, 4)), plan)
@@ -353,14 +356,15 @@ def test_sigkill_then_resume_leaves_every_level_as_a_clean_run(tmp_path: Path) -
     deadline = time.monotonic() + 120
     try:
         while time.monotonic() < deadline and proc.poll() is None:
-            if ledger_path(str(out), ctx=CTX).exists() and len(read_ledger(str(out), ctx=CTX)[1]) >= 24:
+            where = Location.parse(out)
+            if ledger_path(where, ctx=CTX).exists() and len(read_ledger(where, ctx=CTX)[1]) >= 24:
                 break
             time.sleep(0.01)
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.wait()
     assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
-    assert 24 <= len(read_ledger(str(out), ctx=CTX)[1]) < 64
+    assert 24 <= len(read_ledger(Location.parse(out), ctx=CTX)[1]) < 64
     assert subprocess.run(cmd(out), env=env).returncode == 0
     for a, b in zip(levels_of(out), levels_of(tmp_path / "clean.ome.zarr")):
         np.testing.assert_array_equal(a, b)
@@ -371,14 +375,14 @@ def test_float_outputs_are_stored_with_blosc_lz4_and_uint8_ones_with_zstd(tmp_pa
     exactly through zarr and TensorStore."""
     import tensorstore as ts
 
-    from znni.engine.io.volume import open_or_create_output
+    from znni.engine.io.formats.zarr_array import create_zarr_array
 
     rng = np.random.default_rng(5)
     values = {"float32": rng.standard_normal((2, 9, 8, 7)).astype(np.float32),
               "uint8": rng.integers(0, 256, (2, 9, 8, 7)).astype(np.uint8)}
     for dtype, codec in (("float32", "BloscCodec"), ("uint8", "ZstdCodec")):
         path = tmp_path / f"{dtype}.zarr"
-        arr = open_or_create_output(str(path), (2, 9, 8, 7), dtype, (4, 4, 4), ctx=CTX)
+        arr = create_zarr_array(Location.parse(path), (2, 9, 8, 7), dtype, (4, 4, 4), ctx=CTX)
         arr[...] = values[dtype]
         assert [type(c).__name__ for c in arr.compressors] == [codec]
         if dtype == "float32":

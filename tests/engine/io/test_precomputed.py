@@ -20,6 +20,7 @@ from znni.engine.io.ledger import read_ledger
 from znni.engine.io.ome import level_path
 from znni.engine.io.precomputed import create_output, existing_chunks
 from znni.engine.job import SegmentJob
+from znni.engine.location import Location
 from znni.engine.segment import segment
 from znni.model.network import load_network
 from znni.primitives.backends import make_backend
@@ -71,7 +72,7 @@ def setup(tmp_path: Path) -> dict[str, Any]:
                                     (([8.0, 10.0, 80.0], half),))}
 
 
-def _run(setup: dict[str, Any], inp: str, out: str, **kw: Any) -> Any:
+def _run(setup: dict[str, Any], inp: str | Location, out: str, **kw: Any) -> Any:
     job = SegmentJob(network=setup["net"], input_path=inp, output_path=out, chunks=(6, 7, 8),
                      block=(6, 7, 8), memory_limit_bytes=2**28, **kw)
     return segment(job, backend=make_backend("reference"))
@@ -95,7 +96,7 @@ def test_precomputed_in_and_out_equals_the_zarr_run(setup: dict, tmp_path: Path)
     assert scale["size"] == list(SHAPE[::-1]) and scale["chunk_sizes"] == [[8, 7, 6]]
     assert json.loads((out / "znni.json").read_text())["znni"]["input"] == \
         f"precomputed://{tmp_path / 'in.pc'}"
-    header, done = read_ledger(f"precomputed://{out}", ctx=CTX)  # beside the info
+    header, done = read_ledger(Location.parse(f"precomputed://{out}"), ctx=CTX)  # beside the info
     assert (out / "znni-ledger.jsonl").is_file() and len(done) == report.blocks_total
     again = _run(setup, setup["pc"], f"precomputed://{out}")  # resumes: nothing to do
     assert again.blocks_computed == 0
@@ -119,7 +120,7 @@ def test_zarr_input_to_precomputed_uint8_with_roi(setup: dict, tmp_path: Path) -
 
 
 def test_second_scale_by_level_keeps_its_resolution(setup: dict, tmp_path: Path) -> None:
-    inp = level_path(setup["pc"], 1, ctx=CTX)
+    inp = level_path(Location.parse(setup["pc"]), 1, ctx=CTX)
     out = tmp_path / "mip1.pc"
     _run(setup, inp, f"precomputed://{out}")
     got = read_precomputed(out)
@@ -153,7 +154,7 @@ def test_dask_workers_write_precomputed(setup: dict, tmp_path: Path) -> None:
 
 
 def test_segmentation_output_and_conflicting_info(tmp_path: Path) -> None:
-    path = f"precomputed://{tmp_path / 'seg.pc'}"
+    path = Location.parse(f"precomputed://{tmp_path / 'seg.pc'}")
     arr = create_output(path, (1, 4, 5, 6), "uint16", (4, 5, 6), (8.0, 8.0, 40.0), (1, 2, 3),
                         ctx=CTX, volume_type="segmentation")
     labels = np.arange(120, dtype=np.uint16).reshape(1, 4, 5, 6)  # (C, Z, Y, X)
@@ -179,17 +180,18 @@ def test_preview_reads_a_precomputed_output_and_its_precomputed_input(setup: dic
     from znni.engine.output.preview import preview_png, read_slice
 
     _run(setup, setup["zarr"], str(tmp_path / "out.zarr"))
-    out = f"precomputed://{tmp_path / 'out.pc'}"
-    _run(setup, setup["pc"], out)
+    out = Location.parse(f"precomputed://{tmp_path / 'out.pc'}")
+    plain = Location.parse(tmp_path / "out.zarr")
+    _run(setup, setup["pc"], str(out))
     for axis, index in (("z", None), ("x", 3)):
         got = read_slice(out, axis, index, ctx=CTX)
-        want = read_slice(str(tmp_path / "out.zarr"), axis, index, ctx=CTX)
+        want = read_slice(plain, axis, index, ctx=CTX)
         assert (got.index, got.extent) == (want.index, want.extent)
         assert np.array_equal(got.image, want.image) and np.array_equal(got.output, want.output)
     assert preview_png(out, ctx=CTX).startswith(b"\x89PNG")
     from znni.api.blockmap import block_map  # the dashboard's map of the same run
 
-    drawn, want = block_map(out, ctx=CTX), block_map(str(tmp_path / "out.zarr"), ctx=CTX)
+    drawn, want = block_map(out, ctx=CTX), block_map(plain, ctx=CTX)
     assert drawn == want and drawn["done"] == drawn["total"] >= 8
 
 
@@ -202,11 +204,11 @@ def test_ome_output_of_a_precomputed_input_keeps_its_voxel_size(setup: dict,
 
     out = str(tmp_path / "out.ome.zarr")
     _run(setup, setup["pc"], out, output_format="ome-zarr", pyramid=2)
-    level0, level2 = ome_level(out, 0, ctx=CTX), ome_level(out, 2, ctx=CTX)
+    level0, level2 = (ome_level(Location.parse(out), k, ctx=CTX) for k in (0, 2))
     rz, ry, rx = RES[2], RES[1], RES[0]
     assert level0.scale == (rz, ry, rx) and level0.units == ("nanometer",) * 3
     assert level0.translation == (OFFSET[2] * rz, OFFSET[1] * ry, OFFSET[0] * rx)
     assert level2.scale == (rz, 4 * ry, 4 * rx)  # two halvings of y and x, none of z
-    got = np.asarray(zarr.open_array(level0.array_path, mode="r")[...])
+    got = np.asarray(zarr.open_array(str(level0.array_location), mode="r")[...])
     _run(setup, setup["zarr"], str(tmp_path / "plain.zarr"))
     assert np.array_equal(got, zarr.open_array(str(tmp_path / "plain.zarr"), mode="r")[...])

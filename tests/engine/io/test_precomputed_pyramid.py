@@ -29,6 +29,7 @@ from support.store_runs import (
 from znni.engine.context import StoreContext
 from znni.engine.io.ledger import read_ledger
 from znni.engine.job import SegmentJob
+from znni.engine.location import Location
 from znni.engine.segment import check_and_plan, segment
 from znni.model.network import load_network
 from znni.primitives.backends import make_backend
@@ -102,8 +103,8 @@ def test_scales_equal_the_ome_levels_with_neuroglancer_geometry(case: dict,
     assert [s["voxel_offset"] for s in info["scales"]] == [[3, 3, 3], [1, 1, 3], [0, 0, 3]]
     assert [s["chunk_sizes"] for s in info["scales"]] == [[[6, 6, 4]], [[6, 6, 4]],
                                                          [[6, 6, 4]]]
-    assert info["type"] == "image" and len(read_ledger(f"precomputed://{out}", ctx=CTX)[1]) \
-        == report.blocks_total
+    done = read_ledger(Location.parse(f"precomputed://{out}"), ctx=CTX)[1]
+    assert info["type"] == "image" and len(done) == report.blocks_total
     again = run(case, f"precomputed://{out}")  # no --pyramid: the output's own depth; all done
     assert again.blocks_computed == 0
 
@@ -211,7 +212,7 @@ def test_sigkill_then_resume_leaves_the_scales_of_a_clean_run(tmp_path: Path) ->
                           timeout=WAIT_S).returncode == 0
     cmd = segment_cmd(spec, inp, out, "--pyramid", "2", *KILL_BLOCK)
     kill_after_blocks(subprocess.Popen(cmd, env=env), out, KILL_TOTAL // 3)
-    assert KILL_TOTAL // 3 <= len(read_ledger(out, ctx=CTX)[1]) < KILL_TOTAL
+    assert KILL_TOTAL // 3 <= len(read_ledger(Location.parse(out), ctx=CTX)[1]) < KILL_TOTAL
     assert subprocess.run(cmd, env=env, timeout=WAIT_S).returncode == 0
     got, info = scales_of(kvstore(str(tmp_path / "out.pc")))
     want, _ = scales_of(kvstore(str(tmp_path / "clean.pc")))
@@ -231,8 +232,8 @@ def test_s3_scales_equal_the_local_ones(s3, s3_env, case: dict,  # noqa: ANN001
     assert info["scales"] == want_info["scales"] and len(got) == 2
     for a, b in zip(got, want, strict=True):
         np.testing.assert_array_equal(a, b)
-    assert len(read_ledger(f"precomputed://{there}", ctx=CTX)[1]) == \
-        len(read_ledger(f"precomputed://{local}", ctx=CTX)[1])
+    assert len(read_ledger(Location.parse(f"precomputed://{there}"), ctx=CTX)[1]) == \
+        len(read_ledger(Location.parse(f"precomputed://{local}"), ctx=CTX)[1])
 
 
 @pytest.mark.slow

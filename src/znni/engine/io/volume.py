@@ -20,6 +20,7 @@ from znni.engine.io.chunk_cache import ChunkCache, ChunkedReader
 from znni.engine.io.faults import write_fault
 from znni.engine.io.formats import InputVolume, format_of
 from znni.engine.io.formats.base import Shape4
+from znni.engine.io.stores import check_readable
 from znni.engine.location import Location
 
 DEFAULT_CHUNK = 64
@@ -31,6 +32,8 @@ def open_input(path: Location, in_channels: int, cache_bytes: int = 0, *,
     network's input channels. With `cache_bytes` > 0, reads keep up to that many bytes of
     decoded chunks for later reads (block workers: neighbouring blocks' halos share
     chunks)."""
+    if path.is_remote and not path.is_tensorstore:  # a refused or missing bucket: named
+        check_readable(path, "input", ctx=ctx)     # as the input, before any lookup
     volume = format_of(path, ctx=ctx).open_input(path, in_channels, ctx=ctx)
     if cache_bytes <= 0:
         return volume
