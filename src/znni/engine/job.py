@@ -7,7 +7,7 @@ and call `znni.engine.segment.segment(job, ...)`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from znni.engine.context import StoreContext
 from znni.engine.location import Location
@@ -112,7 +112,7 @@ class SegmentReport:
     elapsed_s: float
     voxels_per_second: float
     stage_seconds: dict[str, float] = field(default_factory=dict)  # read, compute, write, wait
-    plan: dict | None = None
+    plan: dict[str, Any] | None = None
     bad_chunks: tuple[str, ...] = ()  # input chunks filled with the fill value (every run's)
     # blocks this run wrote as the fill value without compute (not in blocks_computed)
     blocks_skipped: int = 0

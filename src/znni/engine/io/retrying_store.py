@@ -16,7 +16,7 @@ from znni.engine.io.retry import METADATA_NAMES, delay, gave_up, is_transient, t
 from znni.engine.location import Location
 
 
-class RetryingStore(WrapperStore):
+class RetryingStore(WrapperStore[Any]):
     """Every get, set and delete of the wrapped store, retried; a write forgets what
     the setup's memo (`io/memo.py`) remembered about its key."""
 
