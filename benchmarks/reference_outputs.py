@@ -4,7 +4,8 @@ refactor (issue 50: n337, n726, a BasicUNet ONNX, a valid U-Net).
 `prepare DIR` writes the inputs once (seeded volumes, seeded weights, the ONNX exports);
 `run DIR OUT.json` runs the four jobs as a user types them and records, per run, the
 SHA-256 of the decoded output array and of every stored chunk object (metadata files,
-which carry the provenance's version and timings, are left out) and the plan's
+which carry the provenance's version and timings, and the ledger, which holds times, are
+left out) and the plan's
 primitives; `compare A.json B.json` says which differ. Plans come from this machine's
 cached calibration, so compare runs made on one machine with one cache.
 Run: `python benchmarks/reference_outputs.py prepare /tmp/ref && ... run /tmp/ref a.json`.
@@ -75,7 +76,8 @@ def _digest(path: Path) -> dict[str, object]:
 
     arr = zarr.open_array(str(path), mode="r")
     chunks = sorted(p for p in path.rglob("*") if p.is_file() and p.name not in
-                    ("zarr.json", ".zarray", ".zattrs", ".zgroup"))
+                    ("zarr.json", ".zarray", ".zattrs", ".zgroup")
+                    and not p.name.startswith("znni-ledger"))  # the ledger holds times
     h = hashlib.sha256()
     for p in chunks:
         h.update(str(p.relative_to(path)).encode())

@@ -85,11 +85,11 @@ class StoreContext:
         if self.memo is not None and self.memo.open:
             yield self
             return
-        ctx = replace(self, memo=Memo())
+        memo = Memo()
         try:
-            yield ctx
+            yield replace(self, memo=memo)
         finally:
-            ctx.memo.close()  # type: ignore[union-attr]
+            memo.close()
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """Only the options travel; the receiving process starts with empty caches."""

@@ -88,6 +88,8 @@ class SegmentCancelled(Exception):
     Finished blocks stay recorded in the ledger, so a later identical run resumes.
     """
 
+    done: tuple[int, int] | None = None  # (blocks done, blocks in all), set by the sweep
+
 
 @dataclass(frozen=True)
 class ProgressEvent:

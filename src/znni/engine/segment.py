@@ -34,33 +34,33 @@ from znni.engine.compute.statistics import prepare_package
 from znni.engine.compute.tta import FlipSpec, flip_count, tta_parts
 from znni.engine.compute.windows import WindowGrid
 from znni.engine.geometry import Block, Box, Halo, Triple, split_blocks
-from znni.engine.io.faults import VolumeFault, raise_setup_fault
+from znni.engine.io.faults import raise_setup_fault
 from znni.engine.io.formats import InputVolume
 from znni.engine.io.ledger import (
     BlockLedger,
     fingerprint,
     fingerprint_parts,
     mismatch_sentence,
-    open_ledger,
     read_ledger,
 )
 from znni.engine.io.lock import OutputLock, hold_output
 from znni.engine.io.stores import check_output_location
 from znni.engine.io.volume import check_existing_output, open_input, output_chunks
-from znni.engine.job import ProgressEvent, SegmentCancelled, SegmentJob, SegmentReport
+from znni.engine.job import ProgressEvent, SegmentJob, SegmentReport
 from znni.engine.options import check_options
 from znni.engine.output.form import OutputForm, output_form
 from znni.engine.output.provenance import note_bad_chunks
 from znni.engine.output.target import OutputTarget, open_target, output_plan
+from znni.engine.sweep.local import ReadAhead
+from znni.engine.sweep.progress import StageTimer
+from znni.engine.sweep.run import start_ledger, sweep
 from znni.engine.units import resolve_roi
-from znni.engine.workers.base import Worker
+from znni.engine.workers.base import VolumeWorker
 from znni.engine.workers.exact_graph import ExactGraphSpec
-from znni.engine.workers.finish import finish_spec
-from znni.engine.workers.make import make_worker
+from znni.engine.workers.finish import FinishSpec, FinishWorker, KindSpec, finish_spec
 from znni.engine.workers.mpf import BlockSpec
-from znni.engine.workers.pipeline import ReadAhead, run_local
-from znni.engine.workers.progress import Progress, StageTimer
 from znni.engine.workers.windowed import WINDOW_CACHE_BYTES, WindowedSpec
+from znni.model.network import Network
 from znni.model.onnx_model import OnnxModel
 from znni.primitives.base import Backend
 from znni.triple import as_triple
@@ -111,7 +111,7 @@ def _prepare_run(job: SegmentJob, plan: Plan | None) -> PreparedRun:
     ctx = job.store
     volume = open_input(job.input_path, net.in_channels, ctx=ctx)
     lo_hi = resolve_roi(job.roi, volume.shape)
-    region = Box(tuple(a for a, _ in lo_hi), tuple(b for _, b in lo_hi))  # type: ignore[arg-type]
+    region = Box(as_triple(a for a, _ in lo_hi), as_triple(b for _, b in lo_hi))
     if job.output_path.resolved() == job.input_path.resolved():
         raise ValueError(f"output {job.output_path} is the input array; choose another path")
     check_output_location(job.output_path, ctx=ctx)
@@ -144,17 +144,20 @@ def _prepare_run(job: SegmentJob, plan: Plan | None) -> PreparedRun:
         "parts": parts, "resume": resume, "done": frozenset(done) if resume else frozenset(),
         "form": form}
     recorded = _ledger_block(header) if resume else None  # a resumed run keeps its blocks
-    if window is not None:
-        block = recorded or job.block or default_block_shape(net, window, chunks, region)  # type: ignore[arg-type]
+    if window is not None and isinstance(net, OnnxModel):
+        block = recorded or job.block or default_block_shape(net, window, chunks, region)
         return PreparedRun(**checked, patch=window, block_shape=block, primitives=None,
                            plan=None, window=window, choice=choice)
+    if not isinstance(net, Network):  # a graph model always has its window by now
+        raise TypeError(f"network {type(net).__name__} is neither a sequential Network nor "
+                        "an ONNX model with a window")
     step = recorded or job.block  # --block: its plain grid; remainders merged otherwise
     if plan is None:  # patch, batch and blocks together (compute/layout.py)
         plan = plan_with_layout(net, job.device, chunks, region, budget,
                                 volume.dtype.itemsize, form.dtype, step, job.block is None,
                                 flips=flip_count(job.tta), skip=form.outside,
                                 out_channels=form.channels)  # labels: as stored
-    patch, primitives = _patch_from_plan(job, plan)
+    patch, primitives = _patch_from_plan(net, plan)
     plan = with_job_time(with_layout(plan, net, chunks, region, budget, volume.dtype.itemsize,
                                      step, merge=job.block is None),
                          net, volume.dtype.itemsize, form.dtype, budget_bytes=budget,
@@ -197,7 +200,7 @@ def _window_for(
         window: Triple = job.window
     elif model.mode == "windowed" and recorded.get("mode") == "windowed" \
             and recorded.get("network") == model.digest:
-        window = tuple(int(v) for v in recorded["window"])  # type: ignore[assignment]
+        window = as_triple(recorded["window"], "the ledger's window")
     else:
         where = graph_pass_device(job.device, job.precision, job.memory_limit_bytes)
         return choose(model, pass_budget, region.shape, job.overlap, **where,
@@ -212,10 +215,9 @@ def _windowed_parts(parts: dict[str, Any], window: Triple, job: SegmentJob) -> d
             "blend": job.blend}
 
 
-def _patch_from_plan(job: SegmentJob, plan: Plan) -> tuple[Triple, tuple[str | None, ...] | None]:
+def _patch_from_plan(net: Network, plan: Plan) -> tuple[Triple, tuple[str | None, ...] | None]:
     """The plan's patch output and per-op primitives, checked against the network."""
-    net = job.network
-    out = tuple(int(v) for v in plan.output_size)
+    out = as_triple(plan.output_size, "the plan's output size")
     if any(o % p for o, p in zip(out, net.pool_product, strict=True)):
         raise ValueError(
             f"plan output size {out} is not a multiple of the pool product {net.pool_product}"
@@ -223,7 +225,7 @@ def _patch_from_plan(job: SegmentJob, plan: Plan) -> tuple[Triple, tuple[str | N
     primitives = tuple(plan.primitives) if plan.primitives is not None else None
     if primitives is not None and len(primitives) != len(net.ops):
         raise ValueError(f"plan has {len(primitives)} primitives for {len(net.ops)} network ops")
-    return out, primitives  # type: ignore[return-value]
+    return out, primitives
 
 
 def segment(
@@ -236,75 +238,68 @@ def segment(
     plan: Plan | None = None,
     on_plan: Callable[[dict[str, Any]], None] | None = None,
 ) -> SegmentReport:
-    """Compute and write every unfinished block (module docstring); `on_plan` gets the plan."""
+    """Compute and write every unfinished block (module docstring); `on_plan` gets the plan.
+    The block sweep itself is `engine/sweep/run.sweep`, with the job's worker spec as its
+    stage."""
     timer = StageTimer()
     with job.store.remembering() as ctx:  # the setup asks each store question once
         prep = _prepare_ahead(replace(job, store=ctx), plan)
+        assert prep.form is not None  # prepare_run decides it
         plan = prep.plan
         plan_dict = plan.to_dict() if plan is not None else run_summary(
             job, prep.choice, prep.volume.shape, prep.block_shape, prep.region.shape,
             prep.volume.dtype.itemsize, (prep.form.channels, prep.form.dtype))
-        target, ledger, blocks, spec, worker, reads, lock = _set_up(prep.job, prep, plan_dict,
-                                                                    backend, timer)
+        run = _set_up(prep.job, prep, plan_dict, backend, timer)
     (on_plan or _ignore)(dict(plan_dict))  # the server stores a graph run's summary
-    todo = [b for b in blocks if b.key not in prep.done]
-    done_voxels = sum(b.write.size for b in blocks if b.key in prep.done)
-    meter = Progress(len(blocks), prep.region.size, quiet=quiet, callback=progress,
-                     blocks_done=len(blocks) - len(todo), voxels_done=done_voxels)
-    bad = getattr(getattr(worker, "volume", None), "bad_chunks", None)  # --on-bad-chunk
-    skipped: set[str] = getattr(worker, "skipped", set())  # written without compute
-
-    def record(block: Block) -> None:
-        if bad is not None and (new := bad.take_new()):
-            ledger.note_bad_chunks(new)  # before any block that computed them filled
-        ledger.record([block.key])
-        meter.block_done(block.write.size, block.key in skipped)
-
-    on_done = target.track(blocks, prep.done, record)  # OME pyramid: after its levels
-
-    try:
-        if worker is not None:
-            run_local(worker, todo, on_done, timer, cancel, reads)
-            plan_dict.update(getattr(worker, "device_report", dict)())
-        else:
-            from znni.engine.workers.distributed import run_dask
-
-            run_dask(spec, todo, on_done, timer, job.scheduler, cancel, skipped)
-    except (VolumeFault, SegmentCancelled) as e:  # the caller says how much is kept
-        e.done = (meter.blocks_done, meter.blocks_total)  # type: ignore[union-attr]
-        raise
-    finally:
-        if reads is not None:
-            reads.close()
-        target.close()
-        meter.close()
-        lock.release()
-    target.check()
-    filled = note_bad_chunks(ledger, target, prep.volume, job)  # this job's runs' list
-    elapsed, n_skip = meter.elapsed_s(), meter.blocks_skipped  # skipped: not computed
-    return SegmentReport(job.output_path, len(blocks), len(todo) - n_skip, meter.voxels_this_run,
-                         elapsed, meter.voxels_this_run / max(elapsed, 1e-9),
-                         dict(timer.seconds), plan_dict, tuple(filled), n_skip)
+    worker = run.worker
+    result = sweep(
+        run.stage, run.blocks, ledger=run.ledger, done=prep.done, lock=run.lock,
+        landing=run.target,  # OME pyramid: a block is recorded after its levels
+        scheduler=job.scheduler, worker=worker, reads=run.reads,
+        bad_chunks=None if worker is None else worker.volume.bad_chunks.take_new,
+        cancel=cancel, progress=progress, quiet=quiet, timer=timer)
+    if worker is not None:
+        plan_dict.update(getattr(worker, "device_report", dict)())
+    filled = note_bad_chunks(run.ledger, run.target, prep.volume, job)  # this job's runs' list
+    voxels, elapsed = result.voxels_this_run, result.elapsed_s
+    return SegmentReport(job.output_path, result.blocks_total, result.blocks_computed, voxels,
+                         elapsed, voxels / max(elapsed, 1e-9), result.stage_seconds, plan_dict,
+                         tuple(filled), result.blocks_skipped)
 
 
 def _ignore(_: Any) -> None:
     """No `on_plan` given."""
 
 
+@dataclass(frozen=True)
+class _SetUp:
+    """A run ready to sweep: the output and its ledger and lock, the blocks, the stage, and
+    for a local run its worker and reader (None on Dask)."""
+
+    target: OutputTarget
+    ledger: BlockLedger
+    lock: OutputLock
+    blocks: list[Block]
+    stage: KindSpec | FinishSpec
+    worker: VolumeWorker | FinishWorker | None
+    reads: ReadAhead | None
+
+
 def _set_up(
     job: SegmentJob, prep: PreparedRun, plan_dict: dict[str, Any], backend: Backend | None,
     timer: StageTimer,
-) -> tuple[OutputTarget, BlockLedger, list[Block], Any, Worker | None, ReadAhead | None,
-           OutputLock]:
-    """(the output, its ledger, the blocks, their spec, the local worker and its reader, or
-    None for Dask). A local run starts reading its first unfinished block before it creates
-    the output and starts the ledger, a dozen requests in a row on an object store."""
+) -> _SetUp:
+    """The output, its ledger and lock, the blocks and their stage (`workers/`: the job's
+    spec), with the local worker and its reader. A local run starts reading its first
+    unfinished block before it creates the output and starts the ledger, a dozen requests in
+    a row on an object store."""
     lock = hold_output(job.output_path, job.wait_for_output, ctx=job.store)  # before its ledger
     worker, reads = None, None
     if job.scheduler is None:
         blocks, spec = _blocks_and_spec(job, prep)
-        worker = make_worker(finish_spec(spec, prep.form, job.store), backend=backend)
-        worker.volume.bad_chunks.policy = job.on_bad_chunk  # type: ignore[attr-defined]
+        stage = finish_spec(spec, prep.form, job.store)  # labels, mask: workers/finish.py
+        worker = stage.build(backend=backend)
+        worker.volume.bad_chunks.policy = job.on_bad_chunk
         reads = ReadAhead(worker, timer)
         first = next((b for b in blocks if b.key not in prep.done), None)
         if first is not None:
@@ -312,11 +307,8 @@ def _set_up(
     try:
         target = open_target(job, prep.volume, prep.out_shape, prep.chunks, prep.region,
                              plan_dict)
-        ledger = open_ledger(job.output_path, ctx=job.store)
-        if prep.resume:
-            ledger.resume()
-        else:
-            ledger.start(prep.parts, prep.block_shape)
+        ledger = start_ledger(job.output_path, ctx=job.store, parts=prep.parts,
+                              block_shape=prep.block_shape, resume=prep.resume)
     except BaseException as e:  # a full disk, a refusal: named (engine/io/faults.py)
         if reads is not None:
             reads.close()
@@ -327,11 +319,11 @@ def _set_up(
         worker.output = target.level0
     else:
         blocks, spec = _blocks_and_spec(target.worker_job(job), prep)
-        spec = finish_spec(spec, prep.form, job.store)  # labels, mask: workers/finish.py
-    return target, ledger, blocks, spec, worker, reads, lock
+        stage = finish_spec(spec, prep.form, job.store)  # labels, mask: workers/finish.py
+    return _SetUp(target, ledger, lock, blocks, stage, worker, reads)
 
 
-def _blocks_and_spec(job: SegmentJob, prep: PreparedRun) -> tuple[list[Block], Any]:
+def _blocks_and_spec(job: SegmentJob, prep: PreparedRun) -> tuple[list[Block], KindSpec]:
     """The job's blocks and the picklable description a worker computes them from (its
     caller wraps labels, the mask and --skip-empty around it: `workers/finish.py`)."""
     net = job.network
@@ -343,12 +335,13 @@ def _blocks_and_spec(job: SegmentJob, prep: PreparedRun) -> tuple[list[Block], A
         blocks = split_blocks(prep.region, prep.block_shape, prep.chunks, Halo(none, none),
                               (1, 1, 1))
         plan = prep.choice.plan
-        planned = {"backend_name": graph_backend_name(job.device),
-                   "primitives": tuple(sorted(plan.primitives.items())),
-                   "spectra_bytes": plan.spectra_bytes, "input_cache_bytes": cached,
-                   "store": job.store, "precision": plan.precision, "compiled": plan.compiled,
-                   "device_bytes": graph_device_cap(job.device, job.memory_limit_bytes),
-                   "flips": FlipSpec.parse(job.tta)}
+        planned: dict[str, Any] = {
+            "backend_name": graph_backend_name(job.device),
+            "primitives": tuple(sorted(plan.primitives.items())),
+            "spectra_bytes": plan.spectra_bytes, "input_cache_bytes": cached,
+            "store": job.store, "precision": plan.precision, "compiled": plan.compiled,
+            "device_bytes": graph_device_cap(job.device, job.memory_limit_bytes),
+            "flips": FlipSpec.parse(job.tta)}
         if net.mode == "exact":
             return blocks, ExactGraphSpec(net, job.input_path, job.output_path, job.border,
                                           job.dtype, prep.window, **planned,

@@ -17,6 +17,7 @@ from znni.engine.compute.compiled_forward import CompiledForward
 from znni.engine.compute.graph_choice import plan_window
 from znni.engine.compute.graph_forward import run_graph
 from znni.engine.job import SegmentJob
+from znni.engine.location import Location
 from znni.engine.segment import segment
 from znni.model.loading import load_model
 from znni.model.onnx_model import load_onnx_model
@@ -145,7 +146,8 @@ def test_a_network_openvino_cannot_compile_runs_on_our_kernels(onnx_models, tmp_
 
     monkeypatch.setattr(openvino_network, "OpenVinoNetwork", refuse)
     monkeypatch.setattr(openvino_network, "NETWORKS", openvino_network.CompiledNetworks())
-    spec = WindowedSpec(model, inp, str(tmp_path / "o.zarr"), "float32", grid, "gaussian",
+    spec = WindowedSpec(model, Location.parse(inp), Location.parse(tmp_path / "o.zarr"),
+                        "float32", grid, "gaussian",
                         compiled="openvino-network")
     worker = WindowedWorker(spec)
     x = vol[None].astype(np.float32)[None]  # (1, 1, Z, Y, X): the one window

@@ -32,7 +32,7 @@ def job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[SegmentJob, np
     report = segment(local, backend=make_backend("reference"))
     assert report.blocks_total >= 8
     ref = dense_volume(layers, params, vol[None], "reflect", 1 / 255)
-    out = zarr.open_array(local.output_path)[...]
+    out = zarr.open_array(str(local.output_path))[...]
     assert close(out, ref)
     return local, out
 

@@ -16,6 +16,7 @@ from support.onnx_models import valid_unet
 from znni.cli import main
 from znni.engine.context import StoreContext
 from znni.engine.job import SegmentCancelled, SegmentJob
+from znni.engine.location import Location
 from znni.engine.segment import segment
 from znni.model.loading import load_model
 from znni.model.onnx_model import OnnxModel
@@ -154,17 +155,17 @@ def test_sigkill_mid_run_then_rerun_computes_only_the_rest(setup) -> None:
     proc = subprocess.Popen(cmd, env={**env, TRACE_ENV: str(trace1)})
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
-        if len(read_ledger(str(out), ctx=CTX)[1]) >= 4:
+        if len(read_ledger(Location.parse(out), ctx=CTX)[1]) >= 4:
             proc.send_signal(signal.SIGKILL)
             break
         time.sleep(0.01)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
-    _, done = read_ledger(str(out), ctx=CTX)
+    _, done = read_ledger(Location.parse(out), ctx=CTX)
     total = 3 * 4 * 3  # blocks of 5x8x8 over 13x29x22
     assert 4 <= len(done) < total
     assert subprocess.run(cmd, env={**env, TRACE_ENV: str(trace2)}).returncode == 0
     again = [line.split()[1] for line in trace2.read_text().splitlines()]
     assert not set(again) & done and len(again) == len(set(again)) == total - len(done)
-    assert len(read_ledger(str(out), ctx=CTX)[1]) == total
+    assert len(read_ledger(Location.parse(out), ctx=CTX)[1]) == total
     assert close(zarr.open_array(str(out))[...], _whole_run(setup, "reflect"))

@@ -23,6 +23,7 @@ from support.store_runs import kill_after_blocks
 from znni.cli import main
 from znni.engine.context import StoreContext
 from znni.engine.job import SegmentJob
+from znni.engine.location import Location
 from znni.engine.segment import segment
 from znni.model.loading import load_model
 
@@ -188,7 +189,7 @@ def test_resume_after_sigkill_keeps_the_same_output(tmp_path, volume, sequential
     assert subprocess.run(cmd(whole), env=env).returncode == 0
     kill_after_blocks(subprocess.Popen(cmd(out), env=env), str(out), 3)
     total = 2 * 4 * 4  # blocks of 8x8x8 over 15x29x26
-    assert 3 <= len(read_ledger(str(out), ctx=StoreContext())[1]) < total
+    assert 3 <= len(read_ledger(Location.parse(out), ctx=StoreContext())[1]) < total
     other = subprocess.run(cmd(out, "flips:z"), env=env, capture_output=True, text=True)
     assert other.returncode == 2 and "(tta differs)" in other.stderr  # another output
     assert subprocess.run(cmd(out), env=env).returncode == 0

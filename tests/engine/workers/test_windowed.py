@@ -58,7 +58,7 @@ def setup(tmp_path_factory) -> dict:
                      chunks=(6, 8, 8), block=(24, 40, 32))
     report = segment(job)
     assert report.blocks_total == 1
-    return {"tmp": tmp, "job": job, "expected": zarr.open_array(job.output_path)[...]}
+    return {"tmp": tmp, "job": job, "expected": zarr.open_array(str(job.output_path))[...]}
 
 
 def _job(setup: dict, name: str, **changes) -> SegmentJob:
@@ -70,7 +70,7 @@ def _job(setup: dict, name: str, **changes) -> SegmentJob:
 def test_result_does_not_depend_on_blocks(setup, block) -> None:
     job = _job(setup, f"b{block[0]}_{block[1]}.zarr", block=block)
     segment(job)
-    assert np.array_equal(zarr.open_array(job.output_path)[...], setup["expected"])
+    assert np.array_equal(zarr.open_array(str(job.output_path))[...], setup["expected"])
 
 
 def test_cancelled_run_resumes_to_the_same_result(setup) -> None:
@@ -80,7 +80,7 @@ def test_cancelled_run_resumes_to_the_same_result(setup) -> None:
         segment(job, cancel=cancel, progress=lambda ev: ev.blocks_done >= 3 and cancel.set())
     report = segment(job)
     assert 0 < report.blocks_computed < report.blocks_total
-    assert np.array_equal(zarr.open_array(job.output_path)[...], setup["expected"])
+    assert np.array_equal(zarr.open_array(str(job.output_path))[...], setup["expected"])
 
 
 def test_other_window_refused_without_overwrite(setup) -> None:
@@ -94,7 +94,7 @@ def test_local_dask_cluster_equals_local_run(setup) -> None:
     job = _job(setup, "dask.zarr", block=(12, 16, 16), scheduler="local:2")
     report = segment(job)
     assert report.blocks_computed == report.blocks_total > 1
-    assert np.array_equal(zarr.open_array(job.output_path)[...], setup["expected"])
+    assert np.array_equal(zarr.open_array(str(job.output_path))[...], setup["expected"])
 
 
 @pytest.mark.slow
@@ -103,7 +103,7 @@ def test_sigkill_mid_run_then_rerun_completes(setup, monkeypatch) -> None:
     out, trace = tmp / "killed.zarr", tmp / "trace"
     model_path = tmp / "u.onnx"
     cmd = [sys.executable, "-m", "znni.cli", "segment", str(model_path),
-           setup["job"].input_path, str(out), "--window", "8,16,12", "--overlap", "0.4",
+           str(setup["job"].input_path), str(out), "--window", "8,16,12", "--overlap", "0.4",
            "--scale", str(1 / 255), "--chunks", "6,8,8", "--block", "6,8,8", "--quiet"]
     env = {**__import__("os").environ, TRACE_ENV: str(trace)}
     proc = subprocess.Popen(cmd, env=env)
@@ -134,7 +134,7 @@ def test_windows_across_blocks_run_once_while_kept(setup, monkeypatch) -> None:
     segment(job)
     grid = WindowGrid.for_volume((22, 37, 30), WINDOW, 0.4)
     assert len(calls) == grid.num_windows
-    np.testing.assert_allclose(zarr.open_array(job.output_path)[...], setup["expected"],
+    np.testing.assert_allclose(zarr.open_array(str(job.output_path))[...], setup["expected"],
                                rtol=0, atol=1e-6)
 
     calls.clear()
@@ -175,7 +175,7 @@ def test_batched_windows_equal_single_windows_whatever_the_blocks(setup, monkeyp
         sizes.clear()
         job = _job(setup, f"b{batch}-{block[0]}-{block[2]}.zarr", block=block)
         segment(job)
-        results.append(zarr.open_array(job.output_path)[...])
+        results.append(zarr.open_array(str(job.output_path))[...])
         grid = WindowGrid.for_volume((22, 37, 30), WINDOW, 0.4)
         groups = {window_group(grid, s, batch) for s in grid.all_windows()}
         assert sorted(sizes) == sorted(len(g) for g in groups)  # each group once

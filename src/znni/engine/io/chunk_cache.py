@@ -19,7 +19,7 @@ chunk both fetch it (the values are equal), neither waits on the other's I/O.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -63,12 +63,12 @@ class ChunkedReader:
                   zip(box.lo, box.hi, self.chunks, strict=True)]
         found: dict[Index, np.ndarray] = {}
         missing: set[Index] = set()
-        for idx in itertools.product(*ranges):
+        for idx in chunk_grid(ranges):
             arr = self.cache.get((self.name, idx))
             if arr is None:
-                missing.add(idx)  # type: ignore[arg-type]
+                missing.add(idx)
             else:
-                found[idx] = arr  # type: ignore[index]
+                found[idx] = arr
         for lo, hi in cover(missing):
             found.update(self._fetch(lo, hi))
         for idx, arr in found.items():
@@ -81,9 +81,9 @@ class ChunkedReader:
 
     def chunk_box(self, idx: Index) -> Box:
         """The voxels of chunk `idx`, clipped to the array."""
-        lo = tuple(i * c for i, c in zip(idx, self.chunks, strict=True))
-        hi = tuple(min(a + c, n) for a, c, n in zip(lo, self.chunks, self.shape, strict=True))
-        return Box(lo, hi)  # type: ignore[arg-type]
+        lo = as_triple(i * c for i, c in zip(idx, self.chunks, strict=True))
+        hi = as_triple(min(a + c, n) for a, c, n in zip(lo, self.chunks, self.shape, strict=True))
+        return Box(lo, hi)
 
     def _fetch(self, lo: Index, hi: Index) -> dict[Index, np.ndarray]:
         """Chunks [lo, hi) of the grid in one zarr call, each kept in the cache."""
@@ -97,12 +97,12 @@ class ChunkedReader:
         except Exception:  # noqa: BLE001 - find which chunk failed, and why
             data = self._read_by_chunk(span, lo, hi)
         got: dict[Index, np.ndarray] = {}
-        for idx in itertools.product(*(range(a, b) for a, b in zip(lo, hi, strict=True))):
-            chunk = self.chunk_box(idx)  # type: ignore[arg-type]
+        for idx in chunk_grid([range(a, b) for a, b in zip(lo, hi, strict=True)]):
+            chunk = self.chunk_box(idx)
             # a copy: a view would keep the whole fetched span alive, unaccounted
             arr = np.ascontiguousarray(data[(slice(None), *chunk.slices(span.lo))])
             self.cache.put((self.name, idx), arr)
-            got[idx] = arr  # type: ignore[index]
+            got[idx] = arr
         return got
 
     def _read_span(self, span: Box, channels: slice = slice(None)) -> np.ndarray:
@@ -116,8 +116,8 @@ class ChunkedReader:
         fill value and is listed in `self.bad`."""
         data = np.empty((self.channels, *span.shape), self.dtype)
         step = int(self.array.chunks[0]) if self.has_channel_axis else self.channels
-        for idx in itertools.product(*(range(a, b) for a, b in zip(lo, hi, strict=True))):
-            chunk = self.chunk_box(idx)  # type: ignore[arg-type]
+        for idx in chunk_grid([range(a, b) for a, b in zip(lo, hi, strict=True)]):
+            chunk = self.chunk_box(idx)
             for c in range(0, self.channels, step):  # a 4D array's channel chunks
                 where = (slice(c, c + step), *chunk.slices(span.lo))
                 try:
@@ -161,4 +161,10 @@ def _slab(lo: Index, hi: list[int], axis: int) -> set[Index]:
     """The indices a box [lo, hi) would add if grown by one along `axis`."""
     ranges = [range(a, b) for a, b in zip(lo, hi, strict=True)]
     ranges[axis] = range(hi[axis], hi[axis] + 1)
-    return set(itertools.product(*ranges))  # type: ignore[arg-type]
+    return set(chunk_grid(ranges))
+
+
+def chunk_grid(ranges: Sequence[range]) -> Iterator[Index]:
+    """The (z, y, x) chunk indices of three index ranges, in C order."""
+    for z, y, x in itertools.product(*ranges):  # noqa: UP028 - typed as (z, y, x) triples
+        yield (z, y, x)

@@ -35,6 +35,8 @@ ERRNO_CAUSES: dict[int, tuple[str, str]] = {
 class VolumeFault(Exception):
     """A read or write of a volume that failed mid-run; `str()` is the one sentence."""
 
+    done: tuple[int, int] | None = None  # (blocks done, blocks in all), set by the sweep
+
     def __init__(self, kind: str, path: Location | str, key: str, cause: str, *,
                  what: str = "input chunk", exit_code: int = EXIT_ENVIRONMENT,
                  hint: str = "") -> None:

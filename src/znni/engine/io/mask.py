@@ -20,6 +20,7 @@ from znni.engine.context import StoreContext
 from znni.engine.geometry import Box, Triple
 from znni.engine.io.stores import check_readable
 from znni.engine.location import Location
+from znni.triple import as_triple
 
 OUTSIDE, PARTIAL, INSIDE = "outside", "partial", "inside"
 
@@ -118,9 +119,9 @@ def outside_boxes(spec: MaskSpec, boxes: list[Box]) -> list[bool]:
     if not boxes:
         return []
     mask = Mask(spec)
-    lo = tuple(min(b.lo[i] for b in boxes) for i in range(3))
-    hi = tuple(max(b.hi[i] for b in boxes) for i in range(3))
-    whole = Box(lo, hi)  # type: ignore[arg-type]
+    lo = as_triple(min(b.lo[i] for b in boxes) for i in range(3))
+    hi = as_triple(max(b.hi[i] for b in boxes) for i in range(3))
+    whole = Box(lo, hi)
     cbox = mask.coarse_box(whole)
     if cbox.size > WHOLE_READ_VOXELS:
         return [mask.coverage(b) == OUTSIDE for b in boxes]

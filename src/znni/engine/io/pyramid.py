@@ -138,9 +138,10 @@ def downsample(values: np.ndarray, step: Triple, dtype: str) -> np.ndarray:
 
 def footprint(write: Box, factor: Triple, shape: Triple) -> Box:
     """The level-0 box whose deepest-level voxels cover `write`: grown to `factor`."""
-    lo = tuple(w // f * f for w, f in zip(write.lo, factor, strict=True))
-    hi = tuple(min(n, -(-w // f) * f) for w, f, n in zip(write.hi, factor, shape, strict=True))
-    return Box(lo, hi)  # type: ignore[arg-type]
+    lo = as_triple(w // f * f for w, f in zip(write.lo, factor, strict=True))
+    hi = as_triple(min(n, -(-w // f) * f) for w, f, n in zip(write.hi, factor, shape,
+                                                            strict=True))
+    return Box(lo, hi)
 
 
 def coarse_levels(values: np.ndarray, steps: Factors, dtype: str,

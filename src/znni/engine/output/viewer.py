@@ -67,9 +67,9 @@ def viewer_state(layers: list[Layer]) -> dict[str, Any]:
         res = sized[-1].resolution
         assert res is not None
         state["dimensions"] = {a: [r * 1e-9, "m"] for a, r in zip("xyz", res, strict=True)}
-    placed = [layer for layer in layers if layer.centre is not None]
+    placed = [layer.centre for layer in layers if layer.centre is not None]
     if placed:
-        state["position"] = list(placed[-1].centre)  # type: ignore[arg-type]
+        state["position"] = list(placed[-1])
     if layers:
         state["selectedLayer"] = {"layer": layers[-1].name, "visible": True}
     return state

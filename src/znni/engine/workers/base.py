@@ -1,10 +1,12 @@
 """What every block worker is, and the set-up the three kinds share.
 
-A worker computes any block of one job in one process: `read` the block's input (the
-reader thread calls it ahead), `compute` its encoded output, `write` it. The three kinds
-(`mpf.BlockWorker` for sequential networks, `exact_graph.ExactGraphWorker` for valid
-graphs, `windowed.WindowedWorker` for everything else) differ only in `read_box` and
-`compute`; they share `VolumeWorker`'s opened input and lazily opened output.
+The worker kinds are the inference stage of the block sweep (`engine/sweep/`): a spec
+(`mpf.BlockSpec` for sequential networks, `exact_graph.ExactGraphSpec` for valid graphs,
+`windowed.WindowedSpec` for everything else, `finish.FinishSpec` around any of them) is the
+sweep's `Stage`, and the worker it builds its `BlockWork`: `read` the block's input (the
+reader thread calls it ahead), `compute` its encoded output, `write` it. The kinds differ
+only in `read_box` and `compute`; they share `VolumeWorker`'s opened input and lazily
+opened output.
 Setting ZNNI_ENGINE_TRACE=FILE appends the key of every computed block to FILE, so
 tests and operators can see exactly what a run recomputed.
 """
@@ -20,35 +22,76 @@ import numpy as np
 from znni.engine.compute.compiled_forward import CompiledForward
 from znni.engine.compute.graph_device import device_graph_ops, device_run_report
 from znni.engine.compute.graph_forward import make_graph_backend, run_graph
-from znni.engine.compute.tta import tta_forward
+from znni.engine.compute.tta import FlipSpec, tta_forward
+from znni.engine.context import StoreContext
 from znni.engine.geometry import Block, Triple
-from znni.engine.io.volume import open_input, write_block
+from znni.engine.io.volume import open_input, open_output_array, write_block
+from znni.engine.location import Location
+from znni.engine.sweep.stage import BlockWork, Stage
+from znni.model.onnx_model import OnnxModel
 from znni.primitives.base import Backend
 
 TRACE_ENV = "ZNNI_ENGINE_TRACE"
 log = logging.getLogger("znni.engine")
 
 
-class Worker(Protocol):
-    """The contract `pipeline.run_local` and `distributed.run_block_task` rely on."""
+class VolumeSpec(Stage, Protocol):
+    """What `VolumeWorker` reads from a spec: every kind's spec has it (a sweep `Stage`)."""
 
-    spec: Any  # the picklable job description the worker was made from
+    @property
+    def input_path(self) -> Location: ...
+    @property
+    def output_path(self) -> Location: ...
+    @property
+    def input_cache_bytes(self) -> int: ...  # decoded input chunks kept between blocks
+    @property
+    def store(self) -> StoreContext: ...  # the job's store options (and this process's caches)
 
-    def read(self, block: Block) -> np.ndarray:
-        """The raw input the block needs, (C, *read box); called on the reader thread."""
-        ...
 
-    def compute(self, block: Block, raw: np.ndarray) -> np.ndarray:
-        """The block's encoded output, (Cout, *block.write.shape)."""
-        ...
+class GraphSpec(VolumeSpec, Protocol):
+    """What `GraphWorker` reads from an ONNX model's spec (`ExactGraphSpec`, `WindowedSpec`)."""
 
-    def write(self, block: Block, values: np.ndarray) -> None:
-        """Store the block's output; called on the writer thread."""
-        ...
+    @property
+    def model(self) -> OnnxModel: ...
+    @property
+    def backend_name(self) -> str: ...
+    @property
+    def primitives(self) -> tuple[tuple[str, str], ...]: ...  # conv node -> primitive
+    @property
+    def spectra_bytes(self) -> int: ...
+    @property
+    def precision(self) -> str: ...
+    @property
+    def device_bytes(self) -> int: ...  # a GPU backend's memory cap (0: the device's own)
+    @property
+    def batch(self) -> int: ...
+    @property
+    def compiled(self) -> str: ...  # "openvino-network": the whole window on OpenVINO
+    @property
+    def flips(self) -> FlipSpec | None: ...
 
-    def run(self, block: Block) -> None:
-        """read, compute and write one block on this thread."""
-        ...
+
+class _Buildable(Protocol):
+    """A spec that builds its kind's worker (`InferenceStage`'s self)."""
+
+    @property
+    def output_path(self) -> Location: ...
+    @property
+    def store(self) -> StoreContext: ...
+    def build(self, backend: Backend | None = None, output_array: Any = None) -> BlockWork: ...
+
+
+class InferenceStage:
+    """A worker spec as the sweep's `Stage` (mixed into every spec). `build` is each kind's
+    own (a backend for everything, tests and benchmarks; an output opened already, as
+    `segment` hands its local worker); `make_worker` is the worker a process makes from the
+    spec alone, as a Dask worker does: a remote output opened now, a local one at the first
+    write."""
+
+    def make_worker(self: _Buildable) -> BlockWork:
+        remote = self.output_path.is_remote
+        return self.build(output_array=open_output_array(self.output_path, ctx=self.store)
+                          if remote else None)
 
 
 class VolumeWorker:
@@ -56,7 +99,7 @@ class VolumeWorker:
     the first write: the set-up every worker kind shares. `spec` has `input_path`,
     `output_path`, `input_cache_bytes` and `store` (the job's `StoreContext`)."""
 
-    def __init__(self, spec: Any, in_channels: int, output_array: Any = None) -> None:
+    def __init__(self, spec: VolumeSpec, in_channels: int, output_array: Any = None) -> None:
         self.spec = spec
         self.volume = open_input(spec.input_path, in_channels, spec.input_cache_bytes,
                                  ctx=spec.store)
@@ -84,7 +127,9 @@ class GraphWorker(VolumeWorker):
     `compiled` ("openvino-network": the whole window on OpenVINO) and `flips` (test-time
     flips, engine/compute/tta.py, or None)."""
 
-    def __init__(self, spec: Any, size: Triple, backend: Backend | None = None,
+    spec: GraphSpec
+
+    def __init__(self, spec: GraphSpec, size: Triple, backend: Backend | None = None,
                  output_array: Any = None) -> None:
         super().__init__(spec, spec.model.in_channels, output_array)
         self.backend = backend or make_graph_backend(spec.backend_name, spec.spectra_bytes,

@@ -25,15 +25,16 @@ from znni.engine.geometry import Block, Box, Triple
 from znni.engine.io.borders import read_with_border
 from znni.engine.io.volume import encode_output
 from znni.engine.location import Location
-from znni.engine.workers.base import GraphWorker, trace_block
+from znni.engine.workers.base import GraphWorker, InferenceStage, trace_block
 from znni.model.onnx_model import OnnxModel
 from znni.model.processing import apply_chain
 from znni.primitives.base import Backend
 
 
 @dataclass(frozen=True)
-class ExactGraphSpec:
-    """Everything a worker needs to compute any block of an exact graph job (picklable)."""
+class ExactGraphSpec(InferenceStage):
+    """Everything a worker needs to compute any block of an exact graph job (picklable): the
+    sweep's stage for a valid graph."""
 
     model: OnnxModel
     input_path: Location
@@ -52,6 +53,11 @@ class ExactGraphSpec:
     device_bytes: int = 0  # a GPU backend's memory cap (0: the device's own)
     compiled: str = ""  # "openvino-network": the planner compiles the whole window
     flips: FlipSpec | None = None  # test-time flips of every tile (compute/tta.py)
+
+    def build(self, backend: Backend | None = None,
+              output_array: Any = None) -> ExactGraphWorker:
+        """This kind's worker (`backend`: run everything on it; `output_array`: opened)."""
+        return ExactGraphWorker(self, backend=backend, output_array=output_array)
 
 
 class ExactGraphWorker(GraphWorker):

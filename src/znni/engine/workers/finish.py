@@ -17,9 +17,17 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from znni.engine.context import StoreContext
 from znni.engine.geometry import Block
 from znni.engine.io.mask import OUTSIDE, PARTIAL, Mask, MaskSpec
 from znni.engine.location import Location
+from znni.engine.workers.base import InferenceStage, VolumeWorker
+from znni.engine.workers.exact_graph import ExactGraphSpec
+from znni.engine.workers.mpf import BlockSpec
+from znni.engine.workers.windowed import WindowedSpec
+from znni.primitives.base import Backend
+
+KindSpec = BlockSpec | WindowedSpec | ExactGraphSpec  # the three worker kinds' specs
 
 
 class Labeller(Protocol):
@@ -31,10 +39,11 @@ class Labeller(Protocol):
 
 
 @dataclass(frozen=True)
-class FinishSpec:
-    """The job's worker spec with what is done around its compute (picklable)."""
+class FinishSpec(InferenceStage):
+    """The job's worker spec with what is done around its compute (picklable): the sweep's
+    stage when the job has labels, a mask or --skip-empty."""
 
-    inner: Any  # a BlockSpec, WindowedSpec or ExactGraphSpec
+    inner: KindSpec
     channels: int  # stored channels (1 for labels)
     dtype: str  # stored dtype (the labels' for labels)
     labels: Labeller | None = None
@@ -43,18 +52,22 @@ class FinishSpec:
 
     @property
     def input_path(self) -> Location:
-        return self.inner.input_path  # type: ignore[no-any-return]
+        return self.inner.input_path
 
     @property
     def output_path(self) -> Location:
-        return self.inner.output_path  # type: ignore[no-any-return]
+        return self.inner.output_path
 
     @property
-    def store(self) -> Any:
+    def store(self) -> StoreContext:
         return self.inner.store
 
+    def build(self, backend: Backend | None = None, output_array: Any = None) -> FinishWorker:
+        """The inner kind's worker, wrapped (`backend`, `output_array`: the inner's)."""
+        return FinishWorker(self.inner.build(backend, output_array), self)
 
-def finish_spec(inner: Any, form: Any, store: Any) -> Any:
+
+def finish_spec(inner: KindSpec, form: Any, store: StoreContext) -> KindSpec | FinishSpec:
     """`inner` wrapped when the job's output form (`engine/output/form.OutputForm`: channels,
     dtype, labels, mask, skip_empty) has labels, a mask or --skip-empty; else `inner`.
     `store`: the job's StoreContext, which the mask is read through."""
@@ -76,11 +89,11 @@ class MaskedRead:
 class FinishWorker:
     """Skips, labels and masks blocks around `inner` (any worker kind)."""
 
-    def __init__(self, inner: Any, spec: FinishSpec) -> None:
+    def __init__(self, inner: VolumeWorker, spec: FinishSpec) -> None:
         self.inner, self.spec = inner, spec
         self.mask = Mask(spec.mask) if spec.mask is not None else None
-        self.skipped: set[str] = set()  # keys of the blocks written without compute
-        self.last_skipped = False  # whether the block computed last was skipped (Dask)
+        self.skipped: set[str] = set()  # keys of the blocks written without compute (the sweep
+        # counts them as done, not as computed: `engine/sweep/stage.BlockWork`)
 
     @property
     def volume(self) -> Any:
@@ -106,8 +119,7 @@ class FinishWorker:
 
     def compute(self, block: Block, read: MaskedRead) -> np.ndarray:
         """The block's stored (channels, *write.shape) values: the fill value when skipped."""
-        self.last_skipped = read.raw is None or self._empty(block, read.raw)
-        if self.last_skipped:
+        if read.raw is None or self._empty(block, read.raw):
             self.skipped.add(block.key)
             return np.zeros((self.spec.channels, *block.write.shape), self.spec.dtype)
         values = self.inner.compute(block, read.raw)  # (C, *write.shape), encoded

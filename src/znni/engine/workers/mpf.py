@@ -21,7 +21,7 @@ from znni.engine.geometry import Block, Box, Triple, patch_tiling
 from znni.engine.io.borders import read_with_border
 from znni.engine.io.volume import encode_output
 from znni.engine.location import Location
-from znni.engine.workers.base import VolumeWorker, trace_block
+from znni.engine.workers.base import InferenceStage, VolumeWorker, trace_block
 from znni.model.network import Network
 from znni.planner.jobtime import fft_layer_keys, record_warm
 from znni.primitives.base import Backend
@@ -29,8 +29,9 @@ from znni.primitives.dense import dense_forward
 
 
 @dataclass(frozen=True)
-class BlockSpec:
-    """Everything needed to compute any block of a job (sent to each worker once)."""
+class BlockSpec(InferenceStage):
+    """Everything needed to compute any block of a job (sent to each worker once): the
+    sweep's stage for a sequential network."""
 
     network: Network
     input_path: Location
@@ -46,6 +47,11 @@ class BlockSpec:
     store: StoreContext = field(default_factory=StoreContext)
     # test-time flips (compute/tta.py): each patch's flipped copies stream through the batch
     flips: FlipSpec | None = None
+
+    def build(self, backend: Backend | None = None,
+              output_array: Any | None = None) -> BlockWorker:
+        """This kind's worker (`backend`: run everything on it; `output_array`: opened)."""
+        return BlockWorker(self, backend=backend, output_array=output_array)
 
 
 def default_backend_name() -> str:
@@ -99,12 +105,14 @@ class BlockWorker(VolumeWorker):
         out = np.empty((net.out_channels, *extent), dtype=np.float32)  # (Cout, CZ, CY, CX)
         boxes = list(patch_tiling(extent, patch))
         grown = [box.grow((0, 0, 0), (halo[0], halo[1], halo[2])) for box in boxes]
-        patches = (x[(slice(None), *g.slices())][None] for g in grown)  # (1, C, nz, ny, nx)
+        patches: Iterator[np.ndarray] = (  # (1, C, nz, ny, nx)
+            x[(slice(None), *g.slices())][None] for g in grown)
         flips, copies = self.spec.flips, 1 if self.spec.flips is None else self.spec.flips.count
         if flips is not None:  # exact: a flipped patch's dense output is its windows' flipped
             patches = flipped_items(patches, flips)
         stacks = _stacked(patches, self.spec.batch)  # (S, C, nz, ny, nx) each
-        outputs = (ys[i] for ys in self._forward(stacks) for i in range(ys.shape[0]))
+        outputs: Iterator[np.ndarray] = (
+            ys[i] for ys in self._forward(stacks) for i in range(ys.shape[0]))
         if flips is not None:
             outputs = unflipped_means(outputs, flips)
         for box, y in zip(boxes, outputs, strict=True):  # y: (Cout, pz, py, px)

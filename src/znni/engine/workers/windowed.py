@@ -10,7 +10,7 @@ so it computes each once while they fit (Dask workers each keep their own).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast, get_args
 
 import numpy as np
 
@@ -29,7 +29,7 @@ from znni.engine.context import StoreContext
 from znni.engine.geometry import Block, Box, Triple
 from znni.engine.io.volume import encode_output
 from znni.engine.location import Location
-from znni.engine.workers.base import GraphWorker, trace_block
+from znni.engine.workers.base import GraphWorker, InferenceStage, trace_block
 from znni.lru import BytesLRU
 from znni.model.onnx_model import OnnxModel
 from znni.model.processing import apply_chain
@@ -44,8 +44,9 @@ WINDOW_CACHE_BYTES = 256 * 2**20
 
 
 @dataclass(frozen=True)
-class WindowedSpec:
-    """Everything a worker needs to compute any block of a windowed job (picklable)."""
+class WindowedSpec(InferenceStage):
+    """Everything a worker needs to compute any block of a windowed job (picklable): the
+    sweep's stage for any other graph."""
 
     model: OnnxModel
     input_path: Location
@@ -67,6 +68,11 @@ class WindowedSpec:
     compiled: str = ""  # "openvino-network": the planner compiles the whole window
     flips: FlipSpec | None = None  # test-time flips of every window (compute/tta.py)
 
+    def build(self, backend: Backend | None = None,
+              output_array: Any = None) -> WindowedWorker:
+        """This kind's worker (`backend`: run everything on it; `output_array`: opened)."""
+        return WindowedWorker(self, backend=backend, output_array=output_array)
+
 
 class WindowedWorker(GraphWorker):
     """Reads, computes and writes blocks of a windowed job in this process."""
@@ -79,7 +85,7 @@ class WindowedWorker(GraphWorker):
         super().__init__(spec, spec.grid.window, backend, output_array)
         self._kept = BytesLRU(spec.window_cache_bytes)  # an LRU bounded in bytes
         self.on_device = None if self.device_ops is None else DeviceWindows(
-            self.device_ops, self.graph, spec.grid, spec.blend, self.primitives,  # type: ignore[arg-type]
+            self.device_ops, self.graph, spec.grid, blend_mode(spec.blend), self.primitives,
             spec.batch, spec.window_cache_bytes, spec.flips)
 
     def read_box(self, block: Block) -> Box:
@@ -126,7 +132,7 @@ class WindowedWorker(GraphWorker):
                 out = self._run_group(x, origin, block, start, ready, touching)
             return out
 
-        mode: BlendMode = self.spec.blend  # type: ignore[assignment]
+        mode = blend_mode(self.spec.blend)
         out = blend_box(grid, block.write.lo, block.write.hi, run_window, mode, model.out_channels)
         if model.postprocessing:  # on the blended output, as bioimageio.core does
             out = apply_chain(model.postprocessing, out)
@@ -152,6 +158,14 @@ class WindowedWorker(GraphWorker):
     def _keep(self, start: Triple, out: np.ndarray) -> None:
         """Keep a straddling window's output, evicting the least recently used."""
         self._kept.put(start, out)
+
+
+def blend_mode(blend: str) -> BlendMode:
+    """`blend` as a blend mode; ValueError naming the modes otherwise."""
+    for mode in get_args(BlendMode):
+        if blend == mode:
+            return cast(BlendMode, mode)
+    raise ValueError(f"blend mode {blend!r} is not one of {', '.join(BLEND_MODES)}")
 
 
 def check_window_options(overlap: float, blend: str) -> None:

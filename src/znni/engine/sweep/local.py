@@ -1,4 +1,4 @@
-"""The local block sweep: read-ahead and write-behind threads around the compute.
+"""The local sweep: read-ahead and write-behind threads around the compute of any stage.
 
 While block i computes on the calling thread, block i+1 is read and decoded
 by the reader thread and block i-1 encoded and written by the writer
@@ -11,7 +11,7 @@ ledger put to an object store or an fsync waits behind compute, not in front of 
 instead of reading level 0 back (`pyramid.PyramidBuilder.land`).
 The reader thread (`ReadAhead`) may be started before the sweep: `segment` reads the
 first block's input while it still creates the output and its ledger, which on an object
-store are a dozen requests in a row.
+store are a dozen requests in a row. The worker is any stage's (`stage.BlockWork`).
 """
 
 from __future__ import annotations
@@ -20,16 +20,20 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
+from typing import Any, TypeVar
 
 import numpy as np
 
 from znni.engine.geometry import Block
 from znni.engine.job import SegmentCancelled
-from znni.engine.workers.base import Worker
-from znni.engine.workers.progress import StageTimer
+from znni.engine.sweep.progress import StageTimer
+from znni.engine.sweep.stage import BlockWork, OnDone
+
+T = TypeVar("T")
 
 
-def _timed(timer: StageTimer, stage: str, fn: Callable[[], object]) -> object:
+def _timed(timer: StageTimer, stage: str, fn: Callable[[], T]) -> T:
     t0 = time.perf_counter()
     try:
         return fn()
@@ -40,16 +44,16 @@ def _timed(timer: StageTimer, stage: str, fn: Callable[[], object]) -> object:
 class ReadAhead:
     """The sweep's reader thread: a block's input read and decoded while others compute."""
 
-    def __init__(self, worker: Worker, timer: StageTimer) -> None:
+    def __init__(self, worker: BlockWork, timer: StageTimer) -> None:
         self.worker, self.timer = worker, timer
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="znni-read")
-        self.started: dict[str, Future] = {}  # block key -> its read, begun before the sweep
+        self.started: dict[str, Future[Any]] = {}  # block key -> its read, begun before the sweep
 
     def start(self, block: Block) -> None:
         """Begin reading `block` now; `take` hands its read over later."""
         self.started[block.key] = self._submit(block)
 
-    def take(self, block: Block) -> Future:
+    def take(self, block: Block) -> Future[Any]:
         """The read of `block`: the one `start` began, else a new one."""
         started = self.started.pop(block.key, None)
         return started if started is not None else self._submit(block)
@@ -59,14 +63,14 @@ class ReadAhead:
         self.started.clear()
         self.pool.shutdown(wait=True, cancel_futures=True)
 
-    def _submit(self, block: Block) -> Future:
+    def _submit(self, block: Block) -> Future[Any]:
         return self.pool.submit(_timed, self.timer, "read", lambda: self.worker.read(block))
 
 
 def run_local(
-    worker: Worker,
+    worker: BlockWork,
     blocks: Sequence[Block],
-    on_done: Callable[[Block, np.ndarray | None], None],
+    on_done: OnDone,
     timer: StageTimer,
     cancel: threading.Event | None = None,
     reads: ReadAhead | None = None,
@@ -85,12 +89,12 @@ def run_local(
         _timed(timer, "write", lambda: worker.write(block, values))
         on_done(block, values)  # in order: one writer thread
 
-    def wait(fut: Future) -> object:
+    def wait(fut: Future[Any]) -> Any:
         return _timed(timer, "wait", fut.result)
 
-    pending_write: Future | None = None
+    pending_write: Future[None] | None = None
     try:
-        next_read: Future | None = reader.take(blocks[0])
+        next_read: Future[Any] | None = reader.take(blocks[0])
         for i, block in enumerate(blocks):
             if cancel is not None and cancel.is_set():  # before computing another block
                 if pending_write is not None:
@@ -103,7 +107,7 @@ def run_local(
             next_read = None
             if i + 1 < len(blocks) and not stop:
                 next_read = reader.take(blocks[i + 1])
-            out = _timed(timer, "compute", lambda b=block, r=raw: worker.compute(b, r))
+            out = _timed(timer, "compute", partial(worker.compute, block, raw))
             del raw
             if pending_write is not None:
                 wait(pending_write)
@@ -113,7 +117,8 @@ def run_local(
                 wait(pending_write)
                 pending_write = None
                 raise SegmentCancelled(f"cancelled after {i + 1} of {len(blocks)} blocks")
-        wait(pending_write)
+        if pending_write is not None:  # the last block's write
+            wait(pending_write)
         pending_write = None
     finally:
         reader.close()

@@ -1,49 +1,40 @@
 """Blocks as Dask tasks: `tcp://HOST:PORT` (an existing cluster) or `local:N` (a LocalCluster).
 
-The `BlockSpec` (network and weights included) is scattered to every worker
-once; each worker process builds its `BlockWorker` (arrays opened, backend
-made) once per job and keeps it in a module-level cache. Workers read their
-input and write their block straight to the shared output; the client
-records a block in the ledger when its task has returned. Object-store volumes
-are opened by each worker from their URLs, with the storage options of the job's
-`StoreContext` that travels inside the spec, so workers read and write the store
-directly. A worker that dies mid-block loses only that task, which the scheduler runs again
-elsewhere; chunks are block-aligned, so a rerun block rewrites exactly the
-chunks the dead one may have half written.
+The stage (for inference: the network spec, weights included) is scattered to every
+worker once; each worker process makes its `BlockWork` from it (`Stage.make_worker`:
+arrays opened, backend made) once per job and keeps it in a module-level cache. Workers
+read their input and write their block straight to the shared output; the client records
+a block in the ledger when its task has returned. Whatever a worker opens (object-store
+volumes by their URLs, with the store options that travel inside the stage) it opens
+itself. A worker that dies mid-block loses only that task, which the scheduler runs again
+elsewhere; chunks are block-aligned, so a rerun block rewrites exactly the chunks the
+dead one may have half written.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 from znni.engine.geometry import Block
-from znni.engine.io.volume import open_output_array
 from znni.engine.job import SegmentCancelled
-from znni.engine.workers.base import Worker
-from znni.engine.workers.make import Spec, make_worker
-from znni.engine.workers.progress import StageTimer
-
-if TYPE_CHECKING:
-    import numpy as np
+from znni.engine.sweep.progress import StageTimer
+from znni.engine.sweep.stage import BlockWork, OnDone, Stage
 
 TASK_RETRIES = 3  # task errors (not worker deaths, which the scheduler retries itself)
 
-_WORKERS: dict[int, Worker] = {}
+_WORKERS: dict[int, BlockWork] = {}
 
 
-def run_block_task(spec: Spec, block: Block) -> tuple[str, dict[str, float]]:
+def run_block_task(stage: Stage, block: Block) -> tuple[str, dict[str, float]]:
     """Runs on a Dask worker: one block, with the stage times it took there."""
-    worker = _WORKERS.get(id(spec))
-    if worker is None or worker.spec is not spec:
+    worker = _WORKERS.get(id(stage))
+    if worker is None or worker.spec is not stage:
         _WORKERS.clear()
-        url_output = (open_output_array(spec.output_path, ctx=spec.store)
-                      if spec.output_path.is_remote else None)
-        worker = make_worker(spec, output_array=url_output)
-        _WORKERS[id(spec)] = worker
-    times: dict[str, float] = {}
+        worker = stage.make_worker()
+        _WORKERS[id(stage)] = worker
     t0 = time.perf_counter()
     raw = worker.read(block)
     t1 = time.perf_counter()
@@ -51,7 +42,7 @@ def run_block_task(spec: Spec, block: Block) -> tuple[str, dict[str, float]]:
     t2 = time.perf_counter()
     worker.write(block, out)
     times = {"read": t1 - t0, "compute": t2 - t1, "write": time.perf_counter() - t2}
-    if getattr(worker, "last_skipped", False):  # written as the fill value (workers/finish)
+    if block.key in getattr(worker, "skipped", ()):  # written without compute
         times["skipped"] = 1.0
     return block.key, times
 
@@ -73,27 +64,28 @@ def _connect(scheduler: str) -> tuple[Any, Any]:
 
 
 def run_dask(
-    spec: Spec,
+    stage: Stage,
     blocks: Sequence[Block],
-    on_done: Callable[[Block, np.ndarray | None], None],
+    on_done: OnDone,
     timer: StageTimer,
     scheduler: str,
     cancel: threading.Event | None = None,
     skipped: set[str] | None = None,
 ) -> None:
     """Run `blocks` as tasks; `on_done(block, None)` is called in this process as each one
-    finishes (its values stay on the workers). The spec carries the store options. The keys
-    of blocks written without compute (`workers/finish.py`) are added to `skipped`."""
+    finishes (its values stay on the workers). The stage carries whatever the workers need
+    (store options included). The keys of blocks written without compute are added to
+    `skipped`."""
     if not blocks:
         return
     from distributed import as_completed
 
     client, cluster = _connect(scheduler)
     try:
-        [spec_future] = client.scatter([spec], broadcast=True, hash=False)
+        [stage_future] = client.scatter([stage], broadcast=True, hash=False)
         by_key = {b.key: b for b in blocks}
         pending = {
-            client.submit(run_block_task, spec_future, b, pure=False, retries=TASK_RETRIES)
+            client.submit(run_block_task, stage_future, b, pure=False, retries=TASK_RETRIES)
             for b in blocks
         }
         finished = as_completed(list(pending))
