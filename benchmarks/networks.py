@@ -50,7 +50,15 @@ def load_random(name: str, tmp: Path):  # type: ignore[no-untyped-def]
     from znni.model import load_network
 
     spec = json.loads((HERE / f"{name}.json").read_text())
-    rng = np.random.default_rng(0)
+    params = he_params(spec, seed=0)
+    (tmp / f"{name}.json").write_text(json.dumps(spec))
+    np.savez(tmp / spec["weights"], **params)
+    return load_network(tmp / f"{name}.json"), spec, params
+
+
+def he_params(spec: dict, seed: int) -> dict[str, np.ndarray]:
+    """He-initialised random weights (and small biases) for a spec's convs, seeded."""
+    rng = np.random.default_rng(seed)
     params, cin = {}, spec["in_channels"]
     for i, layer in enumerate(spec["layers"]):
         if layer["kind"] == "conv":
@@ -59,9 +67,7 @@ def load_random(name: str, tmp: Path):  # type: ignore[no-untyped-def]
             params[f"{i}.weight"] = (std * rng.standard_normal(shape)).astype(np.float32)
             params[f"{i}.bias"] = (0.01 * rng.standard_normal(shape[0])).astype(np.float32)
             cin = shape[0]
-    (tmp / f"{name}.json").write_text(json.dumps(spec))
-    np.savez(tmp / spec["weights"], **params)
-    return load_network(tmp / f"{name}.json"), spec, params
+    return params
 
 
 def torch_flops(spec: dict, size) -> float:  # type: ignore[no-untyped-def]

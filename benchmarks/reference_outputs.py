@@ -17,7 +17,6 @@ import hashlib
 import json
 import subprocess
 import sys
-from math import prod
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +24,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(HERE))
 
 # name -> (model file in DIR, extra `znni segment` options)
 RUNS: dict[str, tuple[str, list[str]]] = {
@@ -39,16 +39,10 @@ SHAPE = (40, 48, 56)
 
 
 def _spec_with_weights(name: str, out: Path) -> None:
+    from networks import he_params
+
     spec = json.loads((HERE / "networks" / f"{name}.json").read_text())
-    rng = np.random.default_rng(7)
-    params, cin = {}, spec["in_channels"]
-    for i, layer in enumerate(spec["layers"]):
-        if layer["kind"] == "conv":
-            shape = (layer["out_channels"], cin, *layer["kernel"])
-            std = np.sqrt(2.0 / prod(shape[1:]))
-            params[f"{i}.weight"] = (std * rng.standard_normal(shape)).astype(np.float32)
-            params[f"{i}.bias"] = (0.01 * rng.standard_normal(shape[0])).astype(np.float32)
-            cin = layer["out_channels"]
+    params = he_params(spec, seed=7)
     spec["weights"] = f"{name}.npz"
     spec["input"] = {"scale": 1 / 255, "shift": 0.0}
     np.savez(out / f"{name}.npz", **params)

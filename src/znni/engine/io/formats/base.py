@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from znni.engine.io.pyramid import Factors
 
 Shape4 = tuple[int, int, int, int]  # (c, z, y, x)
+PROVENANCE_ATTR = "znni"  # where an output keeps its run's record (`output/provenance.py`)
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,14 @@ def plain_input(loc: Location, arr: Any, in_channels: int) -> InputVolume:
 def check_input_dtype(loc: Location, dtype: np.dtype[Any]) -> None:
     if dtype.kind not in "iuf":
         raise ValueError(f"input {loc} has dtype {dtype}; expected an integer or float type")
+
+
+def fitting_chunks(loc: Location, arr: Any, shape: Shape4, dtype: str) -> Triple:
+    """The spatial chunks of an existing (c, z, y, x) output array that has the run's shape
+    and dtype; ValueError (one sentence) otherwise."""
+    check_shape_dtype(loc, tuple(int(s) for s in arr.shape), arr.dtype, shape, dtype)
+    chunks = tuple(int(c) for c in arr.chunks)
+    return (chunks[1], chunks[2], chunks[3])
 
 
 def check_shape_dtype(loc: Location, found_shape: tuple[int, ...], found_dtype: Any,

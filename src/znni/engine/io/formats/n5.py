@@ -13,8 +13,8 @@ from znni.engine.io.formats.base import (
     OutputRequest,
     Shape4,
     VolumeFormat,
-    plain_input,
 )
+from znni.engine.io.formats.precomputed import tensorstore_input
 from znni.engine.io.precomputed import open_volume
 from znni.engine.location import Location
 
@@ -32,7 +32,7 @@ class N5Dataset(VolumeFormat):
     writable = False
 
     def open_input(self, loc: Location, in_channels: int, *, ctx: StoreContext) -> InputVolume:
-        return plain_input(loc, open_volume(loc, "input", ctx=ctx), in_channels)
+        return tensorstore_input(loc, in_channels, ctx=ctx)
 
     def open_level0(self, loc: Location, what: str, *, ctx: StoreContext) -> Any:
         return open_volume(loc, what, ctx=ctx)

@@ -15,13 +15,14 @@ import numpy as np
 from znni.engine.context import StoreContext
 from znni.engine.geometry import Triple
 from znni.engine.io.formats.base import (
+    PROVENANCE_ATTR,
     InputVolume,
     OutputArrays,
     OutputRequest,
     Shape4,
     VolumeFormat,
     check_input_dtype,
-    check_shape_dtype,
+    fitting_chunks,
 )
 from znni.engine.io.ome import OmeLevel, find_ome, group_attrs, ome_level, output_metadata
 from znni.engine.io.precomputed import output_geometry
@@ -38,7 +39,6 @@ from znni.engine.location import Location
 if TYPE_CHECKING:
     from znni.engine.io.pyramid import Factors
 
-ATTR = "znni"  # the provenance attribute (`output/provenance.py` writes its record)
 
 
 class OmeZarrImage(VolumeFormat):
@@ -59,9 +59,7 @@ class OmeZarrImage(VolumeFormat):
         if not holds_anything(loc, ctx=ctx):
             return None
         arr = open_zarr_array(level0_location(loc, ctx=ctx), "existing output", ctx=ctx)
-        check_shape_dtype(loc, tuple(int(s) for s in arr.shape), arr.dtype, shape, dtype)
-        chunks = tuple(int(c) for c in arr.chunks)
-        return (chunks[1], chunks[2], chunks[3])
+        return fitting_chunks(loc, arr, shape, dtype)
 
     def pyramid(self, loc: Location, source: InputVolume, shape: Shape4, dtype: str,
                 levels: int | None, *, exists: bool, check: bool,
@@ -86,7 +84,7 @@ class OmeZarrImage(VolumeFormat):
             attrs = group.attrs.asdict()
             where = [ome_level(loc, k, attrs, ctx=ctx).array_location
                      for k in range(len(request.steps) + 1)]
-            group.attrs.update({ATTR: request.provenance})
+            group.attrs.update({PROVENANCE_ATTR: request.provenance})
             arrays = [open_zarr_for_writing(w, ctx=ctx) for w in where]
             return OutputArrays(arrays[0], where[0], arrays[1:])
         return _create_image(loc, request, ctx)
@@ -180,7 +178,7 @@ def _create_image(loc: Location, request: OutputRequest, ctx: StoreContext) -> O
     home, root_meta = labels_layout(request.labels, meta)
     group = zarr.create_group(store=zarr_store(loc, read_only=False, ctx=ctx), zarr_format=3,
                               overwrite=True,
-                              attributes={"ome": root_meta, ATTR: request.provenance})
+                              attributes={"ome": root_meta, PROVENANCE_ATTR: request.provenance})
     levels_group = group
     for name, attrs in home:  # --labels: labels/NAME, the NGFF label image
         levels_group = levels_group.create_group(name, attributes={"ome": attrs})

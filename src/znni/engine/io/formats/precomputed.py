@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from znni.engine.context import StoreContext
 from znni.engine.geometry import Triple
 from znni.engine.io.formats.base import (
+    PROVENANCE_ATTR,
     InputVolume,
     OutputArrays,
     OutputRequest,
@@ -33,7 +34,6 @@ from znni.triple import as_triple
 if TYPE_CHECKING:
     from znni.engine.io.pyramid import Factors
 
-ATTR = "znni"  # the provenance's key in znni.json, as a Zarr output's attribute
 
 
 def _volume_type(labels: str | None) -> str:
@@ -44,7 +44,7 @@ class PrecomputedVolume(VolumeFormat):
     name = "precomputed"
 
     def open_input(self, loc: Location, in_channels: int, *, ctx: StoreContext) -> InputVolume:
-        return plain_input(loc, open_volume(loc, "input", ctx=ctx), in_channels)
+        return tensorstore_input(loc, in_channels, ctx=ctx)
 
     def open_level0(self, loc: Location, what: str, *, ctx: StoreContext) -> Any:
         return open_volume(loc, what, ctx=ctx)
@@ -68,10 +68,15 @@ class PrecomputedVolume(VolumeFormat):
         kind = _volume_type(request.labels)
         array = open_or_create(loc, request.shape, request.dtype, request.chunks, geometry,
                                ctx=ctx, volume_type=kind)
-        array.attrs.update({ATTR: request.provenance})
+        array.attrs.update({PROVENANCE_ATTR: request.provenance})
         scales = open_scales(loc, request.shape, request.dtype, as_triple(array.chunks[1:]),
                              geometry, request.steps, ctx=ctx, volume_type=kind)
         return OutputArrays(array, loc, list(scales))
 
     def open_for_writing(self, loc: Location, *, ctx: StoreContext) -> Any:
         return open_volume(loc, "output", ctx=ctx, write=True)
+
+
+def tensorstore_input(loc: Location, in_channels: int, *, ctx: StoreContext) -> InputVolume:
+    """A precomputed or N5 volume opened through TensorStore as an input."""
+    return plain_input(loc, open_volume(loc, "input", ctx=ctx), in_channels)

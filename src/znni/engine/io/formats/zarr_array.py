@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING, Any
 from znni.engine.context import StoreContext
 from znni.engine.geometry import Triple
 from znni.engine.io.formats.base import (
+    PROVENANCE_ATTR,
     InputVolume,
     OutputArrays,
     OutputRequest,
     Shape4,
     VolumeFormat,
-    check_shape_dtype,
+    fitting_chunks,
     plain_input,
 )
 from znni.engine.io.ome import find_ome
@@ -35,7 +36,6 @@ from znni.engine.location import Location
 if TYPE_CHECKING:
     from znni.engine.io.pyramid import Factors
 
-ATTR = "znni"  # the provenance attribute (`output/provenance.py` writes its record)
 
 
 class ZarrArray(VolumeFormat):
@@ -60,9 +60,7 @@ class ZarrArray(VolumeFormat):
         if not holds_anything(loc, ctx=ctx):
             return None
         arr = open_zarr_array(loc, "existing output", ctx=ctx)
-        check_shape_dtype(loc, tuple(int(s) for s in arr.shape), arr.dtype, shape, dtype)
-        chunks = tuple(int(c) for c in arr.chunks)
-        return (chunks[1], chunks[2], chunks[3])
+        return fitting_chunks(loc, arr, shape, dtype)
 
     def pyramid(self, loc: Location, source: InputVolume, shape: Shape4, dtype: str,
                 levels: int | None, *, exists: bool, check: bool,
@@ -80,7 +78,7 @@ class ZarrArray(VolumeFormat):
         else:
             array = create_zarr_array(loc, request.shape, request.dtype, request.chunks,
                                       ctx=ctx)
-        array.attrs.update({ATTR: request.provenance})
+        array.attrs.update({PROVENANCE_ATTR: request.provenance})
         return OutputArrays(array, loc)
 
     def open_for_writing(self, loc: Location, *, ctx: StoreContext) -> Any:
