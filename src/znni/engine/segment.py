@@ -148,9 +148,7 @@ def _prepare_run(job: SegmentJob, plan: Plan | None) -> PreparedRun:
         block = recorded or job.block or default_block_shape(net, window, chunks, region)
         return PreparedRun(**checked, patch=window, block_shape=block, primitives=None,
                            plan=None, window=window, choice=choice)
-    if not isinstance(net, Network):  # a graph model always has its window by now
-        raise TypeError(f"network {type(net).__name__} is neither a sequential Network nor "
-                        "an ONNX model with a window")
+    net = _sequential(net)  # a graph model always has its window by now
     step = recorded or job.block  # --block: its plain grid; remainders merged otherwise
     if plan is None:  # patch, batch and blocks together (compute/layout.py)
         plan = plan_with_layout(net, job.device, chunks, region, budget,
@@ -213,6 +211,13 @@ def _window_for(
 def _windowed_parts(parts: dict[str, Any], window: Triple, job: SegmentJob) -> dict[str, Any]:
     return {**parts, "mode": "windowed", "window": list(window), "overlap": job.overlap,
             "blend": job.blend}
+
+
+def _sequential(net: Network | OnnxModel) -> Network:
+    if not isinstance(net, Network):
+        raise TypeError(f"network {type(net).__name__} is neither a sequential Network nor "
+                        "an ONNX model with a window")
+    return net
 
 
 def _patch_from_plan(net: Network, plan: Plan) -> tuple[Triple, tuple[str | None, ...] | None]:
