@@ -21,10 +21,21 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from znni.cli import bench, check, demo, plan, preview, segment, serve, view
+from znni.cli import (
+    agglomerate,
+    bench,
+    check,
+    demo,
+    evaluate,
+    plan,
+    preview,
+    segment,
+    serve,
+    view,
+)
 
 # subcommand modules, in the order `znni --help` lists them
-COMMANDS = (segment, plan, check, preview, view, serve, bench, demo)
+COMMANDS = (segment, agglomerate, evaluate, plan, check, preview, view, serve, bench, demo)
 
 EXIT_BAD_INPUT = 2
 EXIT_STORE_DOWN = 1

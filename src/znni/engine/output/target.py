@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from znni.engine.context import StoreContext
 from znni.engine.geometry import Block, Box, Triple
 from znni.engine.io.formats import (
     FORMATS,
@@ -38,11 +39,16 @@ FORMAT_NAMES = {"zarr": "a plain Zarr array", "ome-zarr": "an OME-Zarr image"}
 
 
 def output_format(job: SegmentJob, volume: InputVolume) -> tuple[VolumeFormat, bool]:
-    """(the job's output format, whether an output is there already): a precomputed://
-    output's own; else --output-format (which must match an existing output), else the
+    """(the job's output format, whether an output is there already): `format_for`."""
+    return format_for(job.output_path, job.output_format, volume, ctx=job.store)
+
+
+def format_for(loc: Location, asked: str | None, volume: InputVolume, *,
+               ctx: StoreContext) -> tuple[VolumeFormat, bool]:
+    """(an output's format, whether an output is there already): a precomputed:// output's
+    own; else `asked` (--output-format, which must match an existing output), else the
     existing output's, else OME-Zarr exactly when the input is OME-Zarr. ValueError, one
     sentence."""
-    loc, asked = job.output_path, job.output_format
     if loc.is_tensorstore:
         if asked not in (None, loc.driver):
             raise ValueError(f"output {loc} is a {loc.driver}:// volume, not {asked}; leave "
@@ -50,7 +56,7 @@ def output_format(job: SegmentJob, volume: InputVolume) -> tuple[VolumeFormat, b
         return FORMATS[loc.driver], True
     if asked is not None and asked not in OUTPUT_FORMATS:
         raise ValueError(f"output format {asked!r} is not one of {', '.join(OUTPUT_FORMATS)}")
-    existing = existing_format(loc, ctx=job.store)
+    existing = existing_format(loc, ctx=ctx)
     if asked is None:
         name = existing.name if existing is not None else (
             "ome-zarr" if volume.ome is not None else "zarr")

@@ -1,0 +1,1 @@
+"""Boundaries to segmentations: fragments, region graph, agglomeration, relabel."""

@@ -1,0 +1,148 @@
+"""Fragments: the basins of a steepest-ascent watershed on the affinity graph, found block
+by block so that the partition does not depend on the blocks.
+
+Every voxel points along its strongest edge (the first of -z, -y, -x, +z, +y, +x among equal
+ones); edges at or above `high` join their voxels too; a voxel whose strongest edge is at or
+below `low` is background (0), as in waterz's watershed. A pointer is decided by the voxel's
+six edges alone, so the basins (the connected components of the pointer graph) are the same
+whatever the blocking: a block labels the components of the pointer edges inside it
+(connected-components-3d), and the pointer edges that cross its faces are joined later
+(`graph.py` records them, `merge.py` unites them). A block's fragment is named by the
+canonical id 1 + (the linear index, in the whole volume, of its first voxel in raster order),
+so a basin's id (the least of its fragments') and a segment's are block-independent too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cc3d
+import numpy as np
+
+from znni.engine.geometry import Box, Triple
+
+# waterz's defaults for the initial watershed (waterz.agglomerate aff_threshold_low/high)
+LOW = 0.0001
+HIGH = 0.9999
+# affinities are summed as integers of this scale, so sums are exact and the same in any
+# order (block-independent statistics; the mean's resolution 2**-24 is float32's)
+QUANTUM = 2**24
+# connected-components-3d's voxel connectivity bits for axes (z, y, x) of a C-ordered array
+# (it reads axis 0 as its x): (the bit towards -axis, the bit towards +axis)
+_MINUS_BIT = (2, 8, 32)
+_PLUS_BIT = (1, 4, 16)
+
+
+def axis_slices(c: int, start: int | None, stop: int | None) -> tuple[slice, slice, slice]:
+    """(z, y, x) slices taking start:stop along axis c and everything along the others."""
+    index = [slice(None)] * 3
+    index[c] = slice(start, stop)
+    return (index[0], index[1], index[2])
+
+
+@dataclass(frozen=True)
+class Neighbourhood:
+    """A box's voxels and the affinities of all their edges: `affs` (3, z, y, x) float32 over
+    `box` grown by one voxel on each side within the region, `valid` (3, z, y, x) bool the
+    edges (v, v - e_c) that exist (both voxels in the region and in the mask)."""
+
+    box: Box  # the voxels whose six edges are known
+    grown: Box  # what `affs` and `valid` cover
+    affs: np.ndarray  # (3, Z, Y, X) over `grown`
+    valid: np.ndarray  # (3, Z, Y, X) over `grown`
+
+
+def edge_validity(grown: Box, region: Box, mask: np.ndarray | None) -> np.ndarray:
+    """(3, z, y, x) over `grown`: whether edge (v, v - e_c) lies inside the region (and the
+    mask, over `grown`, when given): the region's faces end the graph, as waterz's volume."""
+    shape = grown.shape
+    valid = np.ones((3, *shape), dtype=bool)  # (3, Z, Y, X)
+    for c in range(3):
+        if grown.lo[c] <= region.lo[c]:  # v - e_c leaves the region at its first plane
+            valid[c][axis_slices(c, 0, region.lo[c] - grown.lo[c] + 1)] = False
+    if mask is not None:
+        inside = mask.astype(bool)
+        valid &= inside[None]
+        for c in range(3):
+            before = np.zeros(shape, dtype=bool)  # whether v - e_c is in the mask
+            before[axis_slices(c, 1, None)] = inside[axis_slices(c, 0, -1)]
+            valid[c] &= before
+    return valid
+
+
+def _direction_values(hood: Neighbourhood) -> np.ndarray:
+    """(6, z, y, x) over `hood.box`: the affinity of each of the six edges (-z, -y, -x, +z,
+    +y, +x), -inf where the edge does not exist (edge (v + e_c, v) is stored at v + e_c; past
+    the grown box there is no voxel)."""
+    lo = tuple(b - g for b, g in zip(hood.box.lo, hood.grown.lo, strict=True))
+    shape = hood.box.shape
+    out = np.empty((6, *shape), dtype=np.float32)
+    for c in range(3):
+        edges = np.where(hood.valid[c], hood.affs[c], np.float32(-np.inf))  # (Z, Y, X)
+        edges = np.pad(edges, [(0, 1)] * 3, constant_values=-np.inf)  # one plane past hi
+        here = [slice(o, o + n) for o, n in zip(lo, shape, strict=True)]
+        out[c] = edges[tuple(here)]
+        here[c] = slice(lo[c] + 1, lo[c] + 1 + shape[c])
+        out[3 + c] = edges[tuple(here)]
+    return out
+
+
+@dataclass(frozen=True)
+class Pointers:
+    """Each voxel's watershed links over a box: `down[c]` whether edge (v, v - e_c) joins
+    its voxels (v points along it, v - e_c points back along it, or it is at least `high`);
+    `foreground` whether the voxel belongs to any basin."""
+
+    down: np.ndarray  # (3, z, y, x) bool, for the edges stored at each voxel
+    foreground: np.ndarray  # (z, y, x) bool
+
+
+def pointers(hood: Neighbourhood, low: float = LOW, high: float = HIGH) -> Pointers:
+    """The watershed's links of the voxels of `hood.box` (module docstring). The edge to
+    v - e_c counts when v - e_c is inside `hood.box` too (its own pointer is known)."""
+    values = _direction_values(hood)  # (6, z, y, x)
+    strongest = values.max(axis=0)
+    foreground = strongest > low
+    choice = np.argmax(values, axis=0)  # the first of equal maxima
+    shape = hood.box.shape
+    down = np.zeros((3, *shape), dtype=bool)
+    for c in range(3):
+        joins = foreground & ((choice == c) | (values[c] >= high))
+        back = foreground & ((choice == 3 + c) | (values[3 + c] >= high))
+        # v - e_c pointing along +c back at v, seen from v
+        below = np.zeros(shape, dtype=bool)
+        below[axis_slices(c, 1, None)] = back[axis_slices(c, 0, -1)]
+        down[c] = joins | below
+        down[c] &= values[c] > -np.inf
+    return Pointers(down, foreground)
+
+
+def label_block(links: Pointers, box: Box, volume_shape: Triple) -> np.ndarray:
+    """The block's fragments: connected components of its pointer links inside it, each
+    named 1 + the whole-volume linear index of its first voxel (uint64; background 0)."""
+    shape = box.shape
+    graph = np.zeros(shape, dtype=np.uint8)  # cc3d's 6-way connectivity bits
+    for c in range(3):
+        inside = links.down[c].copy()
+        inside[axis_slices(c, 0, 1)] = False  # edges to the block below: joined across it
+        graph[inside] |= np.uint8(_MINUS_BIT[c])
+        graph[axis_slices(c, 0, -1)] |= np.where(inside[axis_slices(c, 1, None)],
+                                                 np.uint8(_PLUS_BIT[c]), np.uint8(0))
+    components = cc3d.color_connectivity_graph(graph, connectivity=6)
+    components = np.where(links.foreground, components, 0)
+    return canonical_ids(components, box, volume_shape)
+
+
+def canonical_ids(components: np.ndarray, box: Box, volume_shape: Triple) -> np.ndarray:
+    """Components (any ids, 0 background) renamed 1 + the whole-volume linear index of
+    their first voxel in raster order (uint64): the same name whatever labelled them."""
+    flat = components.ravel()
+    ids, first = np.unique(flat, return_index=True)
+    z, y, x = np.unravel_index(first, box.shape)
+    Y, X = volume_shape[1], volume_shape[2]
+    names = ((z + box.lo[0]).astype(np.uint64) * np.uint64(Y * X)
+             + (y + box.lo[1]).astype(np.uint64) * np.uint64(X)
+             + (x + box.lo[2]).astype(np.uint64) + np.uint64(1))
+    names[ids == 0] = 0
+    lookup = np.searchsorted(ids, flat)
+    return names[lookup].reshape(box.shape)

@@ -1,0 +1,178 @@
+"""The global step: the blocks' graphs joined into basins, then mean-affinity agglomeration
+of the basin graph for each threshold, on the graph alone (the volume is not read).
+
+Agglomeration merges, while any is left, the pair of regions whose boundary has the highest
+mean affinity, as long as 1 - mean < threshold (waterz's `OneMinus<MeanAffinity>`). Merging
+two regions makes each of their boundaries with a third region the count-weighted average of
+the two, which never exceeds the larger: mean affinity is a *reducible* linkage, so pairs
+of regions that are each other's best neighbour can all be merged at once, in rounds, and the
+result is the greedy one-at-a-time result (Bruynooghe's reciprocal nearest neighbours;
+Murtagh 1983). Each round is a few vectorised passes over the candidate edges. Ties are
+broken by the regions' canonical order, so the result is block-independent.
+
+Memory: per basin edge 4 + 4 bytes (regions, int32) and 8 + 8 (summed affinity, count);
+a round sorts and tests its candidate edges (about 40 bytes each more). `MEMORY_PER_EDGE_BYTES`
+is the measured peak per edge of the whole step; 10**8 edges take ~9 GiB.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
+
+from znni.engine.agglomerate.fragments import QUANTUM
+from znni.engine.agglomerate.graph import BlockGraph
+from znni.engine.agglomerate.sequential import merge_sequentially
+
+# the global step's peak memory per edge of the joined blocks' graphs (measured:
+# benchmarks/agglomerate.py --graph-memory; see docs/design.md)
+MEMORY_PER_EDGE_BYTES = 96
+# a round that merges fewer pairs than 1/SEQUENTIAL_BELOW of its candidate edges costs more
+# than merging the rest one at a time (a round: ~0.1 us per candidate edge; a merge on the
+# heap: ~30 us); the rest of the threshold then goes through `sequential.py`
+SEQUENTIAL_BELOW = 300
+
+
+@dataclass(frozen=True)
+class BasinGraph:
+    """Basins (ids ascending, canonical: 1 + their first voxel's linear index) and the
+    edges between them, as indices into `ids` (a < b), summed."""
+
+    ids: np.ndarray  # uint64, ascending
+    fragments: np.ndarray  # uint64, every fragment with an edge, ascending
+    basin_of: np.ndarray  # int32/int64: each of `fragments`' basin (index into ids)
+    a: np.ndarray
+    b: np.ndarray
+    total: np.ndarray  # int64, quantised affinities summed
+    count: np.ndarray  # int64
+
+
+def basin_graph(parts: Sequence[BlockGraph]) -> BasinGraph:
+    """The blocks' graphs as one graph of basins: fragments joined across block faces made
+    one basin (named by its least fragment), their edges summed per basin pair."""
+    u = np.concatenate([p.u for p in parts]) if parts else np.zeros(0, np.uint64)
+    v = np.concatenate([p.v for p in parts]) if parts else np.zeros(0, np.uint64)
+    ju = np.concatenate([p.joined_u for p in parts]) if parts else np.zeros(0, np.uint64)
+    jv = np.concatenate([p.joined_v for p in parts]) if parts else np.zeros(0, np.uint64)
+    fragments = np.unique(np.concatenate([u, v, ju, jv]))
+    n = len(fragments)
+    ji, jj = np.searchsorted(fragments, ju), np.searchsorted(fragments, jv)
+    links = coo_matrix((np.ones(len(ji), np.int8), (ji, jj)), shape=(n, n))
+    _, component = connected_components(links, directed=False)
+    # a component's first fragment (ascending ids) is its least: the basin's canonical id
+    labels, first = np.unique(component, return_index=True)
+    order = np.argsort(first)  # basins in the order of their ids
+    rank = np.empty(len(labels), dtype=np.int64)
+    rank[order] = np.arange(len(labels))
+    basin_of = rank[component]
+    ids = fragments[np.sort(first)]
+    index = _index_dtype(len(ids))
+    a = basin_of[np.searchsorted(fragments, u)].astype(index)
+    b = basin_of[np.searchsorted(fragments, v)].astype(index)
+    total = np.concatenate([p.affinity_sum for p in parts]) if parts else np.zeros(0, np.int64)
+    count = np.concatenate([p.count for p in parts]) if parts else np.zeros(0, np.int64)
+    a, b, total, count = _resum(np.minimum(a, b), np.maximum(a, b), total, count, len(ids))
+    return BasinGraph(ids, fragments, basin_of.astype(index), a, b, total, count)
+
+
+def _index_dtype(n: int) -> type[np.signedinteger]:
+    return np.int32 if n < 2**31 else np.int64
+
+
+def _resum(a: np.ndarray, b: np.ndarray, total: np.ndarray, count: np.ndarray, n: int
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Rows of equal (a, b) added up and self-loops (a == b) dropped; sorted by (a, b).
+    Sums through float64 bincounts are exact below 2**53."""
+    loop = a == b
+    if loop.any():
+        keep = ~loop
+        a, b, total, count = a[keep], b[keep], total[keep], count[keep]
+    key = a.astype(np.int64) * np.int64(n) + b
+    keys, rows = np.unique(key, return_inverse=True)
+    summed = np.bincount(rows, weights=total, minlength=len(keys)).astype(np.int64)
+    counts = np.bincount(rows, weights=count, minlength=len(keys)).astype(np.int64)
+    dtype = a.dtype
+    return (keys // n).astype(dtype), (keys % n).astype(dtype), summed, counts
+
+
+def agglomerate(graph: BasinGraph, thresholds: Sequence[float]) -> Iterator[np.ndarray]:
+    """For each threshold (ascending), each basin's segment as the index of its least basin
+    (so a segment's canonical id is `graph.ids[segment]`). Each threshold continues from the
+    previous one's merges, as waterz's threshold sweep does."""
+    n = len(graph.ids)
+    segment = np.arange(n, dtype=_index_dtype(n))
+    a, b, total, count = graph.a, graph.b, graph.total, graph.count
+    for threshold in sorted(thresholds):
+        while True:
+            merged = _mutual_best(a, b, total, count, threshold)
+            if merged is None:
+                break
+            keep, gone, candidates = merged
+            step = np.arange(n, dtype=segment.dtype)
+            step[gone] = keep
+            segment = step[segment]
+            a, b, total, count = _contract(a, b, total, count, step, gone, n)
+            if len(keep) * SEQUENTIAL_BELOW < candidates:  # a chain's tail: one by one
+                names = merge_sequentially(a, b, total, count, n, threshold)
+                segment = names[segment].astype(segment.dtype)
+                na, nb = names[a].astype(a.dtype), names[b].astype(b.dtype)
+                a, b, total, count = _resum(np.minimum(na, nb), np.maximum(na, nb), total,
+                                            count, n)
+                break
+        yield segment
+
+
+def scores(total: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """1 - mean affinity of each edge (waterz's OneMinus<MeanAffinity>), float64."""
+    return 1.0 - total / (count.astype(np.float64) * QUANTUM)
+
+
+def _mutual_best(a: np.ndarray, b: np.ndarray, total: np.ndarray, count: np.ndarray,
+                 threshold: float) -> tuple[np.ndarray, np.ndarray, int] | None:
+    """The pairs (keep, gone) of regions that are each other's best neighbour, with a score
+    below the threshold; None when there are none. Only edges below the threshold are looked
+    at: a region whose best edge is not below it merges with none this round anyway."""
+    score = scores(total, count)
+    candidate = np.flatnonzero(score < threshold)
+    if len(candidate) == 0:
+        return None
+    ca, cb, cs = a[candidate], b[candidate], score[candidate]
+    order = np.lexsort((cb, ca, cs))  # best first; ties by the regions' canonical order
+    ends = np.empty(2 * len(order), dtype=ca.dtype)  # (2E,): a, b of each edge, best first
+    ends[0::2], ends[1::2] = ca[order], cb[order]
+    regions, first = np.unique(ends, return_index=True)  # each region's best edge
+    best = np.full(int(ends.max()) + 1, -1, dtype=np.int64)
+    best[regions] = first // 2
+    position = np.arange(len(order))
+    mutual = (best[ca[order]] == position) & (best[cb[order]] == position)
+    if not mutual.any():  # the best edge overall is always mutual: not reached
+        return None
+    return ca[order][mutual], cb[order][mutual], len(candidate)
+
+
+def _contract(a: np.ndarray, b: np.ndarray, total: np.ndarray, count: np.ndarray,
+              step: np.ndarray, gone: np.ndarray, n: int
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Edges after a round's merges: those touching a merged region renamed and summed again
+    (they cannot meet an untouched edge: each of theirs names a region that kept its name
+    and absorbed another), the rest as they were."""
+    merged = np.zeros(n, dtype=bool)
+    merged[gone] = True
+    merged[step[gone]] = True
+    touched = merged[a] | merged[b]
+    ta, tb = step[a[touched]], step[b[touched]]
+    ta, tb, tt, tc = _resum(np.minimum(ta, tb), np.maximum(ta, tb), total[touched],
+                            count[touched], n)
+    rest = ~touched
+    return (np.concatenate([a[rest], ta]), np.concatenate([b[rest], tb]),
+            np.concatenate([total[rest], tt]), np.concatenate([count[rest], tc]))
+
+
+def segment_table(graph: BasinGraph, segment: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(fragments, their segment ids): every fragment with an edge and the canonical id of
+    its segment; a fragment that is not listed is a segment of its own."""
+    return graph.fragments, graph.ids[segment[graph.basin_of]]

@@ -1,0 +1,199 @@
+"""The agglomeration's three block stages on the engine's sweep (`engine/sweep/stage.py`):
+fragments (a watershed per block), graph (each block's edges into the SQLite file) and
+relabel (fragments to segment ids, into an output). Each is a picklable value; each process
+opens what it needs in `make_worker`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import fastremap
+import numpy as np
+
+from znni.engine.agglomerate.fragments import (
+    Neighbourhood,
+    axis_slices,
+    edge_validity,
+    label_block,
+    pointers,
+)
+from znni.engine.agglomerate.graph import block_graph
+from znni.engine.agglomerate.store import GraphStore, pack
+from znni.engine.context import StoreContext
+from znni.engine.geometry import Block, Box, Triple
+from znni.engine.io.volume import open_input, write_block
+from znni.engine.location import Location
+from znni.triple import as_triple
+
+READ_CACHE_BYTES = 256 * 2**20  # decoded chunks kept for the neighbours' halos
+
+
+@dataclass(frozen=True)
+class AffinitySource:
+    """Where the affinities are and how they read: 3 channels (nearest-neighbour affinities)
+    or 1 (a boundary map, 1 = boundary); float in [0, 1] or uint8 (0..255)."""
+
+    location: Location
+    channels: int
+    scale: float  # stored value / scale = affinity (255 for uint8)
+    shape: Triple  # the whole volume's
+    region: Box  # the voxels agglomerated; its faces end the graph
+    mask: Location | None
+    ctx: StoreContext
+    low: float
+    high: float
+
+
+class _Reader:
+    """One process's open affinities (and mask)."""
+
+    def __init__(self, source: AffinitySource) -> None:
+        self.source = source
+        self.volume = open_input(source.location, source.channels, READ_CACHE_BYTES,
+                                 ctx=source.ctx)
+        self.mask = (open_input(source.mask, 1, READ_CACHE_BYTES, ctx=source.ctx)
+                     if source.mask is not None else None)
+
+    def neighbourhood(self, box: Box) -> Neighbourhood:
+        """`box`'s voxels with every edge they have: the affinities over `box` grown by one
+        voxel on each side (within the region)."""
+        region = self.source.region
+        grown = _grow(box, 1, 1, region)
+        raw = self.volume.read(grown)  # (C, Z, Y, X)
+        affs = to_affinities(raw, self.source.scale)
+        mask = self.mask.read(grown)[0] if self.mask is not None else None
+        return Neighbourhood(box, grown, affs, edge_validity(grown, region, mask))
+
+
+def to_affinities(raw: np.ndarray, scale: float) -> np.ndarray:
+    """(3, Z, Y, X) float32 affinities from stored values: divided by `scale`; one channel
+    is a boundary map b, whose edge (v, v - e_c) gets 1 - max(b(v), b(v - e_c))."""
+    values = raw.astype(np.float32) / np.float32(scale) if scale != 1 else \
+        raw.astype(np.float32, copy=False)
+    if values.shape[0] == 3:
+        return values
+    boundary = values[0]
+    affs = np.zeros((3, *boundary.shape), dtype=np.float32)  # (3, Z, Y, X)
+    for c in range(3):
+        here, below = axis_slices(c, 1, None), axis_slices(c, 0, -1)
+        affs[c][here] = 1.0 - np.maximum(boundary[here], boundary[below])
+    return affs
+
+
+def _grow(box: Box, lo: int, hi: int, region: Box) -> Box:
+    """`box` grown by `lo` voxels below and `hi` above on every axis, within `region`."""
+    return Box(as_triple(max(r, b - lo) for r, b in zip(region.lo, box.lo, strict=True)),
+               as_triple(min(r, b + hi) for r, b in zip(region.hi, box.hi, strict=True)))
+
+
+@dataclass(frozen=True)
+class FragmentStage:
+    """Each block's watershed basins, named canonically, into the fragments array."""
+
+    source: AffinitySource
+    fragments: Location  # (1, z, y, x) uint64, chunks = blocks
+
+    def make_worker(self) -> FragmentWork:
+        return FragmentWork(self)
+
+
+class FragmentWork:
+    def __init__(self, spec: FragmentStage) -> None:
+        self.spec = spec
+        self.reader = _Reader(spec.source)
+        self.out: Any = None
+
+    def read(self, block: Block) -> Neighbourhood:
+        return self.reader.neighbourhood(block.write)
+
+    def compute(self, block: Block, raw: Neighbourhood) -> np.ndarray:
+        source = self.spec.source
+        links = pointers(raw, source.low, source.high)
+        return label_block(links, block.write, source.shape)[None]  # (1, z, y, x)
+
+    def write(self, block: Block, values: np.ndarray) -> None:
+        self.out = write_block(self.out, self.spec.fragments, block.write, values,
+                               ctx=self.spec.source.ctx)
+
+
+@dataclass(frozen=True)
+class GraphStage:
+    """Each block's edges and face links, into the job's SQLite file."""
+
+    source: AffinitySource
+    fragments: Location
+    graph: str  # the SQLite file
+
+    def make_worker(self) -> GraphWork:
+        return GraphWork(self)
+
+
+class GraphWork:
+    def __init__(self, spec: GraphStage) -> None:
+        self.spec = spec
+        self.reader = _Reader(spec.source)
+        self.fragments = open_input(spec.fragments, 1, READ_CACHE_BYTES, ctx=spec.source.ctx)
+        self.store = GraphStore(spec.graph)
+
+    def read(self, block: Block) -> tuple[Neighbourhood, np.ndarray]:
+        below = _grow(block.write, 1, 0, self.spec.source.region)  # the block and -1 faces
+        return self.reader.neighbourhood(below), self.fragments.read(below)[0]
+
+    def compute(self, block: Block, raw: tuple[Neighbourhood, np.ndarray]) -> np.ndarray:
+        hood, fragments = raw
+        source = self.spec.source
+        graph = block_graph(block.write, hood, fragments, source.low, source.high)
+        return np.frombuffer(pack(graph), dtype=np.uint8)
+
+    def write(self, block: Block, values: np.ndarray) -> None:
+        self.store.put_block(block.key, values.tobytes())
+
+
+@dataclass(frozen=True)
+class RelabelStage:
+    """Each block's fragments renamed by a threshold's segment table, into its output."""
+
+    fragments: Location
+    graph: str
+    threshold: float
+    fingerprint: str
+    output: Location  # the output's level-0 array
+    ctx: StoreContext
+
+    def make_worker(self) -> RelabelWork:
+        return RelabelWork(self)
+
+
+class RelabelWork:
+    def __init__(self, spec: RelabelStage) -> None:
+        self.spec = spec
+        self.fragments = open_input(spec.fragments, 1, ctx=spec.ctx)
+        table = GraphStore(spec.graph).segments(spec.threshold, spec.fingerprint)
+        if table is None:
+            raise ValueError(f"no segment table for threshold {spec.threshold} in {spec.graph}")
+        self.table = table
+        self.out: Any = None
+
+    def read(self, block: Block) -> np.ndarray:
+        return self.fragments.read(block.write)[0]
+
+    def compute(self, block: Block, raw: np.ndarray) -> np.ndarray:
+        return relabel(raw, *self.table)[None]  # (1, z, y, x)
+
+    def write(self, block: Block, values: np.ndarray) -> None:
+        self.out = write_block(self.out, self.spec.output, block.write, values,
+                               ctx=self.spec.ctx)
+
+
+def relabel(fragments: np.ndarray, table_fragments: np.ndarray, table_segments: np.ndarray
+            ) -> np.ndarray:
+    """Fragments renamed by the table (ascending fragments); those not in it keep their
+    name, 0 stays 0."""
+    ids, inverse = fastremap.unique(fragments, return_inverse=True)
+    at = np.searchsorted(table_fragments, ids)
+    at = np.minimum(at, max(len(table_fragments) - 1, 0))
+    known = (table_fragments[at] == ids) if len(table_fragments) else np.zeros(len(ids), bool)
+    names = np.where(known, table_segments[at] if len(table_segments) else ids, ids)
+    names[ids == 0] = 0
+    return names.astype(np.uint64)[inverse].reshape(fragments.shape)
