@@ -16,7 +16,7 @@ from support.agglomerate_ref import (
 
 from znni.engine.agglomerate import merge
 from znni.engine.agglomerate.fragments import QUANTUM
-from znni.engine.agglomerate.sequential import merge_sequentially
+from znni.engine.agglomerate.greedy_numba import greedy
 from znni.engine.geometry import Box
 
 SHAPE = (9, 11, 13)
@@ -69,15 +69,19 @@ def test_agglomeration_equals_greedy_one_merge_at_a_time(threshold: float) -> No
     assert 1 < len(np.unique(segmentation)) < len(np.unique(basins)) or threshold == 0.2
 
 
-def test_the_tail_one_by_one_equals_the_rounds() -> None:
-    """The heap (`sequential.py`) and the reciprocal-best rounds merge alike."""
+def test_the_compiled_greedy_loop_equals_the_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one-merge-at-a-time loop (`greedy_numba.py`) and the reciprocal-best rounds merge
+    alike: the whole threshold through the rounds only, then through the loop only."""
     affs = smooth_affinities((10, 12, 14), 5)
-    parts = blockwise_graph(affs)
-    graph = merge.basin_graph(parts)
+    graph = merge.basin_graph(blockwise_graph(affs))
+    monkeypatch.setattr(merge, "SEQUENTIAL_BELOW", 0)  # never hand over
     rounds = next(merge.agglomerate(graph, [0.5]))
-    names = merge_sequentially(graph.a, graph.b, graph.total, graph.count, len(graph.ids), 0.5)
-    assert np.array_equal(rounds, names)
-    assert len(np.unique(names)) < len(names) / 2  # it did merge
+    parent = greedy(graph.a, graph.b, graph.total, graph.count, len(graph.ids), 0.5)
+    roots = merge._roots(parent)
+    least = np.arange(len(roots))
+    np.minimum.at(least, roots, np.arange(len(roots)))
+    assert np.array_equal(rounds, least[roots])
+    assert len(np.unique(rounds)) < len(rounds) / 2  # it did merge
 
 
 def blockwise_graph(affs: np.ndarray) -> list:

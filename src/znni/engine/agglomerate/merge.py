@@ -7,7 +7,8 @@ two regions makes each of their boundaries with a third region the count-weighte
 the two, which never exceeds the larger: mean affinity is a *reducible* linkage, so pairs
 of regions that are each other's best neighbour can all be merged at once, in rounds, and the
 result is the greedy one-at-a-time result (Bruynooghe's reciprocal nearest neighbours;
-Murtagh 1983). Each round is a few vectorised passes over the candidate edges. Ties are
+Murtagh 1983). Each round is a few vectorised passes over the candidate edges; when rounds
+merge few pairs each (a chain's tail), a compiled greedy loop merges the rest. Ties are
 broken by the regions' canonical order, so the result is block-independent.
 
 Memory: per basin edge 4 + 4 bytes (regions, int32) and 8 + 8 (summed affinity, count);
@@ -26,15 +27,16 @@ from scipy.sparse.csgraph import connected_components
 
 from znni.engine.agglomerate.fragments import QUANTUM
 from znni.engine.agglomerate.graph import BlockGraph
-from znni.engine.agglomerate.sequential import merge_sequentially
+from znni.engine.agglomerate.greedy_numba import greedy
 
 # the global step's peak memory per edge of the joined blocks' graphs (measured:
 # benchmarks/agglomerate.py --graph-memory; see docs/design.md)
 MEMORY_PER_EDGE_BYTES = 96
 # a round that merges fewer pairs than 1/SEQUENTIAL_BELOW of its candidate edges costs more
-# than merging the rest one at a time (a round: ~0.1 us per candidate edge; a merge on the
-# heap: ~30 us); the rest of the threshold then goes through `sequential.py`
-SEQUENTIAL_BELOW = 300
+# than merging the rest one at a time (a round: ~0.1 us per candidate edge; a merge in the
+# compiled greedy loop: a few us); the rest of the threshold then goes through
+# `greedy_numba.py`
+SEQUENTIAL_BELOW = 30
 
 
 @dataclass(frozen=True)
@@ -107,23 +109,78 @@ def agglomerate(graph: BasinGraph, thresholds: Sequence[float]) -> Iterator[np.n
     segment = np.arange(n, dtype=_index_dtype(n))
     a, b, total, count = graph.a, graph.b, graph.total, graph.count
     for threshold in sorted(thresholds):
-        while True:
-            merged = _mutual_best(a, b, total, count, threshold)
-            if merged is None:
-                break
-            keep, gone, candidates = merged
-            step = np.arange(n, dtype=segment.dtype)
-            step[gone] = keep
-            segment = step[segment]
-            a, b, total, count = _contract(a, b, total, count, step, gone, n)
-            if len(keep) * SEQUENTIAL_BELOW < candidates:  # a chain's tail: one by one
-                names = merge_sequentially(a, b, total, count, n, threshold)
-                segment = names[segment].astype(segment.dtype)
-                na, nb = names[a].astype(a.dtype), names[b].astype(b.dtype)
-                a, b, total, count = _resum(np.minimum(na, nb), np.maximum(na, nb), total,
-                                            count, n)
-                break
+        names = merge_until(a, b, total, count, n, threshold).astype(segment.dtype)
+        segment = names[segment]
+        na, nb = names[a], names[b]
+        a, b, total, count = _resum(np.minimum(na, nb), np.maximum(na, nb), total, count, n)
         yield segment
+
+
+def merge_until(a: np.ndarray, b: np.ndarray, total: np.ndarray, count: np.ndarray, n: int,
+                threshold: float) -> np.ndarray:
+    """Each region's name after merging until no edge scores below the threshold (the
+    least region merged with it).
+
+    Only edges inside the connected components of the edges below the threshold take part:
+    a merged edge's mean lies between its parts', so an edge between two such components is
+    never below the threshold. A component is dropped once it has no edge below it; the
+    rounds run on the components still merging, and a round that merges few pairs of many
+    candidates hands the rest to the one-at-a-time heap (`sequential.py`)."""
+    parent = np.arange(n, dtype=np.int64)
+    below = scores(total, count) < threshold
+    if not below.any():
+        return parent
+    links = coo_matrix((np.ones(int(below.sum()), np.int8), (a[below], b[below])), shape=(n, n))
+    _, component = connected_components(links, directed=False)
+    inside = component[a] == component[b]
+    a, b, total, count = a[inside], b[inside], total[inside], count[inside]
+    while len(a):
+        merged = _mutual_best(a, b, total, count, threshold)
+        if merged is None:
+            break
+        keep, gone, candidates = merged
+        parent[gone] = keep
+        a, b, total, count = _contract(a, b, total, count, parent, gone, n)
+        if len(keep) * SEQUENTIAL_BELOW < candidates:  # a chain's tail: one at a time
+            _finish_greedily(a, b, total, count, parent, threshold)
+            break
+        a, b, total, count = _still_merging(a, b, total, count, component, threshold)
+    return _roots(parent)
+
+
+def _finish_greedily(a: np.ndarray, b: np.ndarray, total: np.ndarray, count: np.ndarray,
+                     parent: np.ndarray, threshold: float) -> None:
+    """The rest of the merges by the compiled greedy loop (`greedy_numba.py`), on the
+    regions the remaining edges name (renumbered 0..k-1 for it); recorded in `parent`."""
+    regions, inverse = np.unique(np.concatenate([a, b]), return_inverse=True)
+    local = greedy(inverse[:len(a)], inverse[len(a):], total, count, len(regions), threshold)
+    roots = _roots(local)
+    least = np.arange(len(regions))  # each tree's least region (the merged region's name)
+    np.minimum.at(least, roots, np.arange(len(regions)))
+    moved = least[roots] != np.arange(len(regions))
+    parent[regions[moved]] = regions[least[roots][moved]]
+
+
+def _still_merging(a: np.ndarray, b: np.ndarray, total: np.ndarray, count: np.ndarray,
+                   component: np.ndarray, threshold: float
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The edges of the components that still have an edge below the threshold."""
+    below = scores(total, count) < threshold
+    active = np.zeros(int(component.max()) + 1, dtype=bool)
+    active[component[a[below]]] = True
+    keep = active[component[a]]
+    if keep.all():
+        return a, b, total, count
+    return a[keep], b[keep], total[keep], count[keep]
+
+
+def _roots(parent: np.ndarray) -> np.ndarray:
+    """Each region's root (merged regions point to lesser ones: the root is the least)."""
+    while True:
+        grand = parent[parent]
+        if np.array_equal(grand, parent):
+            return parent
+        parent = grand
 
 
 def scores(total: np.ndarray, count: np.ndarray) -> np.ndarray:
@@ -164,7 +221,7 @@ def _contract(a: np.ndarray, b: np.ndarray, total: np.ndarray, count: np.ndarray
     merged[gone] = True
     merged[step[gone]] = True
     touched = merged[a] | merged[b]
-    ta, tb = step[a[touched]], step[b[touched]]
+    ta, tb = step[a[touched]].astype(a.dtype), step[b[touched]].astype(b.dtype)
     ta, tb, tt, tc = _resum(np.minimum(ta, tb), np.maximum(ta, tb), total[touched],
                             count[touched], n)
     rest = ~touched
