@@ -12,6 +12,7 @@ arrays, two list slots, the pair hash, heap entries for candidates).
 from __future__ import annotations
 
 import heapq
+from typing import Any
 
 import numpy as np
 from numba import njit, types
@@ -57,14 +58,14 @@ def greedy(a: np.ndarray, b: np.ndarray, total: np.ndarray, count: np.ndarray, n
     version = np.zeros(len(a), np.int64)
     head, tail, nxt, degree = _lists(u_of, v_of, n)
     pairs = Dict.empty(key_type=types.int64, value_type=types.int64)
-    for e in range(len(a)):
-        pairs[u_of[e] * n + v_of[e]] = e
+    for i in range(len(a)):
+        pairs[u_of[i] * n + v_of[i]] = i
     heap = [(0.0, np.int64(0), np.int64(0), np.int64(0), np.int64(0))]
     heap.pop()
-    for e in range(len(a)):
-        s = _score(tot[e], cnt[e])
-        if s < threshold:
-            heap.append((s, u_of[e], v_of[e], np.int64(e), np.int64(0)))
+    for i in range(len(a)):
+        first = _score(tot[i], cnt[i])
+        if first < threshold:
+            heap.append((first, u_of[i], v_of[i], np.int64(i), np.int64(0)))
     heapq.heapify(heap)
     parent = np.arange(n)
     while len(heap) > 0:
@@ -79,7 +80,7 @@ def greedy(a: np.ndarray, b: np.ndarray, total: np.ndarray, count: np.ndarray, n
 
 
 @njit(cache=True)
-def _merge(keep: np.int64, gone: np.int64, joining: np.int64, n: int, u_of: np.ndarray,
+def _merge(keep: Any, gone: Any, joining: Any, n: int, u_of: np.ndarray,
            v_of: np.ndarray, tot: np.ndarray, cnt: np.ndarray, version: np.ndarray,
            head: np.ndarray, tail: np.ndarray, nxt: np.ndarray, degree: np.ndarray,
            pairs: Dict, heap: list, threshold: float) -> None:
