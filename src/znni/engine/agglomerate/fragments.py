@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import cc3d
+import fastremap
 import numpy as np
 
 from znni.engine.geometry import Box, Triple
@@ -103,7 +104,9 @@ def pointers(hood: Neighbourhood, low: float = LOW, high: float = HIGH) -> Point
     values = _direction_values(hood)  # (6, z, y, x)
     strongest = values.max(axis=0)
     foreground = strongest > low
-    choice = np.argmax(values, axis=0)  # the first of equal maxima
+    choice = np.full(strongest.shape, 5, dtype=np.int8)  # the first of equal maxima
+    for d in range(4, -1, -1):
+        choice[values[d] == strongest] = d
     shape = hood.box.shape
     down = np.zeros((3, *shape), dtype=bool)
     for c in range(3):
@@ -123,26 +126,26 @@ def label_block(links: Pointers, box: Box, volume_shape: Triple) -> np.ndarray:
     shape = box.shape
     graph = np.zeros(shape, dtype=np.uint8)  # cc3d's 6-way connectivity bits
     for c in range(3):
-        inside = links.down[c].copy()
-        inside[axis_slices(c, 0, 1)] = False  # edges to the block below: joined across it
-        graph[inside] |= np.uint8(_MINUS_BIT[c])
-        graph[axis_slices(c, 0, -1)] |= np.where(inside[axis_slices(c, 1, None)],
-                                                 np.uint8(_PLUS_BIT[c]), np.uint8(0))
+        inside = links.down[c].view(np.uint8).copy()  # 0/1
+        inside[axis_slices(c, 0, 1)] = 0  # edges to the block below: joined across it
+        graph |= inside * np.uint8(_MINUS_BIT[c])
+        graph[axis_slices(c, 0, -1)] |= inside[axis_slices(c, 1, None)] * np.uint8(_PLUS_BIT[c])
     components = cc3d.color_connectivity_graph(graph, connectivity=6)
     components = np.where(links.foreground, components, 0)
     return canonical_ids(components, box, volume_shape)
 
 
 def canonical_ids(components: np.ndarray, box: Box, volume_shape: Triple) -> np.ndarray:
-    """Components (any ids, 0 background) renamed 1 + the whole-volume linear index of
+    """Components (ids 0..N, 0 background) renamed 1 + the whole-volume linear index of
     their first voxel in raster order (uint64): the same name whatever labelled them."""
     flat = components.ravel()
-    ids, first = np.unique(flat, return_index=True)
+    ids, first = fastremap.unique(flat, return_index=True)
     z, y, x = np.unravel_index(first, box.shape)
     Y, X = volume_shape[1], volume_shape[2]
     names = ((z + box.lo[0]).astype(np.uint64) * np.uint64(Y * X)
              + (y + box.lo[1]).astype(np.uint64) * np.uint64(X)
              + (x + box.lo[2]).astype(np.uint64) + np.uint64(1))
     names[ids == 0] = 0
-    lookup = np.searchsorted(ids, flat)
-    return names[lookup].reshape(box.shape)
+    lookup = np.zeros(int(ids.max()) + 1, dtype=np.uint64)
+    lookup[ids] = names
+    return lookup[components]

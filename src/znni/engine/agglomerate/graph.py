@@ -1,13 +1,16 @@
 """A block's part of the region graph: for every edge (v, v - e_c) with v in the block,
 the fragments it joins, summed as exact integers per fragment pair (`fragments.QUANTUM`),
 and the watershed links that cross the block's lower faces (the pairs of fragments that
-are one basin). Each edge belongs to exactly one block (the one holding v), so the blocks'
-graphs add up to the whole volume's with no pair counted twice."""
+are one basin). The fragment stage adds a block's inner edges (both voxels in it), the
+face stage the edges across its three lower faces: each edge is counted once, and no
+fragment pair appears in two parts (fragments are block-local), so the parts add up to the
+whole volume's graph."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import fastremap
 import numpy as np
 
 from znni.engine.agglomerate.fragments import (
@@ -15,6 +18,7 @@ from znni.engine.agglomerate.fragments import (
     LOW,
     QUANTUM,
     Neighbourhood,
+    Pointers,
     axis_slices,
     pointers,
 )
@@ -40,56 +44,74 @@ class BlockGraph:
 
 
 def block_graph(block: Box, hood: Neighbourhood, fragments: np.ndarray,
+                links: Pointers | None = None, axes: tuple[int, ...] = (0, 1, 2),
                 low: float = LOW, high: float = HIGH) -> BlockGraph:
-    """The graph of the edges at the voxels of `block`; `hood.box` is the block grown by one
-    voxel towards -z, -y, -x (within the region) and `fragments` its fragments."""
-    links = pointers(hood, low, high)
+    """The graph of the edges (v, v - e_c) with v in `block`, v - e_c in `hood.box`, c in
+    `axes`; `fragments` are `hood.box`'s, `links` its watershed links (computed when not
+    given). With `hood.box` the block itself: the block's inner edges; with it grown by one
+    plane below a face: the face's edges and the links across it."""
+    links = links if links is not None else pointers(hood, low, high)
     box = hood.box
+    local, ids = _renumbered(fragments)
     in_block = np.zeros(box.shape, dtype=bool)
     in_block[block.slices(box.lo)] = True
     at = tuple(slice(e - g, e - g + n)  # `box` within the grown arrays
                for e, g, n in zip(box.lo, hood.grown.lo, box.shape, strict=True))
-    pairs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    joins: list[tuple[np.ndarray, np.ndarray]] = []
-    for c in range(3):
+    k = np.int64(len(ids))
+    keys: list[np.ndarray] = []
+    joins: list[np.ndarray] = []
+    for c in axes:
         v_at, below = axis_slices(c, 1, None), axis_slices(c, 0, -1)  # v, v - e_c in box
-        fu, fv = fragments[v_at], fragments[below]
-        valid = hood.valid[c][at][v_at]
-        keep = valid & in_block[v_at] & (fu != 0) & (fv != 0) & (fu != fv)
-        affs = hood.affs[c][at][v_at][keep]
-        q = np.rint(affs.astype(np.float64) * QUANTUM).astype(np.int64)
+        fu, fv = local[v_at], local[below]
+        keep = hood.valid[c][at][v_at] & in_block[v_at] & (fu != fv) & (fu != 0) & (fv != 0)
         a, b = fu[keep], fv[keep]
-        pairs.append((np.minimum(a, b), np.maximum(a, b), q))
+        pair = np.minimum(a, b) * k + np.maximum(a, b)  # (u, v) as one int64
+        q = np.rint(hood.affs[c][at][v_at][keep].astype(np.float64) * QUANTUM)
+        keys.append((pair << _Q_BITS) | q.astype(np.int64))
         crossing = keep & ~in_block[below] & links.down[c][v_at]  # a link across a face
-        a, b = fu[crossing], fv[crossing]
-        joins.append((np.minimum(a, b), np.maximum(a, b)))
-    return _summed(pairs, joins)
+        joins.append(np.minimum(fu, fv)[crossing] * k + np.maximum(fu, fv)[crossing])
+    return _summed(keys, joins, ids, k)
 
 
-def _summed(pairs: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
-            joins: list[tuple[np.ndarray, np.ndarray]]) -> BlockGraph:
-    """Edges summed per fragment pair; joined pairs once each."""
-    u = np.concatenate([p[0] for p in pairs]).astype(np.uint64)
-    v = np.concatenate([p[1] for p in pairs]).astype(np.uint64)
-    q = np.concatenate([p[2] for p in pairs])
-    u, v, total, count = sum_pairs(u, v, q, np.ones(len(q), dtype=np.int64))
-    ju = np.concatenate([j[0] for j in joins]).astype(np.uint64)
-    jv = np.concatenate([j[1] for j in joins]).astype(np.uint64)
-    ju, jv, _, _ = sum_pairs(ju, jv, np.zeros(len(ju), np.int64), np.zeros(len(ju), np.int64))
-    return BlockGraph(u, v, total, count, ju, jv)
+def _renumbered(fragments: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(local ids 0..k-1 as int64, 0 for background; the fragment of each local id)."""
+    local, mapping = fastremap.renumber(fragments, preserve_zero=True, in_place=False)
+    ids = np.zeros(len(mapping) + 1, dtype=np.uint64)
+    names = np.fromiter(mapping.keys(), dtype=np.uint64, count=len(mapping))
+    ids[np.fromiter(mapping.values(), dtype=np.int64, count=len(mapping))] = names
+    return local.astype(np.int64), ids
 
 
-def sum_pairs(u: np.ndarray, v: np.ndarray, total: np.ndarray, count: np.ndarray
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Rows with equal (u, v) added up, sorted by (u, v). Sums go through float64 bincounts,
-    exact while they stay below 2**53 (a pair's quantised sum: 2**24 per voxel edge)."""
-    if len(u) == 0:
-        empty = np.zeros(0, dtype=np.int64)
-        return u.astype(np.uint64), v.astype(np.uint64), empty, empty
-    ids, inverse = np.unique(np.concatenate([u, v]), return_inverse=True)
-    n = np.int64(len(ids))
-    key = inverse[:len(u)].astype(np.int64) * n + inverse[len(u):]  # (u, v) as one int64
-    keys, rows = np.unique(key, return_inverse=True)
-    summed = np.bincount(rows, weights=total, minlength=len(keys))
-    counts = np.bincount(rows, weights=count, minlength=len(keys))
-    return (ids[keys // n], ids[keys % n], summed.astype(np.int64), counts.astype(np.int64))
+# a quantised affinity (at most QUANTUM = 2**24) in the low bits of a pair's sort key
+_Q_BITS = 25
+
+
+def _summed(keys: list[np.ndarray], joins: list[np.ndarray], ids: np.ndarray,
+            k: np.int64) -> BlockGraph:
+    """Edges summed per fragment pair (one sort of pair << 25 | affinity, then sums over
+    runs of equal pairs), joined pairs once each; pairs named by their fragments' ids."""
+    if int(k) ** 2 >= 2 ** (63 - _Q_BITS):
+        raise ValueError(f"a block holds {int(k)} fragments, too many for its pair keys; "
+                         "use smaller blocks")
+    packed = np.sort(np.concatenate(keys))
+    pair, q = packed >> _Q_BITS, packed & ((1 << _Q_BITS) - 1)
+    starts = np.flatnonzero(np.diff(pair, prepend=-1)) if len(pair) else np.zeros(0, np.int64)
+    total = np.add.reduceat(q, starts) if len(q) else np.zeros(0, np.int64)
+    count = np.diff(np.append(starts, len(pair))).astype(np.int64)
+    unique_pairs = pair[starts]
+    joined = np.unique(np.concatenate(joins))
+    u, v = ids[unique_pairs // k], ids[unique_pairs % k]  # local order is not the ids'
+    ju, jv = ids[joined // k], ids[joined % k]
+    return BlockGraph(np.minimum(u, v), np.maximum(u, v), total.astype(np.int64), count,
+                      np.minimum(ju, jv), np.maximum(ju, jv))
+
+
+def concatenate(parts: list[BlockGraph]) -> BlockGraph:
+    """Parts with no fragment pair in common, as one."""
+    def joined(name: str, dtype: type) -> np.ndarray:
+        arrays = [getattr(p, name) for p in parts]
+        return np.concatenate(arrays) if arrays else np.zeros(0, dtype=dtype)
+
+    return BlockGraph(joined("u", np.uint64), joined("v", np.uint64),
+                      joined("affinity_sum", np.int64), joined("count", np.int64),
+                      joined("joined_u", np.uint64), joined("joined_v", np.uint64))

@@ -2,8 +2,9 @@
 
 Three block stages on the engine's sweep, each resumable through its ledger, and one global
 step between the second and the third (docs/design.md "Agglomeration"):
-1. fragments: each block's watershed basins (`fragments.py`) into `WORK/fragments.zarr`;
-2. graph: each block's edges and face links (`graph.py`) into `WORK/graph.sqlite`;
+1. fragments: each block's watershed basins (`fragments.py`) into `WORK/fragments.zarr`,
+   with each block's inner edges (`graph.py`) into `WORK/graph.sqlite`;
+2. faces: each block's edges and watershed links across its lower faces, into the same file;
 3. the global step: basins joined, mean-affinity agglomeration per threshold (`merge.py`),
    each threshold's fragment-to-segment table into the same file (skipped when there);
 4. relabel: each output's blocks renamed from the fragments by its table.
@@ -31,8 +32,8 @@ from znni.engine.agglomerate.prepare import (
     PreparedAgglomeration,
     prepare,
 )
-from znni.engine.agglomerate.stages import FragmentStage, GraphStage, RelabelStage
-from znni.engine.agglomerate.store import GRAPH_FILE, GraphStore
+from znni.engine.agglomerate.stages import FaceStage, FragmentStage, RelabelStage
+from znni.engine.agglomerate.store import FACES, GRAPH_FILE, INNER, GraphStore
 from znni.engine.geometry import Block, Halo, split_blocks
 from znni.engine.io.formats import OutputRequest
 from znni.engine.io.formats.zarr_array import create_zarr_array
@@ -84,7 +85,7 @@ def _block_stages(prep: PreparedAgglomeration) -> list[StageReport]:
     job, work = prep.job, prep.work
     Path(work.url).mkdir(parents=True, exist_ok=True)
     fragments = work.join("fragments.zarr")
-    graph_home = work.join("graph")
+    faces_home = work.join("faces")
     blocks = split_blocks(prep.source.region, prep.block, prep.block, NO_HALO, (1, 1, 1))
     parts = prep.parts
     header, _ = read_ledger(fragments, ctx=job.store) if Path(fragments.url).exists() \
@@ -94,13 +95,13 @@ def _block_stages(prep: PreparedAgglomeration) -> list[StageReport]:
         Path(work.url).mkdir(parents=True)
         shape = prep.source.shape
         create_zarr_array(fragments, (1, *shape), "uint64", prep.block, ctx=job.store)
-    Path(graph_home.url).mkdir(exist_ok=True)
+    Path(faces_home.url).mkdir(exist_ok=True)
     graph_file = str(Path(work.url) / GRAPH_FILE)
     reports = [
-        _sweep("fragments", FragmentStage(prep.source, fragments), blocks, fragments,
-               parts, prep),
-        _sweep("graph", GraphStage(prep.source, fragments, graph_file), blocks, graph_home,
-               {**parts, "stage": "agglomerate graph"}, prep),
+        _sweep("fragments", FragmentStage(prep.source, fragments, graph_file), blocks,
+               fragments, parts, prep),
+        _sweep("faces", FaceStage(prep.source, fragments, graph_file), blocks, faces_home,
+               {**parts, "stage": "agglomerate faces"}, prep),
     ]
     return reports
 
@@ -153,7 +154,8 @@ def _agglomerate_graph(prep: PreparedAgglomeration, store: GraphStore, wanted: l
                        summary: dict[str, Any]) -> dict[str, Any]:
     """The blocks' graphs joined and agglomerated; each threshold's table stored."""
     blocks = split_blocks(prep.source.region, prep.block, prep.block, NO_HALO, (1, 1, 1))
-    graph = merge.basin_graph(store.blocks([b.key for b in blocks]))
+    graph = merge.basin_graph(store.blocks([kind + b.key for b in blocks
+                                            for kind in (INNER, FACES)]))
     segments = dict(summary.get("segments", {}))
     thresholds = sorted(wanted)
     for threshold, segment in zip(thresholds, merge.agglomerate(graph, thresholds),

@@ -18,8 +18,8 @@ from znni.engine.agglomerate.fragments import (
     label_block,
     pointers,
 )
-from znni.engine.agglomerate.graph import block_graph
-from znni.engine.agglomerate.store import GraphStore, pack
+from znni.engine.agglomerate.graph import block_graph, concatenate
+from znni.engine.agglomerate.store import FACES, INNER, GraphStore, pack
 from znni.engine.context import StoreContext
 from znni.engine.geometry import Block, Box, Triple
 from znni.engine.io.volume import open_input, write_block
@@ -89,10 +89,12 @@ def _grow(box: Box, lo: int, hi: int, region: Box) -> Box:
 
 @dataclass(frozen=True)
 class FragmentStage:
-    """Each block's watershed basins, named canonically, into the fragments array."""
+    """Each block's watershed basins, named canonically, into the fragments array, and the
+    block's inner edges into the job's SQLite file."""
 
     source: AffinitySource
     fragments: Location  # (1, z, y, x) uint64, chunks = blocks
+    graph: str  # the SQLite file
 
     def make_worker(self) -> FragmentWork:
         return FragmentWork(self)
@@ -102,52 +104,74 @@ class FragmentWork:
     def __init__(self, spec: FragmentStage) -> None:
         self.spec = spec
         self.reader = _Reader(spec.source)
+        self.store = GraphStore(spec.graph)
         self.out: Any = None
 
     def read(self, block: Block) -> Neighbourhood:
         return self.reader.neighbourhood(block.write)
 
-    def compute(self, block: Block, raw: Neighbourhood) -> np.ndarray:
+    def compute(self, block: Block, raw: Neighbourhood) -> tuple[np.ndarray, bytes]:
         source = self.spec.source
         links = pointers(raw, source.low, source.high)
-        return label_block(links, block.write, source.shape)[None]  # (1, z, y, x)
+        fragments = label_block(links, block.write, source.shape)
+        inner = block_graph(block.write, raw, fragments, links)
+        return fragments[None], pack(inner)  # (1, z, y, x)
 
-    def write(self, block: Block, values: np.ndarray) -> None:
-        self.out = write_block(self.out, self.spec.fragments, block.write, values,
-                               ctx=self.spec.source.ctx)
+    def write(self, block: Block, values: tuple[np.ndarray, bytes]) -> None:
+        self.store.put_block(INNER + block.key, values[1])  # before the fragments: a block
+        self.out = write_block(self.out, self.spec.fragments, block.write, values[0],
+                               ctx=self.spec.source.ctx)  # is done once both are there
 
 
 @dataclass(frozen=True)
-class GraphStage:
-    """Each block's edges and face links, into the job's SQLite file."""
+class FaceStage:
+    """Each block's edges across its lower faces (to the blocks before it on each axis)
+    and the watershed links there, into the job's SQLite file."""
 
     source: AffinitySource
     fragments: Location
     graph: str  # the SQLite file
 
-    def make_worker(self) -> GraphWork:
-        return GraphWork(self)
+    def make_worker(self) -> FaceWork:
+        return FaceWork(self)
 
 
-class GraphWork:
-    def __init__(self, spec: GraphStage) -> None:
+class FaceWork:
+    def __init__(self, spec: FaceStage) -> None:
         self.spec = spec
         self.reader = _Reader(spec.source)
         self.fragments = open_input(spec.fragments, 1, READ_CACHE_BYTES, ctx=spec.source.ctx)
         self.store = GraphStore(spec.graph)
 
-    def read(self, block: Block) -> tuple[Neighbourhood, np.ndarray]:
-        below = _grow(block.write, 1, 0, self.spec.source.region)  # the block and -1 faces
-        return self.reader.neighbourhood(below), self.fragments.read(below)[0]
+    def read(self, block: Block) -> list[tuple[int, Box, Neighbourhood, np.ndarray]]:
+        """Per lower face inside the region: (axis, the face's plane of the block, the two
+        planes either side with their edges, their fragments)."""
+        region, box = self.spec.source.region, block.write
+        faces = []
+        for c in range(3):
+            if box.lo[c] <= region.lo[c]:
+                continue
+            plane = Box(box.lo, _with(box.hi, c, box.lo[c] + 1))
+            both = Box(_with(box.lo, c, box.lo[c] - 1), plane.hi)
+            faces.append((c, plane, self.reader.neighbourhood(both),
+                          self.fragments.read(both)[0]))
+        return faces
 
-    def compute(self, block: Block, raw: tuple[Neighbourhood, np.ndarray]) -> np.ndarray:
-        hood, fragments = raw
+    def compute(self, block: Block, raw: list[tuple[int, Box, Neighbourhood, np.ndarray]]
+                ) -> bytes:
         source = self.spec.source
-        graph = block_graph(block.write, hood, fragments, source.low, source.high)
-        return np.frombuffer(pack(graph), dtype=np.uint8)
+        parts = [block_graph(plane, hood, fragments, axes=(c,), low=source.low,
+                             high=source.high) for c, plane, hood, fragments in raw]
+        return pack(concatenate(parts))
 
-    def write(self, block: Block, values: np.ndarray) -> None:
-        self.store.put_block(block.key, values.tobytes())
+    def write(self, block: Block, values: bytes) -> None:
+        self.store.put_block(FACES + block.key, values)
+
+
+def _with(t: Triple, c: int, value: int) -> Triple:
+    out = list(t)
+    out[c] = value
+    return as_triple(out)
 
 
 @dataclass(frozen=True)

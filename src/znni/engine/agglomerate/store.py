@@ -20,6 +20,8 @@ import numpy as np
 from znni.engine.agglomerate.graph import BlockGraph
 
 GRAPH_FILE = "graph.sqlite"
+INNER = "inner "  # a block's row of inner edges: INNER + its key
+FACES = "faces "  # ... of the edges across its lower faces
 BUSY_TIMEOUT_S = 120.0
 _FIELDS = ("u", "v", "affinity_sum", "count", "joined_u", "joined_v")
 _SCHEMA = (
@@ -67,7 +69,8 @@ class GraphStore:
             self.db.execute("INSERT OR REPLACE INTO block_graph VALUES (?, ?)", (key, data))
 
     def blocks(self, keys: list[str]) -> list[BlockGraph]:
-        """The graphs of these blocks; ValueError naming one that is missing."""
+        """The graphs of these rows (INNER or FACES + a block's key); ValueError naming one
+        that is missing."""
         rows = dict(self.db.execute("SELECT block, data FROM block_graph"))
         missing = [k for k in keys if k not in rows]
         if missing:

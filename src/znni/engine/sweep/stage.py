@@ -49,11 +49,12 @@ class BlockWork(Protocol):
         """The block's input, whatever `compute` takes (the reader thread calls it)."""
         ...
 
-    def compute(self, block: Block, raw: Any) -> np.ndarray:
-        """The block's output values, as `write` stores them."""
+    def compute(self, block: Block, raw: Any) -> Any:
+        """The block's output values, as `write` stores them (an array for a stage that
+        lands in a pyramid; anything a stage's own `write` takes otherwise)."""
         ...
 
-    def write(self, block: Block, values: np.ndarray) -> None:
+    def write(self, block: Block, values: Any) -> None:
         """Store the block's values; durable (as the store makes it) when it returns."""
         ...
 
