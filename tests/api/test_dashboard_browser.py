@@ -13,6 +13,7 @@ import shutil
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import zarr
 from support.browser import Browser, dump_dom, find_chromium
@@ -188,4 +189,33 @@ def test_failed_job_shows_its_error_and_paths_stay_text(server, site, volumes) -
         browser.wait_for(f"{_row(job_id, 'status')} === 'failed'")
         assert browser.js(_row(job_id, "paths")) == f"gone.zarr → {odd}"
         assert browser.js("document.querySelectorAll('img').length") == 0
+        _no_page_errors(browser)
+
+
+def test_agglomeration_job_shows_its_stages(server, site) -> None:
+    """A job on existing affinities: the table names it and shows its last stage; its page
+    lists every stage with a bar, all done."""
+    affs = np.random.default_rng(5).random((3, 16, 16, 16)).astype(np.float32)
+    zarr.create_array(str(site["root"] / "dash-affs.zarr"), data=affs, chunks=(3, 8, 8, 8))
+    with server.client() as client:
+        r = client.post("/v1/agglomerate", json={"affinities": "dash-affs.zarr",
+                                                 "output": "dash/seg.zarr", "block": [8, 8, 8]})
+        assert r.status_code == 201, r.text
+        job_id = r.json()["id"]
+        wait_job(client, job_id, ("succeeded",))
+    stage = "document.querySelector('.stages tr[data-stage=\"{}\"]').textContent"
+    with Browser(*SHOT_SIZE) as browser:
+        browser.goto(f"{server.url}/")
+        browser.wait_for(f"{_row(job_id, 'status')} === 'succeeded'")
+        assert browser.js(_row(job_id, "network")) == "agglomerate"
+        assert browser.js(_row(job_id, "progress")) == "4/4 relabel 0.5 · 100% · 1/1 blocks"
+        browser.goto(f"{server.url}/#job={job_id}")
+        browser.wait_for("!document.querySelector('#job-view').hidden && document"
+                         ".querySelectorAll('.stages tr[data-stage]').length === 4")
+        statuses = browser.js("[...document.querySelectorAll('.stages tr[data-stage] "
+                              ".c-status')].map((c) => c.textContent).join(',')")
+        assert statuses == "done,done,done,done"
+        assert "100% · 8/8 blocks" in browser.js(stage.format("fragments"))
+        assert "100% · 1/1 blocks" in browser.js(stage.format("agglomerate"))
+        assert f"Job {job_id} · agglomerate" in browser.text()
         _no_page_errors(browser)

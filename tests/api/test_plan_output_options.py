@@ -27,7 +27,7 @@ SHAPE = (64, 64, 64)  # plan_in.zarr: (2, 64, 64, 64); chunks 16: a layout of se
 BODY = {"network": "tiny", "device": "cpu", "input": "plan_in.zarr", "chunks": [16, 16, 16]}
 # JobCreate's fields that POST /v1/plan does not take (docs/design.md, "HTTP API")
 NOT_PLANNED = {"output", "border", "block", "overwrite", "blend", "scale", "shift",
-               "output_name", "output_format", "pyramid", "on_bad_chunk"}
+               "output_name", "output_format", "pyramid", "on_bad_chunk", "agglomerate"}
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,7 @@ def operations(read_server) -> dict:
 
 EXPECTED = [
     "POST /v1/jobs",
+    "POST /v1/agglomerate",
     "GET /v1/jobs",
     "GET /v1/jobs/{job_id}",
     "POST /v1/jobs/{job_id}/cancel",

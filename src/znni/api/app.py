@@ -16,7 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from znni.api import insight, metrics, pages
+from znni.api import agglomeration, insight, metrics, pages
 from znni.api.fastpoll import StatusPollFastPath
 from znni.api.metrics import RequestCounter
 from znni.api.routes import ServerState, router
@@ -80,6 +80,7 @@ def create_app(settings: Settings, *, start_workers: bool = True) -> FastAPI:
     )
     app.state.znni = state
     app.include_router(router)
+    app.include_router(agglomeration.router)  # POST /v1/agglomerate
     app.include_router(insight.router)
     app.include_router(pages.router)  # the dashboard: GET / and /static/*
     app.add_exception_handler(

@@ -34,7 +34,8 @@ def block_map(output_path: Location, *, ctx: StoreContext,
     if header is None:
         raise NoBlockMapError(f"output {output_path} has no block ledger yet")
     try:
-        region = _region(str(header["parts"]["roi"]))
+        parts = header["parts"]  # a segment output's "roi", an agglomeration's "region"
+        region = _region(str(parts["roi"] if "roi" in parts else parts["region"]))
         block = [int(b) for b in header["block_shape"]]
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"the ledger of {output_path} has no readable region ({e!r})") from e

@@ -41,6 +41,7 @@ from znni.api.security import token_matches
 from znni.api.views import JobJsonCache, job_read
 from znni.engine.context import StoreContext
 from znni.engine.location import Location
+from znni.jobs.agglomeration import Site, check_stage, stage_list
 from znni.jobs.catalogue import NetworkCatalogue, UnknownNetworkError, describe
 from znni.jobs.events import log_event
 from znni.jobs.paths import relative_to_root
@@ -62,6 +63,11 @@ class ServerState:
     job_json: JobJsonCache
     # the server's store context: its caches keep opened arrays between requests
     stores: StoreContext = field(default_factory=StoreContext)
+
+    def site(self) -> Site:
+        """Where this server's jobs live, for the agglomeration checks."""
+        s = self.settings
+        return Site(s.data_root, s.allow_url, s.scheduler, self.stores)
 
 
 async def get_state(request: Request) -> ServerState:
@@ -135,6 +141,7 @@ async def create_job(body: JobCreate, state: StateDep) -> JobRead:
 def _create_job(body: JobCreate, state: ServerState) -> JobRead:
     settings = state.settings
     t0 = time.perf_counter()
+    params = body.model_dump(exclude={"network", "input", "output"}, mode="json")
     try:
         network, job = check_submission(
             state.catalogue,
@@ -147,6 +154,8 @@ def _create_job(body: JobCreate, state: ServerState) -> JobRead:
             allow_url=settings.allow_url,
             store=state.stores,
         )
+        if body.agglomerate is not None:  # a second stage: checked as far as it can be now
+            check_stage(state.site(), network, body.network, job, params)
     except ValueError as e:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(e)) from e
     try:
@@ -155,7 +164,8 @@ def _create_job(body: JobCreate, state: ServerState) -> JobRead:
             network_digest=network.digest,
             input_path=str(job.input_path),  # stored as text, parsed again by the runner
             output_path=str(job.output_path),
-            parameters=body.model_dump(exclude={"network", "input", "output"}, mode="json"),
+            parameters=params,
+            stages=None if body.agglomerate is None else stage_list(params, network=True),
         )
     except OutputBusyError as e:
         raise HTTPException(status.HTTP_409_CONFLICT, detail=f"output {body.output!r} {e}") from e

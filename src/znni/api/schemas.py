@@ -24,6 +24,38 @@ FiniteFloat = Annotated[float, Field(allow_inf_nan=False, ge=-1e30, le=1e30)]
 # blocks"): labels "argmax" or "threshold:T[:CHANNEL]"; a mask under the data root (or an
 # allowed URL) whose shape divides the input's; the input value of empty blocks
 Labels = Annotated[str, Field(pattern=r"^(argmax|threshold:.{1,40})$")]
+# agglomeration thresholds (waterz's: merge while 1 - mean affinity < T); [0, 1] and distinct
+# are the engine's check, answered in its sentence
+Thresholds = Annotated[list[FiniteFloat], Field(min_length=1, max_length=64)]
+Block = tuple[PositiveSize, PositiveSize, PositiveSize]
+
+
+class AgglomerateStage(BaseModel):
+    """A segment job's agglomeration after its network, on the affinities it writes (the
+    network's output: 3 channels, or a 1-channel boundary map), with the job's roi and
+    overwrite. With several thresholds `output` holds `{threshold}`, one output each."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    output: UserPath
+    thresholds: Thresholds = [0.5]
+    block: Block | None = None  # default 128^3, clipped to the region; the result is the same
+
+
+class AgglomerateCreate(BaseModel):
+    """An agglomeration job on existing affinities (3, z, y, x) or a boundary map, as
+    `znni agglomerate` runs it: uint64 labels per threshold."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    affinities: UserPath
+    output: UserPath  # with several thresholds it holds {threshold}
+    thresholds: Thresholds = [0.5]
+    roi: tuple[RoiRange, RoiRange, RoiRange] | None = None
+    block: Block | None = None
+    mask: UserPath | None = None  # same shape as the affinities: 0 is background
+    overwrite: bool = False
+    output_format: Literal["zarr", "ome-zarr"] | None = None
 
 
 class JobCreate(BaseModel):
@@ -69,6 +101,8 @@ class JobCreate(BaseModel):
     labels: Labels | None = None
     mask: UserPath | None = None
     skip_empty: FiniteFloat | None = None
+    # agglomeration of the network's affinities after it (a second stage of the job)
+    agglomerate: AgglomerateStage | None = None
 
 
 class Progress(BaseModel):
@@ -78,21 +112,39 @@ class Progress(BaseModel):
     voxels_total: int
 
 
+class StageRead(BaseModel):
+    """One stage of a job: "network", then an agglomeration's "fragments", "faces",
+    "agglomerate" (the one global step) and "relabel T" per threshold."""
+
+    name: str
+    status: Literal["pending", "running", "done", "stopped"]  # stopped: the job is not running
+    progress: Progress  # blocks (the global step: one) and voxels
+    voxels_per_second: float | None
+    elapsed_s: float | None
+    eta_s: float | None  # a running stage's; the network's from its plan's prediction at first
+
+
 class JobRead(BaseModel):
     id: int
     status: JobStatus
-    network: str
-    input: str
-    output: str
+    kind: Literal["segment", "agglomerate"]  # agglomerate: a job on existing affinities
+    network: str | None  # null for an agglomeration job
+    input: str  # the network's input, or the affinities
+    output: str  # the output (an agglomeration's with several thresholds: its {threshold} form)
     parameters: dict[str, Any]
-    progress: Progress
+    progress: Progress  # a job with stages: its latest stage's
+    stages: list[StageRead]  # a plain segment job: one, "network"
     voxels_per_second: float | None
-    eta_s: float | None  # from predicted_s at the start, then more and more the measured rate
+    # from predicted_s at the start, then more and more the measured rate; with stages, the
+    # running stage's (each stage has its own)
+    eta_s: float | None
     predicted_s: float | None  # the whole run's predicted seconds (its plan's job_seconds)
     elapsed_s: float | None
     error: str | None
     plan: dict[str, Any] | None
-    report: dict[str, Any] | None  # the engine's SegmentReport of the finished run
+    # the engine's SegmentReport of the finished run (with an agglomeration stage, its
+    # report under "agglomerate"; an agglomeration job's: that report alone)
+    report: dict[str, Any] | None
     cancel_requested: bool
     attempts: int  # how many times a worker started it (resumes after a crash count)
     created_at: float
@@ -161,8 +213,8 @@ class PlanRequest(BaseModel):
     """What a job with these fields would run; `input` (with `roi`, `level`) plans for that
     volume's region, as a job's input is located (data root or allowed URL prefixes). Its
     fields are JobCreate's, checked alike, less output, border, block, overwrite, blend,
-    scale, shift, output_name, output_format, pyramid and on_bad_chunk (docs/design.md,
-    "HTTP API"), which it refuses as unknown fields."""
+    scale, shift, output_name, output_format, pyramid, on_bad_chunk and agglomerate
+    (docs/design.md, "HTTP API"), which it refuses as unknown fields."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -14,10 +14,13 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from znni.api.schemas import JobRead, Progress
+from znni.api.schemas import JobRead, Progress, StageRead
 from znni.engine.location import TENSORSTORE_DRIVERS as DRIVERS
 from znni.engine.location import Location
 from znni.engine.output.viewer import job_viewer_url
+from znni.jobs import stages as job_stages
+from znni.jobs.agglomeration import KIND as AGGLOMERATE
+from znni.jobs.agglomeration import THRESHOLD_FIELD
 from znni.jobs.store import JobRecord
 
 JSON_CACHE_ENTRIES = 1024  # jobs whose latest poll body is kept (~2 kB each)
@@ -36,26 +39,66 @@ def eta_seconds(record: JobRecord, predicted: float | None) -> float | None:
     ETA starts at the prediction and ends at the measurement."""
     if record.status != "running":
         return None
-    rate = record.voxels_per_second
-    measured = ((record.voxels_total - record.voxels_done) / rate
-                if rate and rate > 0 else None)
-    planned = None if predicted is None else max(0.0, predicted - (record.elapsed_s or 0.0))
+    return _eta(record.voxels_done, record.voxels_total, record.voxels_per_second,
+                record.elapsed_s, predicted)
+
+
+def _eta(voxels_done: int, voxels_total: int, rate: float | None, elapsed_s: float | None,
+         predicted: float | None) -> float | None:
+    """A running job's or stage's seconds to go (`eta_seconds`)."""
+    measured = (voxels_total - voxels_done) / rate if rate and rate > 0 else None
+    planned = None if predicted is None else max(0.0, predicted - (elapsed_s or 0.0))
     if measured is None or planned is None:
         known = measured if measured is not None else planned
         return None if known is None else max(0.0, known)
-    done = record.voxels_done / max(record.voxels_total, 1)
+    done = voxels_done / max(voxels_total, 1)
     return max(0.0, (1.0 - done) * planned + done * measured)
 
 
+def stage_reads(record: JobRecord, predicted: float | None) -> list[StageRead]:
+    """The job's stages: its stored list, or a plain segment job's one, from its row."""
+    stored = record.stages
+    if stored is None:
+        status = ("done" if record.status == "succeeded" else
+                  "pending" if record.started_at is None else "running")
+        stored = [job_stages.stage(
+            job_stages.NETWORK, status=status, done=record.blocks_done,
+            total=record.blocks_total, voxels_done=record.voxels_done,
+            voxels_total=record.voxels_total, elapsed_s=record.elapsed_s,
+            voxels_per_second=record.voxels_per_second)]
+    return [_stage_read(s, record.status, predicted if s["name"] == job_stages.NETWORK
+                        else None) for s in stored]
+
+
+def _stage_read(stage: dict[str, Any], job_status: str, predicted: float | None) -> StageRead:
+    running = stage["status"] == "running"
+    status = "stopped" if running and job_status != "running" else stage["status"]
+    eta = None if status != "running" else _eta(
+        stage["voxels_done"], stage["voxels_total"], stage["voxels_per_second"],
+        stage["elapsed_s"], predicted)
+    return StageRead(
+        name=stage["name"], status=status,  # type: ignore[arg-type]  # pydantic checks it
+        progress=Progress(done=stage["done"], total=stage["total"],
+                          voxels_done=stage["voxels_done"], voxels_total=stage["voxels_total"]),
+        voxels_per_second=stage["voxels_per_second"], elapsed_s=stage["elapsed_s"], eta_s=eta)
+
+
 def job_read(record: JobRecord, data_root: Path) -> JobRead:
-    """The API view of a job: paths relative to the data root, progress and ETA."""
+    """The API view of a job: paths relative to the data root, progress, stages and ETA."""
     rate = record.voxels_per_second
     predicted = predicted_seconds(record)
-    eta = eta_seconds(record, predicted)
+    stages = stage_reads(record, predicted)
+    eta, elapsed = eta_seconds(record, predicted), record.elapsed_s
+    if record.stages is not None:  # the running stage's ETA, the stages' seconds together
+        eta = next((s.eta_s for s in stages if s.status == "running"), None)
+        seconds = [s.elapsed_s for s in stages if s.elapsed_s is not None]
+        elapsed = sum(seconds) if seconds else None
+    agglomeration = record.kind == AGGLOMERATE
     return JobRead(
         id=record.id,
         status=record.status,  # type: ignore[arg-type]  # a str: pydantic checks it is a JobStatus
-        network=record.network,
+        kind=record.kind,  # type: ignore[arg-type]  # a str: pydantic checks it
+        network=None if agglomeration else record.network,
         input=_relative(record.input_path, data_root),
         output=_relative(record.output_path, data_root),
         parameters=record.parameters,
@@ -65,10 +108,11 @@ def job_read(record: JobRecord, data_root: Path) -> JobRead:
             voxels_done=record.voxels_done,
             voxels_total=record.voxels_total,
         ),
+        stages=stages,
         voxels_per_second=rate,
         eta_s=eta,
         predicted_s=predicted,
-        elapsed_s=record.elapsed_s,
+        elapsed_s=elapsed,
         error=record.error,
         plan=record.plan,
         report=record.report,
@@ -77,9 +121,10 @@ def job_read(record: JobRecord, data_root: Path) -> JobRead:
         created_at=record.created_at,
         started_at=record.started_at,
         finished_at=record.finished_at,
-        viewer_url=job_viewer_url(Location.parse(record.input_path, "input"),
-                                  Location.parse(record.output_path, "output"),
-                                  labels=bool(record.parameters.get("labels"))),
+        viewer_url=None if THRESHOLD_FIELD in record.output_path else job_viewer_url(
+            Location.parse(record.input_path, "input"),
+            Location.parse(record.output_path, "output"),
+            labels=agglomeration or bool(record.parameters.get("labels"))),
     )
 
 

@@ -5,11 +5,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 import sqlite3
+from collections.abc import Callable
 from typing import Any
 
+from znni.engine.agglomerate.job import AgglomerateJob, AgglomerateReport
+from znni.engine.agglomerate.run import agglomerate
 from znni.engine.job import ProgressEvent, SegmentCancelled, SegmentJob
 from znni.engine.location import Location
 from znni.engine.segment import check_and_plan, segment
+from znni.jobs import agglomeration, stages
+from znni.jobs.agglomeration import Site
 from znni.jobs.catalogue import Model, ModelOptions, NetworkCatalogue
 from znni.jobs.current import Current
 from znni.jobs.events import log_event
@@ -22,6 +27,8 @@ from znni.planner.plan import Plan
 log = logging.getLogger("znni.server")
 
 MAX_ATTEMPTS = 5  # a job that killed its worker this often is failed, not retried forever
+# what a finished run leaves: (report, summary for JobStore.complete, stages or None)
+Outcome = tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]] | None]
 
 
 class JobRunner:
@@ -58,21 +65,15 @@ class JobRunner:
         try:
             if record.attempts > MAX_ATTEMPTS:
                 raise ValueError(f"the job was interrupted {MAX_ATTEMPTS} times; giving up")
-            network = self._network(record)
-            job = self._job(record, network, resumed)
-            plan = self._plan(record, job)
+            if record.kind == agglomeration.KIND:
+                work = self._agglomeration(record, resumed)
+            else:
+                work = self._segmentation(record, resumed)
         except (ValueError, TypeError, FileNotFoundError) as e:
             self._fail(record, e)
             return
         try:
-            report = segment(
-                job,
-                quiet=True,
-                progress=self._progress_callback(record),
-                cancel=self.current.cancel,
-                plan=plan,
-                on_plan=None if plan is not None else self._store_summary(record),
-            )
+            report, summary, done_stages = work()
         except SegmentCancelled:
             if self.current.shutdown:
                 self.store.finish(record.id, "queued")
@@ -84,16 +85,67 @@ class JobRunner:
             log.exception("job %d failed", record.id)
             self._fail(record, e)
         else:
-            values = dataclasses.asdict(report)
-            self.store.complete(record.id, values)
+            self.store.complete(record.id, report, summary=summary, stages=done_stages)
             log_event(
                 "job.succeeded",
                 record.id,
-                blocks_computed=report.blocks_computed,
-                blocks_total=report.blocks_total,
-                elapsed_s=round(report.elapsed_s, 3),
-                voxels_per_second=round(report.voxels_per_second, 1),
+                blocks_computed=summary["blocks_computed"],
+                blocks_total=summary["blocks_total"],
+                elapsed_s=round(summary["elapsed_s"], 3),
+                voxels_per_second=round(summary["voxels_per_second"], 1),
             )
+
+    def _segmentation(self, record: JobRecord, resumed: bool) -> Callable[[], Outcome]:
+        """The segment job's run, and its agglomeration stage after it where it has one."""
+        network = self._network(record)
+        job = self._job(record, network, resumed)
+        plan = self._plan(record, job)
+        section = record.parameters.get("agglomerate")
+        stage = None if section is None else agglomeration.engine_job(
+            self._site(), job.output_path, agglomeration.stage_params(record.parameters))
+        name = None if stage is None else stages.NETWORK  # a plain job's progress: its row
+
+        def work() -> Outcome:
+            report = segment(
+                job,
+                quiet=True,
+                progress=self._progress_callback(record, name),
+                cancel=self.current.cancel,
+                plan=plan,
+                on_plan=None if plan is not None else self._store_summary(record),
+            )
+            values = dataclasses.asdict(report)
+            if stage is None:
+                return values, values, None
+            done = self._agglomerate(record, stage, resumed)
+            summary, done_stages = agglomeration.finished(done, report)
+            values["agglomerate"] = agglomeration.report_values(done, self.settings.data_root)
+            return values, summary, done_stages
+
+        return work
+
+    def _agglomeration(self, record: JobRecord, resumed: bool) -> Callable[[], Outcome]:
+        """An agglomeration job's run on existing affinities."""
+        affinities = Location.parse(record.input_path, "affinities")  # stored confined
+        job = agglomeration.engine_job(self._site(), affinities, record.parameters)
+
+        def work() -> Outcome:
+            report = self._agglomerate(record, job, resumed)
+            summary, done_stages = agglomeration.finished(report)
+            values = agglomeration.report_values(report, self.settings.data_root)
+            return values, summary, done_stages
+
+        return work
+
+    def _agglomerate(self, record: JobRecord, job: AgglomerateJob, resumed: bool
+                     ) -> AgglomerateReport:
+        """The engine's agglomeration with this job's progress and cancel flag."""
+        run = agglomeration.resume_job(job) if resumed else job
+        return agglomerate(dataclasses.replace(run, progress=self._stages_callback(record),
+                                               cancel=self.current.cancel))
+
+    def _site(self) -> Site:
+        return Site(self.settings.data_root, self.settings.allow_url, self.settings.scheduler)
 
     def _fail(self, record: JobRecord, error: BaseException) -> None:
         text = relative_to_root(self.settings.data_root, f"{error}") or type(error).__name__
@@ -154,19 +206,28 @@ class JobRunner:
 
         return store
 
-    def _progress_callback(self, record: JobRecord) -> Any:
+    def _progress_callback(self, record: JobRecord, stage: str | None = None) -> Any:
         def progress(event: ProgressEvent) -> None:
-            try:
-                flagged = self._record(record, event)
-            except sqlite3.Error as e:  # a busy database must not fail the computation
-                log.warning("job %d: progress not recorded (%s)", record.id, e)
-                return
-            if flagged:
-                self.current.cancel.set()  # the engine stops before its next block
+            self._on_progress(record, event, stage)
 
         return progress
 
-    def _record(self, record: JobRecord, event: ProgressEvent) -> bool:
+    def _stages_callback(self, record: JobRecord) -> Any:
+        def progress(stage: str, event: ProgressEvent) -> None:
+            self._on_progress(record, event, stage)
+
+        return progress
+
+    def _on_progress(self, record: JobRecord, event: ProgressEvent, stage: str | None) -> None:
+        try:
+            flagged = self._record(record, event, stage)
+        except sqlite3.Error as e:  # a busy database must not fail the computation
+            log.warning("job %d: progress not recorded (%s)", record.id, e)
+            return
+        if flagged:
+            self.current.cancel.set()  # the engine stops before its next block
+
+    def _record(self, record: JobRecord, event: ProgressEvent, stage: str | None) -> bool:
         return self.store.record_progress(
             record.id,
             record.attempts,
@@ -176,4 +237,5 @@ class JobRunner:
             voxels_total=event.voxels_total,
             elapsed_s=event.elapsed_s,
             voxels_per_second=event.voxels_per_second,
+            stage=stage,
         )

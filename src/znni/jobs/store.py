@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from znni.jobs import stages as job_stages
 from znni.jobs import throughput
 
 SCHEMA = """
@@ -105,11 +106,13 @@ class JobRecord:
     created_at: float
     started_at: float | None
     finished_at: float | None
+    kind: str = "segment"  # or "agglomerate": an agglomeration of existing affinities
+    stages: list[dict[str, Any]] | None = None  # jobs/stages.py; None: the network's alone
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> JobRecord:
         values = dict(row)
-        for key in ("parameters", "plan", "report"):
+        for key in ("parameters", "plan", "report", "stages"):
             values[key] = json.loads(values[key]) if values[key] is not None else None
         values["cancel_requested"] = bool(values["cancel_requested"])
         return cls(**values)
@@ -125,6 +128,9 @@ class JobStore:
         con = self._connection()
         con.execute("PRAGMA journal_mode=WAL")
         con.executescript(SCHEMA + throughput.SCHEMA)  # new tables: fresh and old files
+        if job_stages.missing_columns(con):  # new columns: fresh and old files
+            with self._write() as w:
+                job_stages.add_columns(w)
 
     def _connection(self) -> sqlite3.Connection:
         """One connection per thread, kept open: opening one per request parses the schema
@@ -169,6 +175,8 @@ class JobStore:
         input_path: str,
         output_path: str,
         parameters: dict[str, Any],
+        kind: str = "segment",
+        stages: Rows | None = None,
     ) -> JobRecord:
         """Queue a job, unless another active job already writes the same output."""
         with self._write() as con:
@@ -180,15 +188,9 @@ class JobStore:
                 raise OutputBusyError(int(clash["id"]), str(clash["status"]))
             cur = con.execute(
                 "INSERT INTO jobs (status, network, network_digest, input_path, output_path,"
-                " parameters, created_at) VALUES ('queued', ?, ?, ?, ?, ?, ?)",
-                (
-                    network,
-                    network_digest,
-                    input_path,
-                    output_path,
-                    json.dumps(parameters),
-                    time.time(),
-                ),
+                " parameters, created_at, kind, stages) VALUES ('queued', ?, ?, ?, ?, ?, ?, ?, ?)",
+                (network, network_digest, input_path, output_path, json.dumps(parameters),
+                 time.time(), kind, None if stages is None else json.dumps(stages)),
             )
             job_id = int(cur.lastrowid or 0)
             row = con.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
@@ -218,15 +220,10 @@ class JobStore:
         """A queued job is cancelled at once; a running one is flagged for its worker."""
         now = time.time()
         with self._write() as con:
-            con.execute(
-                "UPDATE jobs SET status = 'cancelled', finished_at = ?, cancel_requested = 1"
-                " WHERE id = ? AND status = 'queued'",
-                (now, job_id),
-            )
-            con.execute(
-                "UPDATE jobs SET cancel_requested = 1 WHERE id = ? AND status = 'running'",
-                (job_id,),
-            )
+            con.execute("UPDATE jobs SET status = 'cancelled', finished_at = ?, cancel_requested"
+                        " = 1 WHERE id = ? AND status = 'queued'", (now, job_id))
+            con.execute("UPDATE jobs SET cancel_requested = 1 WHERE id = ? AND status ="
+                        " 'running'", (job_id,))
             row = con.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return JobRecord.from_row(row) if row is not None else None
 
@@ -301,9 +298,10 @@ class JobStore:
         voxels_total: int,
         elapsed_s: float,
         voxels_per_second: float,
+        stage: str | None = None,
     ) -> bool:
-        """Store one progress event (its ledger-mirror row and throughput sample too);
-        returns cancel_requested."""
+        """Store one progress event (its ledger-mirror row and throughput sample too, and
+        for a job with stages, its `stage`'s numbers); returns cancel_requested."""
         now = time.time()
         with self._write() as con:
             con.execute(
@@ -320,6 +318,11 @@ class JobStore:
             throughput.record(con, job_id, attempt, now, blocks_done=blocks_done,
                               voxels_done=voxels_done, elapsed_s=elapsed_s,
                               average=voxels_per_second)
+            if stage is not None:
+                job_stages.record(con, job_id, stage, {
+                    "done": blocks_done, "total": blocks_total, "voxels_done": voxels_done,
+                    "voxels_total": voxels_total, "elapsed_s": elapsed_s,
+                    "voxels_per_second": voxels_per_second})
             flag = con.execute(
                 "SELECT cancel_requested FROM jobs WHERE id = ?", (job_id,)
             ).fetchone()[0]
@@ -348,27 +351,26 @@ class JobStore:
                 "UPDATE jobs SET status = ?, error = ?, report = COALESCE(?, report),"
                 " finished_at = ?, worker_slot = CASE WHEN ? = 'queued' THEN NULL"
                 " ELSE worker_slot END WHERE id = ?",
-                (
-                    status,
-                    error,
-                    json.dumps(report) if report is not None else None,
-                    finished,
-                    status,
-                    job_id,
-                ),
+                (status, error, json.dumps(report) if report is not None else None, finished,
+                 status, job_id),
             )
 
-    def complete(self, job_id: int, report: dict[str, Any]) -> None:
-        """Success: progress shows everything done, the engine's report is kept."""
+    def complete(self, job_id: int, report: dict[str, Any], *,
+                 summary: dict[str, Any] | None = None,
+                 stages: Rows | None = None) -> None:
+        """Success: progress shows everything done, the engine's report is kept. `summary`:
+        the last stage's blocks_total, voxels_written, the job's elapsed_s and
+        voxels_per_second (default: the SegmentReport `report`'s); `stages`: all done."""
+        s = report if summary is None else summary
         with self._write() as con:
             con.execute(
                 "UPDATE jobs SET status = 'succeeded', error = NULL, report = ?, finished_at = ?,"
                 " blocks_done = ?, blocks_total = ?, voxels_done = MAX(voxels_done, ?),"
-                " voxels_total = MAX(voxels_total, ?), elapsed_s = ?, voxels_per_second = ?"
-                " WHERE id = ?",
-                (json.dumps(report), time.time(), report["blocks_total"], report["blocks_total"],
-                 report["voxels_written"], report["voxels_written"], report["elapsed_s"],
-                 report["voxels_per_second"], job_id),
+                " voxels_total = MAX(voxels_total, ?), elapsed_s = ?, voxels_per_second = ?,"
+                " stages = COALESCE(?, stages) WHERE id = ?",
+                (json.dumps(report), time.time(), s["blocks_total"], s["blocks_total"],
+                 s["voxels_written"], s["voxels_written"], s["elapsed_s"],
+                 s["voxels_per_second"], None if stages is None else json.dumps(stages), job_id),
             )
 
     def ledger(self, job_id: int) -> Rows:

@@ -195,8 +195,19 @@ def _locate(root: Path, allow_url: tuple[str, ...], given: str, what: str) -> Lo
                          "job's level")
     if looks_like_url(location):
         return Location.parse(prefix + confine_url(allow_url, location, what), what)
-    confined = confine(root, location, what, must_exist=what in ("input", "mask"))
+    confined = confine(root, location, what, must_exist=what in ("input", "mask", "affinities"))
     return Location.parse(prefix + str(confined), what)
+
+
+def locate(root: Path, allow_url: tuple[str, ...], given: str, what: str) -> Location:
+    """A user's path or URL located as a job's input is (`what`: "input", "output",
+    "affinities", "mask"; an input, affinities or mask must exist)."""
+    return _locate(root, allow_url, given, what)
+
+
+def overlap(a: Location, b: Location) -> bool:
+    """Whether the two locations are one array or one lies inside the other."""
+    return _overlap(a.bare().url, b.bare().url)
 
 
 def locate_mask(root: Path, allow_url: tuple[str, ...],

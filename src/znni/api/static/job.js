@@ -5,8 +5,9 @@ import { drawBlocks, landingZ } from "./blocks.js";
 import { drawChart } from "./chart.js";
 import { el, fill, progressBar, setProgress, setText } from "./dom.js";
 import { duration, rate, when } from "./format.js";
-import { cancelButton, deviceText, fraction, progressText, statusText } from "./jobs.js";
+import { cancelButton, deviceText, fraction, jobName, progressText, statusText } from "./jobs.js";
 import { renderPlan } from "./plan.js";
+import { StageList, staged } from "./stages.js";
 
 const PREVIEW_EVERY_MS = 2500;  // a preview is drawn by the server (matplotlib): not per poll
 const BLOCKS_EVERY_MS = 3000;  // the block map reads the output's whole ledger
@@ -28,6 +29,7 @@ function skeleton(id) {
     action: el("span", {}), summary: el("dl", { class: "facts summary" }), values: {},
     progress: progressBar(), error: el("pre", { class: "error-text" }),
     chart: el("div", { class: "chart-host" }), blocks: el("div", { class: "blocks-host" }),
+    stages: el("div", { class: "stages-host" }),
     plan: el("div", { class: "plan-host" }), previewNote: el("p", { class: "muted caption" }),
     preview: el("img", { class: "preview", alt: `preview of job ${id}'s output`, hidden: true }) };
   for (const name of SUMMARY) {
@@ -37,11 +39,13 @@ function skeleton(id) {
   refs.values.progress.append(refs.progress.node);
   refs.errorPanel = panel("Error", "error-panel", refs.error);
   refs.errorPanel.hidden = true;
+  refs.stagesPanel = panel("Stages", "stages-panel", refs.stages);
+  refs.stagesPanel.hidden = true;  // a job with an agglomeration: one bar per stage
   refs.root = el("div", { class: "job-page", "data-job": id },
     el("p", {}, el("a", { href: "#", class: "back" }, "← all jobs")),
     el("h2", {}, refs.title, " ", refs.status, " ", refs.action),
     el("div", { class: "job-grid" }, panel("Job", "summary-panel", refs.summary),
-      refs.errorPanel, panel("Throughput", "chart-panel", refs.chart),
+      refs.errorPanel, refs.stagesPanel, panel("Throughput", "chart-panel", refs.chart),
       panel("Blocks", "blocks-panel", refs.blocks),
       panel("Output preview", "preview-panel", refs.preview, refs.previewNote),
       panel("Plan", "plan-panel", refs.plan)));
@@ -53,6 +57,7 @@ export class JobPage {
     this.id = id;
     this.onCancel = onCancel;
     this.refs = skeleton(id);
+    this.stageList = new StageList(this.refs.stages);
     this.seen = { done: -1, status: "", plan: "", action: "", final: false };
     this.previewAt = 0;
     this.previewStamp = "";
@@ -88,7 +93,7 @@ export class JobPage {
   summary(job, points) {
     const v = this.refs.values;
     const last = points.length ? points[points.length - 1] : null;
-    setText(this.refs.title, `Job ${job.id} · ${job.network}`);
+    setText(this.refs.title, `Job ${job.id} · ${jobName(job)}`);
     setText(this.refs.status, statusText(job));
     this.refs.status.className = `badge status-${job.status}`;
     setText(v.input, job.input);
@@ -104,6 +109,8 @@ export class JobPage {
     setText(v.started, when(job.started_at));
     setText(v.finished, when(job.finished_at));
     setText(v.attempts, job.attempts);
+    this.refs.stagesPanel.hidden = !staged(job);
+    if (staged(job)) this.stageList.render(job);
     this.errorAndAction(job);
   }
 

@@ -2,11 +2,19 @@
 
 import { el, fill, progressBar, setProgress, setText } from "./dom.js";
 import { duration, percent, rate, when } from "./format.js";
+import { currentStage, stageFraction, stageProgressText, staged } from "./stages.js";
 
 const ACTIVE = new Set(["queued", "running"]);
 
+// What the job is: its network, "agglomerate" on existing affinities, or both in stages.
+export function jobName(job) {
+  if (job.kind === "agglomerate") return "agglomerate";
+  return staged(job) ? `${job.network} + agglomerate` : job.network;
+}
+
 // What a job runs on: the requested device, the planned algorithm, the precision.
 export function deviceText(job) {
+  if (job.kind === "agglomerate") return "cpu";  // the agglomeration runs on the CPU
   const params = job.parameters || {};
   const plan = job.plan || (job.report && job.report.plan) || {};
   const ran = plan.algorithm || plan.device;  // a planner's plan, or a windowed run's report
@@ -15,6 +23,7 @@ export function deviceText(job) {
 }
 
 export function fraction(job) {
+  if (staged(job)) return stageFraction(currentStage(job));
   const p = job.progress;
   if (p.voxels_total > 0) return p.voxels_done / p.voxels_total;
   if (p.total > 0) return p.done / p.total;
@@ -22,6 +31,7 @@ export function fraction(job) {
 }
 
 export function progressText(job) {
+  if (staged(job)) return stageProgressText(job);
   const p = job.progress;
   const blocks = p.total > 0 ? ` · ${p.done}/${p.total} blocks` : "";
   return `${percent(fraction(job))}${blocks}`;
@@ -63,7 +73,7 @@ function updateRow(refs, job, rateNow, onCancel) {
   const { cells } = refs;
   refs.row.dataset.status = job.status;
   setText(cells.id, job.id);
-  setText(refs.link, job.network);
+  setText(refs.link, jobName(job));
   setText(cells.paths, `${job.input} → ${job.output}`);
   cells.paths.title = `${job.input} → ${job.output}`;
   setText(cells.device, deviceText(job));

@@ -88,6 +88,11 @@ function primitiveTable(primitives) {
 
 export function renderPlan(host, job) {
   const plan = job.plan || (job.report && job.report.plan);
+  if (job.kind === "agglomerate") {
+    fill(host, el("p", { class: "muted" }, "An agglomeration runs no network, so it has no "
+      + "plan; its stages show its progress."));
+    return;
+  }
   if (!plan) {
     fill(host, el("p", { class: "muted" }, NO_PLAN[job.status] || NO_PLAN.running));
     return;

@@ -99,7 +99,9 @@ def _summed(keys: list[np.ndarray], joins: list[np.ndarray], ids: np.ndarray,
     total = np.add.reduceat(q, starts) if len(q) else np.zeros(0, np.int64)
     count = np.diff(np.append(starts, len(pair))).astype(np.int64)
     unique_pairs = pair[starts]
-    joined = np.unique(np.concatenate(joins))
+    joined = np.sort(np.concatenate(joins))
+    joined = joined[np.concatenate([[True], joined[1:] != joined[:-1]])] if len(joined) \
+        else joined
     u, v = ids[unique_pairs // k], ids[unique_pairs % k]  # local order is not the ids'
     ju, jv = ids[joined // k], ids[joined % k]
     return BlockGraph(np.minimum(u, v), np.maximum(u, v), total.astype(np.int64), count,

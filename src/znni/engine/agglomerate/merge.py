@@ -60,16 +60,18 @@ def basin_graph(parts: Sequence[BlockGraph]) -> BasinGraph:
     v = np.concatenate([p.v for p in parts]) if parts else np.zeros(0, np.uint64)
     ju = np.concatenate([p.joined_u for p in parts]) if parts else np.zeros(0, np.uint64)
     jv = np.concatenate([p.joined_v for p in parts]) if parts else np.zeros(0, np.uint64)
-    fragments = np.unique(np.concatenate([u, v, ju, jv]))
+    fragments = sorted_unique(np.concatenate([u, v, ju, jv]))
     n = len(fragments)
     ji, jj = np.searchsorted(fragments, ju), np.searchsorted(fragments, jv)
     links = coo_matrix((np.ones(len(ji), np.int8), (ji, jj)), shape=(n, n))
     _, component = connected_components(links, directed=False)
     # a component's first fragment (ascending ids) is its least: the basin's canonical id
-    labels, first = np.unique(component, return_index=True)
+    first = np.full(int(component.max()) + 1 if n else 0, n, dtype=np.int64)
+    positions = np.arange(n, dtype=np.int64)
+    first[component[::-1]] = positions[::-1]  # the last write (the first position) wins
     order = np.argsort(first)  # basins in the order of their ids
-    rank = np.empty(len(labels), dtype=np.int64)
-    rank[order] = np.arange(len(labels))
+    rank = np.empty(len(first), dtype=np.int64)
+    rank[order] = np.arange(len(first))
     basin_of = rank[component]
     ids = fragments[np.sort(first)]
     index = _index_dtype(len(ids))
@@ -79,6 +81,14 @@ def basin_graph(parts: Sequence[BlockGraph]) -> BasinGraph:
     count = np.concatenate([p.count for p in parts]) if parts else np.zeros(0, np.int64)
     a, b, total, count = _resum(np.minimum(a, b), np.maximum(a, b), total, count, len(ids))
     return BasinGraph(ids, fragments, basin_of.astype(index), a, b, total, count)
+
+
+def sorted_unique(values: np.ndarray) -> np.ndarray:
+    """The distinct values, ascending (a sort: NumPy 2's hashing np.unique is slower here)."""
+    ordered = np.sort(values)
+    if len(ordered) == 0:
+        return ordered
+    return ordered[np.concatenate([[True], ordered[1:] != ordered[:-1]])]
 
 
 def _index_dtype(n: int) -> type[np.signedinteger]:
@@ -94,9 +104,12 @@ def _resum(a: np.ndarray, b: np.ndarray, total: np.ndarray, count: np.ndarray, n
         keep = ~loop
         a, b, total, count = a[keep], b[keep], total[keep], count[keep]
     key = a.astype(np.int64) * np.int64(n) + b
-    keys, rows = np.unique(key, return_inverse=True)
-    summed = np.bincount(rows, weights=total, minlength=len(keys)).astype(np.int64)
-    counts = np.bincount(rows, weights=count, minlength=len(keys)).astype(np.int64)
+    order = np.argsort(key)
+    key = key[order]
+    starts = np.flatnonzero(np.diff(key, prepend=-1)) if len(key) else np.zeros(0, np.int64)
+    keys = key[starts]
+    summed = np.add.reduceat(total[order], starts) if len(key) else np.zeros(0, np.int64)
+    counts = np.add.reduceat(count[order], starts) if len(key) else np.zeros(0, np.int64)
     dtype = a.dtype
     return (keys // n).astype(dtype), (keys % n).astype(dtype), summed, counts
 
@@ -152,8 +165,9 @@ def _finish_greedily(a: np.ndarray, b: np.ndarray, total: np.ndarray, count: np.
                      parent: np.ndarray, threshold: float) -> None:
     """The rest of the merges by the compiled greedy loop (`greedy_numba.py`), on the
     regions the remaining edges name (renumbered 0..k-1 for it); recorded in `parent`."""
-    regions, inverse = np.unique(np.concatenate([a, b]), return_inverse=True)
-    local = greedy(inverse[:len(a)], inverse[len(a):], total, count, len(regions), threshold)
+    regions = sorted_unique(np.concatenate([a, b]))
+    local = greedy(np.searchsorted(regions, a), np.searchsorted(regions, b), total, count,
+                   len(regions), threshold)
     roots = _roots(local)
     least = np.arange(len(regions))  # each tree's least region (the merged region's name)
     np.minimum.at(least, roots, np.arange(len(regions)))
@@ -201,9 +215,9 @@ def _mutual_best(a: np.ndarray, b: np.ndarray, total: np.ndarray, count: np.ndar
     order = np.lexsort((cb, ca, cs))  # best first; ties by the regions' canonical order
     ends = np.empty(2 * len(order), dtype=ca.dtype)  # (2E,): a, b of each edge, best first
     ends[0::2], ends[1::2] = ca[order], cb[order]
-    regions, first = np.unique(ends, return_index=True)  # each region's best edge
-    best = np.full(int(ends.max()) + 1, -1, dtype=np.int64)
-    best[regions] = first // 2
+    best = np.full(int(ends.max()) + 1, -1, dtype=np.int64)  # each region's best edge
+    positions = np.arange(len(ends), dtype=np.int64) // 2
+    best[ends[::-1]] = positions[::-1]  # the last write (the first position) wins
     position = np.arange(len(order))
     mutual = (best[ca[order]] == position) & (best[cb[order]] == position)
     if not mutual.any():  # the best edge overall is always mutual: not reached

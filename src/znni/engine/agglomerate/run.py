@@ -162,7 +162,7 @@ def _agglomerate_graph(prep: PreparedAgglomeration, store: GraphStore, wanted: l
                                   strict=True):
         fragments, names = merge.segment_table(graph, segment)
         store.put_segments(threshold, prep.fingerprint, fragments, names)
-        segments[str(threshold)] = int(len(np.unique(segment)))
+        segments[str(threshold)] = int(np.count_nonzero(segment == np.arange(len(segment))))
     summary = {"fragments": len(graph.fragments), "basins": len(graph.ids),
                "edges": len(graph.a), "segments": segments}
     store.put_summary(prep.fingerprint, summary)
