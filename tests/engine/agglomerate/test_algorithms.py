@@ -16,7 +16,6 @@ from support.agglomerate_ref import (
 
 from znni.engine.agglomerate import merge
 from znni.engine.agglomerate.fragments import QUANTUM
-from znni.engine.agglomerate.greedy_numba import greedy
 from znni.engine.geometry import Box
 
 SHAPE = (9, 11, 13)
@@ -67,48 +66,6 @@ def test_agglomeration_equals_greedy_one_merge_at_a_time(threshold: float) -> No
     expected = naive_agglomerate(basins, affs, threshold)
     assert np.array_equal(segmentation, expected)
     assert 1 < len(np.unique(segmentation)) < len(np.unique(basins)) or threshold == 0.2
-
-
-def test_the_compiled_greedy_loop_equals_the_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The one-merge-at-a-time loop (`greedy_numba.py`) and the reciprocal-best rounds merge
-    alike: the whole threshold through the rounds only, then through the loop only."""
-    affs = smooth_affinities((10, 12, 14), 5)
-    graph = merge.basin_graph(blockwise_graph(affs))
-    monkeypatch.setattr(merge, "SEQUENTIAL_BELOW", 0)  # never hand over
-    rounds = next(merge.agglomerate(graph, [0.5]))
-    parent = greedy(graph.a, graph.b, graph.total, graph.count, len(graph.ids), 0.5)
-    roots = merge._roots(parent)
-    least = np.arange(len(roots))
-    np.minimum.at(least, roots, np.arange(len(roots)))
-    assert np.array_equal(rounds, least[roots])
-    assert len(np.unique(rounds)) < len(rounds) / 2  # it did merge
-
-
-def blockwise_graph(affs: np.ndarray) -> list:
-    from support.agglomerate_ref import _grow, blocks_of
-
-    from znni.engine.agglomerate.fragments import (
-        Neighbourhood,
-        edge_validity,
-        label_block,
-        pointers,
-    )
-    from znni.engine.agglomerate.graph import block_graph
-
-    shape = affs.shape[1:]
-    region = Box((0, 0, 0), shape)
-
-    def hood(box: Box) -> Neighbourhood:
-        grown = _grow(box, 1, 1, region)
-        return Neighbourhood(box, grown, affs[(slice(None), *grown.slices())],
-                             edge_validity(grown, region, None))
-
-    fragments = np.zeros(shape, np.uint64)
-    blocks = blocks_of(region, (5, 6, 7))
-    for b in blocks:
-        fragments[b.slices()] = label_block(pointers(hood(b)), b, shape)
-    return [block_graph(b, hood(_grow(b, 1, 0, region)), fragments[_grow(b, 1, 0, region)
-                                                                   .slices()]) for b in blocks]
 
 
 @pytest.mark.parametrize("block", [(32, 32, 32), (7, 9, 11), (16, 5, 30)])

@@ -1,12 +1,12 @@
 """Greedy mean-affinity agglomeration one merge at a time, compiled by Numba: a heap of
-candidate edges, each region's edges in a linked list, one hash of region pairs.
+candidate edges and each region's edges in a linked list of slots.
 
-It finishes a threshold where the vectorised rounds of reciprocal best pairs (`merge.py`)
-would take many rounds of few merges each (long chains). Same rule: the edge of least score
-(1 - mean affinity) first, ties by the regions' ids; the merged region keeps the id of the
-one with more edges (its edges need no move: small into large), and `merge.py` names each
-final region by its least member afterwards. Memory: about 100 bytes per edge (the edges'
-arrays, two list slots, the pair hash, heap entries for candidates).
+Same rule as the vectorised rounds of `merge.py`: the edge of least score (1 - mean
+affinity) first, ties by the regions' ids. A merge walks the edges of the region with fewer
+edges and adds each into the other region's edge to the same neighbour (found in an
+open-addressing hash of region pairs) or moves it there, as waterz's region graph does;
+`merge.py` names each final region by its least member afterwards. Memory: about 100 bytes
+per edge (the edges' arrays, two list slots, two to four hash slots) and 40 per heap entry.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ import heapq
 from typing import Any
 
 import numpy as np
-from numba import njit, types
-from numba.typed import Dict
+from numba import njit
 
 from znni.engine.agglomerate.fragments import QUANTUM
 
@@ -48,76 +47,128 @@ def _lists(a: np.ndarray, b: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray
     return head, tail, nxt, degree
 
 
+_EMPTY, _GONE = -1, -2  # a hash slot never used; one whose pair was deleted
+
+
+@njit(cache=True)
+def _slot(keys: np.ndarray, key: np.int64, inserting: bool) -> np.int64:
+    """The slot of `key` in the open-addressing table (linear probing), or where it goes
+    (`inserting`: the first free slot on its path), or -1 when it is not there."""
+    mask = len(keys) - 1
+    i = (key * np.int64(-7046029254386353131)) >> np.int64(17) & mask  # Fibonacci hashing
+    free = np.int64(-1)
+    while True:
+        k = keys[i]
+        if k == key:
+            return i
+        if k == _EMPTY:
+            return (free if free >= 0 else i) if inserting else np.int64(-1)
+        if k == _GONE and free < 0:
+            free = i
+        i = (i + 1) & mask
+
+
+@njit(cache=True)
+def _table(ends: np.ndarray, cnt: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The hash of the live edges' region pairs, at most half full."""
+    live = np.count_nonzero(cnt)
+    size = 1
+    while size < 2 * live + 2:
+        size *= 2
+    keys = np.full(size, _EMPTY, np.int64)
+    values = np.empty(size, np.int64)
+    for i in range(len(cnt)):
+        if cnt[i] > 0:
+            key = _pair(ends[0, i], ends[1, i], n)
+            at = _slot(keys, key, True)
+            keys[at], values[at] = key, i
+    return keys, values
+
+
+@njit(cache=True)
+def _pair(x: Any, y: Any, n: int) -> np.int64:
+    return np.int64(min(x, y)) * n + max(x, y)
+
+
 @njit(cache=True)
 def greedy(a: np.ndarray, b: np.ndarray, total: np.ndarray, count: np.ndarray, n: int,
            threshold: float) -> np.ndarray:
     """The parent of each region after greedy merging until no edge scores below the
     threshold (a < b per edge, summed; regions 0..n-1); roots are the surviving regions."""
-    u_of, v_of = a.astype(np.int64), b.astype(np.int64)
+    ends = np.empty((2, len(a)), np.int64)  # the regions each edge joins, as it changes
+    ends[0], ends[1] = a, b
     tot, cnt = total.copy(), count.copy()
     version = np.zeros(len(a), np.int64)
-    head, tail, nxt, degree = _lists(u_of, v_of, n)
-    pairs = Dict.empty(key_type=types.int64, value_type=types.int64)
-    for i in range(len(a)):
-        pairs[u_of[i] * n + v_of[i]] = i
+    head, tail, nxt, degree = _lists(ends[0], ends[1], n)
+    length = degree.copy()  # slots in each region's list, dead ones included
+    keys, values = _table(ends, cnt, n)  # region pair -> edge
+    used = np.zeros(1, np.int64)  # slots ever filled (pairs and deleted ones)
+    used[0] = len(a)
     heap = [(0.0, np.int64(0), np.int64(0), np.int64(0), np.int64(0))]
     heap.pop()
     for i in range(len(a)):
         first = _score(tot[i], cnt[i])
         if first < threshold:
-            heap.append((first, u_of[i], v_of[i], np.int64(i), np.int64(0)))
+            heap.append((first, ends[0, i], ends[1, i], np.int64(i), np.int64(0)))
     heapq.heapify(heap)
     parent = np.arange(n)
     while len(heap) > 0:
         s, x, y, e, ver = heapq.heappop(heap)
         if cnt[e] == 0 or version[e] != ver:
             continue  # merged away, or changed since (its new entry is in the heap)
-        keep, gone = (x, y) if degree[x] >= degree[y] else (y, x)
-        _merge(keep, gone, e, n, u_of, v_of, tot, cnt, version, head, tail, nxt, degree,
-               pairs, heap, threshold)
+        # the shorter list is walked and appended to the longer (small into large: each
+        # slot is walked O(log E) times in all)
+        keep, gone = (x, y) if length[x] >= length[y] else (y, x)
+        length[keep] += length[gone]
+        length[gone] = 0
+        cnt[e] = 0
+        keys[_slot(keys, _pair(x, y, n), False)] = _GONE
+        degree[keep] -= 1
+        _move(keep, gone, n, ends, tot, cnt, version, head, tail, nxt, degree, keys, values,
+              heap, threshold, used)
         parent[gone] = keep
+        if 4 * used[0] > 3 * len(keys):  # deleted slots lengthen every probe: rebuild
+            keys, values = _table(ends, cnt, n)
+            used[0] = np.count_nonzero(cnt)
     return parent
 
 
 @njit(cache=True)
-def _merge(keep: Any, gone: Any, joining: Any, n: int, u_of: np.ndarray,
-           v_of: np.ndarray, tot: np.ndarray, cnt: np.ndarray, version: np.ndarray,
-           head: np.ndarray, tail: np.ndarray, nxt: np.ndarray, degree: np.ndarray,
-           pairs: Dict, heap: list, threshold: float) -> None:
-    """`gone`'s edges moved to `keep` or added into keep's edge to the same region."""
-    cnt[joining] = 0
-    del pairs[min(keep, gone) * n + max(keep, gone)]
-    degree[keep] -= 1
+def _move(keep: Any, gone: Any, n: int, ends: np.ndarray, tot: np.ndarray, cnt: np.ndarray,
+          version: np.ndarray, head: np.ndarray, tail: np.ndarray, nxt: np.ndarray,
+          degree: np.ndarray, keys: np.ndarray, values: np.ndarray, heap: list,
+          threshold: float, used: np.ndarray) -> None:
+    """`gone`'s edges added into keep's edge to the same region, or moved to keep."""
     s = head[gone]
     while s != -1:
         f = s >> 1
         if cnt[f] > 0:
-            other = v_of[f] if u_of[f] == gone else u_of[f]
-            del pairs[min(gone, other) * n + max(gone, other)]
-            key = min(keep, other) * n + max(keep, other)
-            if key in pairs:  # keep has an edge to `other` already: one edge of the two
-                g = pairs[key]
+            side = 0 if ends[0, f] == gone else 1
+            other = ends[1 - side, f]
+            keys[_slot(keys, _pair(gone, other, n), False)] = _GONE
+            at = _slot(keys, _pair(keep, other, n), True)
+            if keys[at] >= 0:  # keep has an edge to `other` already: one edge of the two
+                g = values[at]
                 tot[g] += tot[f]
                 cnt[g] += cnt[f]
                 cnt[f] = 0
                 degree[other] -= 1
                 changed = g
             else:  # the edge now joins keep and `other`
-                if u_of[f] == gone:
-                    u_of[f] = keep
-                else:
-                    v_of[f] = keep
-                pairs[key] = f
+                ends[side, f] = keep
+                if keys[at] == _EMPTY:
+                    used[0] += 1
+                keys[at], values[at] = _pair(keep, other, n), f
                 degree[keep] += 1
                 changed = f
             version[changed] += 1
             score = _score(tot[changed], cnt[changed])
             if score < threshold:
-                lo = min(u_of[changed], v_of[changed])
-                hi = max(u_of[changed], v_of[changed])
+                lo = min(ends[0, changed], ends[1, changed])
+                hi = max(ends[0, changed], ends[1, changed])
                 heapq.heappush(heap, (score, lo, hi, changed, version[changed]))
         s = nxt[s]
-    if head[gone] != -1:  # gone's slots join keep's list (their dead ones are skipped)
+    if head[gone] != -1:  # gone's slots join keep's list (dead ones are skipped)
         if head[keep] == -1:
             head[keep] = head[gone]
         else:

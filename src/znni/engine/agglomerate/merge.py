@@ -2,18 +2,14 @@
 of the basin graph for each threshold, on the graph alone (the volume is not read).
 
 Agglomeration merges, while any is left, the pair of regions whose boundary has the highest
-mean affinity, as long as 1 - mean < threshold (waterz's `OneMinus<MeanAffinity>`). Merging
-two regions makes each of their boundaries with a third region the count-weighted average of
-the two, which never exceeds the larger: mean affinity is a *reducible* linkage, so pairs
-of regions that are each other's best neighbour can all be merged at once, in rounds, and the
-result is the greedy one-at-a-time result (Bruynooghe's reciprocal nearest neighbours;
-Murtagh 1983). Each round is a few vectorised passes over the candidate edges; when rounds
-merge few pairs each (a chain's tail), a compiled greedy loop merges the rest. Ties are
-broken by the regions' canonical order, so the result is block-independent.
+mean affinity, as long as 1 - mean < threshold (waterz's `OneMinus<MeanAffinity>`); a merged
+region's boundary with a third is the union of both boundaries (sums and counts added).
+The merges run in a compiled greedy loop (`greedy_numba.py`) over the edges that can take
+part; ties are broken by the regions' canonical order, so the result is block-independent.
 
 Memory: per basin edge 4 + 4 bytes (regions, int32) and 8 + 8 (summed affinity, count);
-a round sorts and tests its candidate edges (about 40 bytes each more). `MEMORY_PER_EDGE_BYTES`
-is the measured peak per edge of the whole step; 10**8 edges take ~9 GiB.
+the greedy loop about 100 bytes per edge it sees. `MEMORY_PER_EDGE_BYTES` is the measured
+peak per edge of the whole step.
 """
 
 from __future__ import annotations
@@ -32,11 +28,6 @@ from znni.engine.agglomerate.greedy_numba import greedy
 # the global step's peak memory per edge of the joined blocks' graphs (measured:
 # benchmarks/agglomerate.py --graph-memory; see docs/design.md)
 MEMORY_PER_EDGE_BYTES = 96
-# a round that merges fewer pairs than 1/SEQUENTIAL_BELOW of its candidate edges costs more
-# than merging the rest one at a time (a round: ~0.1 us per candidate edge; a merge in the
-# compiled greedy loop: a few us); the rest of the threshold then goes through
-# `greedy_numba.py`
-SEQUENTIAL_BELOW = 30
 
 
 @dataclass(frozen=True)
@@ -136,9 +127,8 @@ def merge_until(a: np.ndarray, b: np.ndarray, total: np.ndarray, count: np.ndarr
 
     Only edges inside the connected components of the edges below the threshold take part:
     a merged edge's mean lies between its parts', so an edge between two such components is
-    never below the threshold. A component is dropped once it has no edge below it; the
-    rounds run on the components still merging, and a round that merges few pairs of many
-    candidates hands the rest to the one-at-a-time heap (`sequential.py`)."""
+    never below the threshold. The merges are the compiled greedy loop's
+    (`greedy_numba.py`), on the regions those edges name (renumbered 0..k-1 for it)."""
     parent = np.arange(n, dtype=np.int64)
     below = scores(total, count) < threshold
     if not below.any():
@@ -147,49 +137,18 @@ def merge_until(a: np.ndarray, b: np.ndarray, total: np.ndarray, count: np.ndarr
     _, component = connected_components(links, directed=False)
     inside = component[a] == component[b]
     a, b, total, count = a[inside], b[inside], total[inside], count[inside]
-    while len(a):
-        merged = _mutual_best(a, b, total, count, threshold)
-        if merged is None:
-            break
-        keep, gone, candidates = merged
-        parent[gone] = keep
-        a, b, total, count = _contract(a, b, total, count, parent, gone, n)
-        if len(keep) * SEQUENTIAL_BELOW < candidates:  # a chain's tail: one at a time
-            _finish_greedily(a, b, total, count, parent, threshold)
-            break
-        a, b, total, count = _still_merging(a, b, total, count, component, threshold)
-    return _roots(parent)
-
-
-def _finish_greedily(a: np.ndarray, b: np.ndarray, total: np.ndarray, count: np.ndarray,
-                     parent: np.ndarray, threshold: float) -> None:
-    """The rest of the merges by the compiled greedy loop (`greedy_numba.py`), on the
-    regions the remaining edges name (renumbered 0..k-1 for it); recorded in `parent`."""
     regions = sorted_unique(np.concatenate([a, b]))
     local = greedy(np.searchsorted(regions, a), np.searchsorted(regions, b), total, count,
                    len(regions), threshold)
     roots = _roots(local)
     least = np.arange(len(regions))  # each tree's least region (the merged region's name)
     np.minimum.at(least, roots, np.arange(len(regions)))
-    moved = least[roots] != np.arange(len(regions))
-    parent[regions[moved]] = regions[least[roots][moved]]
-
-
-def _still_merging(a: np.ndarray, b: np.ndarray, total: np.ndarray, count: np.ndarray,
-                   component: np.ndarray, threshold: float
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The edges of the components that still have an edge below the threshold."""
-    below = scores(total, count) < threshold
-    active = np.zeros(int(component.max()) + 1, dtype=bool)
-    active[component[a[below]]] = True
-    keep = active[component[a]]
-    if keep.all():
-        return a, b, total, count
-    return a[keep], b[keep], total[keep], count[keep]
+    parent[regions] = regions[least[roots]]
+    return parent
 
 
 def _roots(parent: np.ndarray) -> np.ndarray:
-    """Each region's root (merged regions point to lesser ones: the root is the least)."""
+    """Each region's root (vectorised pointer jumping)."""
     while True:
         grand = parent[parent]
         if np.array_equal(grand, parent):
@@ -200,47 +159,6 @@ def _roots(parent: np.ndarray) -> np.ndarray:
 def scores(total: np.ndarray, count: np.ndarray) -> np.ndarray:
     """1 - mean affinity of each edge (waterz's OneMinus<MeanAffinity>), float64."""
     return 1.0 - total / (count.astype(np.float64) * QUANTUM)
-
-
-def _mutual_best(a: np.ndarray, b: np.ndarray, total: np.ndarray, count: np.ndarray,
-                 threshold: float) -> tuple[np.ndarray, np.ndarray, int] | None:
-    """The pairs (keep, gone) of regions that are each other's best neighbour, with a score
-    below the threshold; None when there are none. Only edges below the threshold are looked
-    at: a region whose best edge is not below it merges with none this round anyway."""
-    score = scores(total, count)
-    candidate = np.flatnonzero(score < threshold)
-    if len(candidate) == 0:
-        return None
-    ca, cb, cs = a[candidate], b[candidate], score[candidate]
-    order = np.lexsort((cb, ca, cs))  # best first; ties by the regions' canonical order
-    ends = np.empty(2 * len(order), dtype=ca.dtype)  # (2E,): a, b of each edge, best first
-    ends[0::2], ends[1::2] = ca[order], cb[order]
-    best = np.full(int(ends.max()) + 1, -1, dtype=np.int64)  # each region's best edge
-    positions = np.arange(len(ends), dtype=np.int64) // 2
-    best[ends[::-1]] = positions[::-1]  # the last write (the first position) wins
-    position = np.arange(len(order))
-    mutual = (best[ca[order]] == position) & (best[cb[order]] == position)
-    if not mutual.any():  # the best edge overall is always mutual: not reached
-        return None
-    return ca[order][mutual], cb[order][mutual], len(candidate)
-
-
-def _contract(a: np.ndarray, b: np.ndarray, total: np.ndarray, count: np.ndarray,
-              step: np.ndarray, gone: np.ndarray, n: int
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Edges after a round's merges: those touching a merged region renamed and summed again
-    (they cannot meet an untouched edge: each of theirs names a region that kept its name
-    and absorbed another), the rest as they were."""
-    merged = np.zeros(n, dtype=bool)
-    merged[gone] = True
-    merged[step[gone]] = True
-    touched = merged[a] | merged[b]
-    ta, tb = step[a[touched]].astype(a.dtype), step[b[touched]].astype(b.dtype)
-    ta, tb, tt, tc = _resum(np.minimum(ta, tb), np.maximum(ta, tb), total[touched],
-                            count[touched], n)
-    rest = ~touched
-    return (np.concatenate([a[rest], ta]), np.concatenate([b[rest], tb]),
-            np.concatenate([total[rest], tt]), np.concatenate([count[rest], tc]))
 
 
 def segment_table(graph: BasinGraph, segment: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -23,7 +23,7 @@ from znni.engine.io.ledger import BlockLedger, open_ledger
 from znni.engine.io.lock import OutputLock
 from znni.engine.job import ProgressEvent, SegmentCancelled
 from znni.engine.location import Location
-from znni.engine.sweep.local import ReadAhead, run_local
+from znni.engine.sweep.local import ReadAhead, run_local, run_threaded
 from znni.engine.sweep.progress import Progress, StageTimer
 from znni.engine.sweep.stage import BlockWork, Landing, OnDone, Stage
 
@@ -123,7 +123,11 @@ def _run(stage: Stage, todo: list[Block], on_done: OnDone, timer: StageTimer,
     """The blocks through this process's worker, or as Dask tasks."""
     if scheduler is None:
         assert worker is not None  # sweep made one
-        run_local(worker, todo, on_done, timer, cancel, reads)
+        threads = int(getattr(worker, "threads", 1))  # a stage whose compute runs threaded
+        if threads > 1 and reads is None:
+            run_threaded(worker, todo, on_done, timer, threads, cancel)
+        else:
+            run_local(worker, todo, on_done, timer, cancel, reads)
     else:
         from znni.engine.sweep.dask import run_dask  # distributed only where asked for
 

@@ -37,7 +37,9 @@ class BlockWork(Protocol):
 
     `read` runs on the reader thread (ahead of the compute), `write` on the writer thread;
     a block counts as done only after its `write` returned. Optional: a `skipped` set of
-    the keys of blocks written without compute (they count as done, not towards the rate).
+    the keys of blocks written without compute (they count as done, not towards the rate);
+    `threads` > 1: that many blocks compute at once in a local sweep (a thread-safe compute
+    that releases the GIL: `local.run_threaded`).
     """
 
     @property
