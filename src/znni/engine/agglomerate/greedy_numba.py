@@ -92,9 +92,14 @@ def _pair(x: Any, y: Any, n: int) -> np.int64:
 
 @njit(cache=True)
 def greedy(a: np.ndarray, b: np.ndarray, total: np.ndarray, count: np.ndarray, n: int,
-           threshold: float) -> np.ndarray:
+           threshold: float, frozen: np.ndarray | None = None) -> np.ndarray:
     """The parent of each region after greedy merging until no edge scores below the
-    threshold (a < b per edge, summed; regions 0..n-1); roots are the surviving regions."""
+    threshold (a < b per edge, summed; regions 0..n-1); roots are the surviving regions.
+
+    `frozen` (a block's pre-merge): regions whose edges are not all in the graph. They do
+    not merge, nor does a region whose best edge leads to one (it is frozen in turn): only
+    pairs that are each other's best neighbour over all their edges merge, which any greedy
+    order of the whole graph merges too (mean affinity is a reducible linkage)."""
     ends = np.empty((2, len(a)), np.int64)  # the regions each edge joins, as it changes
     ends[0], ends[1] = a, b
     tot, cnt = total.copy(), count.copy()
@@ -116,6 +121,9 @@ def greedy(a: np.ndarray, b: np.ndarray, total: np.ndarray, count: np.ndarray, n
         s, x, y, e, ver = heapq.heappop(heap)
         if cnt[e] == 0 or version[e] != ver:
             continue  # merged away, or changed since (its new entry is in the heap)
+        if frozen is not None and (frozen[x] or frozen[y]):
+            frozen[x] = frozen[y] = True  # e is the best edge of both
+            continue
         # the shorter list is walked and appended to the longer (small into large: each
         # slot is walked O(log E) times in all)
         keep, gone = (x, y) if length[x] >= length[y] else (y, x)

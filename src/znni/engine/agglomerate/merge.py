@@ -161,6 +161,29 @@ def scores(total: np.ndarray, count: np.ndarray) -> np.ndarray:
     return 1.0 - total / (count.astype(np.float64) * QUANTUM)
 
 
+def premerge(inner: BlockGraph, open_fragments: np.ndarray, threshold: float
+             ) -> tuple[np.ndarray, np.ndarray, BlockGraph]:
+    """A block's inner graph agglomerated as far as it can be without its neighbours:
+    (fragments, the region each became (its least fragment), the graph between regions).
+    `open_fragments` touch a face shared with another block; they and any fragment whose
+    best edge leads to one stay (`greedy`'s `frozen`). Every merge made here is one the
+    whole volume's agglomeration makes at `threshold` and above."""
+    fragments = sorted_unique(np.concatenate([inner.u, inner.v]))
+    a, b = np.searchsorted(fragments, inner.u), np.searchsorted(fragments, inner.v)
+    frozen = np.isin(fragments, open_fragments)
+    parent = greedy(a, b, inner.affinity_sum, inner.count, len(fragments), threshold, frozen)
+    roots = _roots(parent)
+    least = np.arange(len(fragments))
+    np.minimum.at(least, roots, np.arange(len(fragments)))
+    region = least[roots]  # (k,) each fragment's region, as an index of its least fragment
+    ra, rb = region[a], region[b]
+    ra, rb, total, count = _resum(np.minimum(ra, rb), np.maximum(ra, rb), inner.affinity_sum,
+                                  inner.count, len(fragments))
+    empty = np.zeros(0, np.uint64)
+    graph = BlockGraph(fragments[ra], fragments[rb], total, count, empty, empty)
+    return fragments, fragments[region], graph
+
+
 def segment_table(graph: BasinGraph, segment: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(fragments, their segment ids): every fragment with an edge and the canonical id of
     its segment; a fragment that is not listed is a segment of its own."""

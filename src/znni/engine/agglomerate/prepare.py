@@ -78,7 +78,9 @@ def prepare(job: AgglomerateJob) -> PreparedAgglomeration:
              "affinities": str(job.affinities.resolved()), "dtype": dtype,
              "shape": [int(s) for s in volume.array.shape], "region": region.key(),
              "mask": None if job.mask is None else str(job.mask.resolved()),
-             "block": list(block), "low": job.low, "high": job.high}
+             "block": list(block), "low": job.low, "high": job.high,
+             # merges inside blocks below the least threshold (a lower one starts afresh)
+             "premerge": min(float(t) for t in job.thresholds)}
     work = job.work if job.work is not None else default_work(job.outputs[0])
     outputs = tuple(_output_plan(job, volume, loc, t, parts)
                     for loc, t in zip(job.outputs, job.thresholds, strict=True))
@@ -149,7 +151,7 @@ def _output_plan(job: AgglomerateJob, volume: InputVolume, loc: Location, thresh
                                   LABEL_NAME, ctx=ctx)
     chunks = output_chunks(None, existing, volume.shape, 1, OUTPUT_DTYPE, str(loc))
     # the partition does not depend on the blocks: a finished output stays this job's
-    out_parts = {**{k: v for k, v in parts.items() if k != "block"},
+    out_parts = {**{k: v for k, v in parts.items() if k not in ("block", "premerge")},
                  "threshold": float(threshold)}
     header, done = read_ledger(loc, ctx=ctx) if existing else (None, set())
     resume = header is not None and header.get("fingerprint") == fingerprint(out_parts)

@@ -14,6 +14,7 @@ write, the tables are written in one transaction each.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -54,14 +55,13 @@ def agglomerate(job: AgglomerateJob) -> AgglomerateReport:
     """Run the job (module docstring); ValueError before anything is written for bad input."""
     start = time.perf_counter()
     with job.store.remembering() as ctx:
-        from dataclasses import replace
-
-        prep = prepare(replace(job, store=ctx))
+        prep = prepare(dataclasses.replace(job, store=ctx))
     locks = [hold_output(prep.work, ctx=job.store)]
     try:
         locks += [hold_output(out.location, ctx=job.store) for out in prep.outputs]
         if job.overwrite:
             _clear(prep)
+        prep = _adopt_work(prep)
         stages = _block_stages(prep)
         counts, seconds = _global_step(prep)
         stages.append(StageReport("agglomerate", 1, 1, seconds))
@@ -78,6 +78,24 @@ def agglomerate(job: AgglomerateJob) -> AgglomerateReport:
 def _clear(prep: PreparedAgglomeration) -> None:
     """--overwrite: the work folder and any output started afresh."""
     remove_tree(prep.work, ctx=prep.job.store)
+
+
+def _adopt_work(prep: PreparedAgglomeration) -> PreparedAgglomeration:
+    """The job with the work folder's pre-merge threshold when the folder holds this job's
+    fragments merged below a threshold no higher than this job's least (new thresholds at
+    or above it reuse the fragments and the graph)."""
+    fragments = prep.work.join("fragments.zarr")
+    if not Path(fragments.url).exists():
+        return prep
+    header, _ = read_ledger(fragments, ctx=prep.job.store)
+    old = (header or {}).get("parts", {})
+    ours = dict(prep.parts)
+    if old.get("premerge") is None or float(old["premerge"]) > ours["premerge"]:
+        return prep
+    if {k: v for k, v in old.items() if k != "premerge"} != \
+            {k: v for k, v in ours.items() if k != "premerge"}:
+        return prep
+    return dataclasses.replace(prep, parts={**ours, "premerge": float(old["premerge"])})
 
 
 def _block_stages(prep: PreparedAgglomeration) -> list[StageReport]:
@@ -98,8 +116,8 @@ def _block_stages(prep: PreparedAgglomeration) -> list[StageReport]:
     Path(faces_home.url).mkdir(exist_ok=True)
     graph_file = str(Path(work.url) / GRAPH_FILE)
     reports = [
-        _sweep("fragments", FragmentStage(prep.source, fragments, graph_file), blocks,
-               fragments, parts, prep),
+        _sweep("fragments", FragmentStage(prep.source, fragments, graph_file,
+                                          parts["premerge"]), blocks, fragments, parts, prep),
         _sweep("faces", FaceStage(prep.source, fragments, graph_file), blocks, faces_home,
                {**parts, "stage": "agglomerate faces"}, prep),
     ]

@@ -20,6 +20,7 @@ from znni.engine.agglomerate.fragments import (
     pointers,
 )
 from znni.engine.agglomerate.graph import block_graph, concatenate
+from znni.engine.agglomerate.merge import premerge
 from znni.engine.agglomerate.store import FACES, INNER, GraphStore, pack
 from znni.engine.context import StoreContext
 from znni.engine.geometry import Block, Box, Triple
@@ -99,6 +100,7 @@ class FragmentStage:
     source: AffinitySource
     fragments: Location  # (1, z, y, x) uint64, chunks = blocks
     graph: str  # the SQLite file
+    premerge: float | None = None  # the job's least threshold: merge inside blocks below it
 
     def make_worker(self) -> FragmentWork:
         return FragmentWork(self)
@@ -121,6 +123,10 @@ class FragmentWork:
         links = pointers(raw, source.low, source.high)
         fragments = label_block(links, block.write, source.shape)
         inner = block_graph(block.write, raw, fragments, links)
+        if self.spec.premerge is not None:  # regions merged within the block, as fragments
+            names, regions, inner = premerge(inner, _open(fragments, block.write,
+                                                          source.region), self.spec.premerge)
+            fragments = relabel(fragments, names, regions)
         return fragments[None], pack(inner)  # (1, z, y, x)
 
     def write(self, block: Block, values: tuple[np.ndarray, bytes]) -> None:
@@ -174,6 +180,17 @@ class FaceWork:
 
     def write(self, block: Block, values: bytes) -> None:
         self.store.put_block(FACES + block.key, values)
+
+
+def _open(fragments: np.ndarray, box: Box, region: Box) -> np.ndarray:
+    """The fragments on the block's faces that another block shares."""
+    faces = []
+    for c in range(3):
+        if box.lo[c] > region.lo[c]:
+            faces.append(fragments[axis_slices(c, 0, 1)].ravel())
+        if box.hi[c] < region.hi[c]:
+            faces.append(fragments[axis_slices(c, -1, None)].ravel())
+    return np.unique(np.concatenate(faces)) if faces else np.zeros(0, np.uint64)
 
 
 def _with(t: Triple, c: int, value: int) -> Triple:
