@@ -79,7 +79,8 @@ def quiet_stdout() -> Iterator[None]:
         os.close(devnull)
 
 
-def build_data(folder: Path, shape: tuple[int, int, int], seed: int) -> tuple[str, np.ndarray]:
+def build_data(folder: Path, shape: tuple[int, int, int], seed: int,
+               noise: float = 0.1) -> tuple[str, np.ndarray]:
     """Write the synthetic affinities (chunks (3, 64, 64, 64)) and ground truth (chunks 64^3)
     as Zarr v3 arrays under `folder`; (the affinities' path, the ground truth)."""
     import zarr
@@ -87,7 +88,7 @@ def build_data(folder: Path, shape: tuple[int, int, int], seed: int) -> tuple[st
     from znni.engine.agglomerate.synthetic import synthetic_cells
 
     t0 = time.perf_counter()
-    gt, affs = synthetic_cells(shape, seed=seed)
+    gt, affs = synthetic_cells(shape, seed=seed, noise=noise)
     made = time.perf_counter() - t0
     affs_path, gt_path = folder / "affs.zarr", folder / "gt.zarr"
     arr = zarr.create_array(store=str(affs_path), shape=affs.shape, chunks=(3, 64, 64, 64),
@@ -201,6 +202,9 @@ def main() -> None:
     ap.add_argument("--border", type=int, default=0,
                     help="also score with the ground truth's N-voxel boundary band ignored")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--noise", type=float, default=0.1,
+                    help="synthetic_cells' noise (0.1: a watershed of one fragment per ~9 "
+                    "voxels; 0.02: per ~100)")
     ap.add_argument("--workdir", type=Path, default=None,
                     help="folder for the arrays and outputs (default: a temporary one)")
     ap.add_argument("--scheduler", default=None, help="znni's --scheduler (default: its own)")
@@ -216,7 +220,7 @@ def main() -> None:
 
 
 def bench(folder: Path, shape: tuple[int, int, int], args: argparse.Namespace) -> None:
-    affs_path, gt = build_data(folder, shape, args.seed)
+    affs_path, gt = build_data(folder, shape, args.seed, args.noise)
     missing = znni_available()
     if missing:
         print(f"znni agglomerate is not available ({missing}): znni's rows are missing")

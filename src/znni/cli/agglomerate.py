@@ -39,6 +39,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="start afresh over an output or work folder of another job")
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--plan", action="store_true", help="print the predicted time and memory "
+                   "of each stage (from the affinities' central block) and write nothing")
     p.set_defaults(run=run)
 
 
@@ -85,6 +87,11 @@ def job_from_args(args: argparse.Namespace) -> AgglomerateJob:
 
 def run(args: argparse.Namespace) -> int:
     job = job_from_args(args)
+    if args.plan:
+        from znni.cli.plan_agglomerate import predict_job
+
+        print(predict_job(job).line())
+        return 0
     from dataclasses import replace
 
     from znni.cli.segment import StopSignals

@@ -6,7 +6,7 @@ import argparse
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from znni.cli.plan_common import gib as _gib
 from znni.cli.plan_common import input_volume
@@ -54,6 +54,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="windowed graph models: overlap fraction, as `znni segment` takes it")
     p.add_argument("--window", help="graph models: plan this window (or exact tile) z,y,x "
                    "instead of choosing one")
+    p.add_argument("--agglomerate", nargs="?", const="0.5", metavar="T[,T2]",
+                   help="also predict `znni agglomerate` of the network's output (3 channels: "
+                   "affinities, or 1: a boundary map) over the same region at these "
+                   "thresholds (default 0.5), assuming synthetic cells' fragment density")
     add_model_options(p)
     p.set_defaults(run=run)
 
@@ -92,15 +96,13 @@ def run(args: argparse.Namespace) -> int:
         network = network_for_planning(args.network, args.weights)
     check_plan_precision(args, isinstance(network, OnnxModel))
     flips = flip_count(args.tta)  # test-time flips: passes per window or patch
+    if args.agglomerate is not None:
+        from znni.cli.plan_agglomerate import check_channels
+
+        check_channels(network.out_channels, args.network)
     region = region_from_args(args, network.in_channels)
     if isinstance(network, OnnxModel):
-        from znni.cli.plan_graph import format_graph_plan, graph_job_summary, graph_summary
-
-        summary = graph_summary(args, network, limit, region, flips)
-        if region is not None:  # the whole run's time, as `znni segment` will cut it
-            summary = graph_job_summary(args, network, summary)
-        print(json.dumps(summary, indent=2) if args.json else format_graph_plan(summary))
-        return 0
+        return _graph_run(args, network, limit, region, flips)
     if args.window:
         raise ValueError(f"--window applies to ONNX graph models; {args.network} is a "
                          "sequential network, whose patch the planner chooses")
@@ -108,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
     if region is not None:
         plan = replace(job_plan(args, network, limit, machine, flips),
                        alternatives=plan.alternatives)
+    line, fields = _agglomeration(args, region)
     if args.json:
         from znni.engine.compute.layout import region_seconds
         from znni.planner.search import region_voxels_per_second
@@ -119,14 +122,45 @@ def run(args: argparse.Namespace) -> int:
             "predicted_job_seconds": plan.job_seconds["total_s"],
             "job_peak_bytes": plan.job_seconds["peak_bytes"],
             **form_fields(args, network.out_channels, plan.job_seconds)}
+        if fields:
+            extra["agglomerate"] = fields
         print(json.dumps({"mode": "exact", **plan.to_dict(), **extra}, indent=2))
     else:
         print(EXACT_MODE + "\n" + format_plan(plan, network, machine, region))
         if plan.job_seconds is not None:
             print(job_lines(plan))
-            if line := form_line(form_fields(args, network.out_channels, plan.job_seconds)):
-                print(line)
+            if form := form_line(form_fields(args, network.out_channels, plan.job_seconds)):
+                print(form)
+        if line:
+            print(line)
     return 0
+
+
+def _graph_run(args: argparse.Namespace, network: Any, limit: int | None,
+               region: tuple[int, int, int] | None, flips: int) -> int:
+    """An ONNX graph model's plan (plan_graph.py), with --agglomerate's line."""
+    from znni.cli.plan_graph import format_graph_plan, graph_job_summary, graph_summary
+
+    summary = graph_summary(args, network, limit, region, flips)
+    if region is not None:  # the whole run's time, as `znni segment` will cut it
+        summary = graph_job_summary(args, network, summary)
+    line, fields = _agglomeration(args, region)
+    if fields:
+        summary = {**summary, "agglomerate": fields}
+    print(json.dumps(summary, indent=2) if args.json else format_graph_plan(summary))
+    if line and not args.json:
+        print(line)
+    return 0
+
+
+def _agglomeration(args: argparse.Namespace, region: tuple[int, int, int] | None
+                   ) -> tuple[str, dict]:
+    """--agglomerate: its line and JSON object; empty without it."""
+    if args.agglomerate is None:
+        return "", {}
+    from znni.cli.plan_agglomerate import predict_plan
+
+    return predict_plan(args, region)
 
 
 def job_plan(args: argparse.Namespace, network: Network, limit: int | None,

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import numpy as np
+
 from znni.engine.context import StoreContext
 from znni.engine.io.ome import find_ome, group_attrs, is_group
 from znni.engine.io.precomputed import UNIT_NM, read_info, scale_of
@@ -75,6 +77,9 @@ def viewer_state(layers: list[Layer]) -> dict[str, Any]:
     return state
 
 
+ID_DTYPES = (np.dtype("uint32"), np.dtype("uint64"), np.dtype("int64"))
+
+
 def viewer_url(state: dict[str, Any]) -> str:
     """The neuroglancer link that opens `state`."""
     return f"{NEUROGLANCER}/#!{quote(json.dumps(state, separators=(',', ':')), safe='')}"
@@ -118,8 +123,9 @@ def _describe_zarr(path: Location, name: str, ctx: StoreContext, served: str | N
     ome = find_ome(path, ctx=ctx) if path.is_remote or Path(path.url).is_dir() else None
     array = open_zarr_array(ome.array_location if ome else path, name, ctx=ctx)
     sz, sy, sx = (int(n) for n in array.shape[-3:])
-    if ome is None:
-        return Layer(name, source_url(path, served, zarr), "image", None, (sx / 2, sy / 2, sz / 2))
+    if ome is None:  # 32- and 64-bit integers are ids (znni agglomerate writes uint64)
+        kind = "segmentation" if np.dtype(array.dtype) in ID_DTYPES else "image"
+        return Layer(name, source_url(path, served, zarr), kind, None, (sx / 2, sy / 2, sz / 2))
     nm = [s * UNIT_NM.get(u or "", 1.0) for s, u in zip(ome.scale, ome.units, strict=True)]
     at = [t / s if s else 0.0 for t, s in zip(ome.translation, ome.scale, strict=True)]
     group = ome.group_location
