@@ -2,7 +2,8 @@
 `znni plan --agglomerate`): the block stages' own functions and the global step run in
 memory on one sample block (at most 64^3) of the affinities, timed, and scaled to the
 region: the block stages per voxel (and per face voxel), the global step per edge of the
-graph, whose edges per voxel the sample gives. Reads and writes are not counted."""
+graph, whose edges per voxel the sample gives. Reads and writes are counted by encoding and
+decoding the sample as the run's arrays are (in memory: a store's own latency is not)."""
 
 from __future__ import annotations
 
@@ -114,6 +115,7 @@ def predict(shape: Triple, block: Triple, sample: np.ndarray | None = None,
         where = f"from a {_size(as_triple(sample.shape[1:]))} sample of {sample_name}"
     m = _measure(np.ascontiguousarray(sample, dtype=np.float32), min(thresholds), thresholds,
                  low, high)
+    io = _codec_seconds(np.ascontiguousarray(sample, dtype=np.float32))
     voxels = int(np.prod(shape))
     faces = _face_voxels(shape, block)
     # the block stages run `threads` blocks at once; their compute releases the GIL most of
@@ -124,12 +126,15 @@ def predict(shape: Triple, block: Triple, sample: np.ndarray | None = None,
     per_voxel = edges / voxels
     # the greedy loop's cost per edge grows with the graph (its heap and tables leave the
     # caches), so the global step's time is a lower bound for very large graphs
-    basis = (f"{where}: {per_voxel:.2f} edges per voxel; compute only, reads and writes "
-             f"not counted; the agglomerate step is a lower bound for very large graphs")
+    basis = (f"{where}: {per_voxel:.2f} edges per voxel; chunks encoded and decoded as the "
+             f"run's, a store's latency not counted; the agglomerate step is a lower bound "
+             f"for very large graphs")
+    read_affs, write_ids, read_ids = io
     return AgglomerationPrediction(
-        fragments_s=m.fragments_s * voxels / speedup, faces_s=m.faces_s * faces / speedup,
+        fragments_s=(m.fragments_s + read_affs + write_ids) * voxels / speedup,
+        faces_s=m.faces_s * faces / speedup + (read_affs + read_ids) * voxels / speedup,
         agglomerate_s=m.global_s * edges,
-        relabel_s=m.relabel_s * voxels * len(thresholds) / speedup,
+        relabel_s=(m.relabel_s + read_ids + write_ids) * voxels * len(thresholds) / speedup,
         peak_bytes=max(working_set, edges * merge.MEMORY_PER_EDGE_BYTES), edges=edges,
         voxels=voxels, edges_per_voxel=per_voxel, basis=basis)
 
@@ -191,6 +196,34 @@ def _measure(affs: np.ndarray, least: float, thresholds: Sequence[float], low: f
                    relabel_s / box.size, global_s / max(edges, 1),
                    len(inner.u) / box.size,
                    sum(len(p.u) for p in faces) / max(face_voxels, 1))
+
+
+def _codec_seconds(affs: np.ndarray) -> tuple[float, float, float]:
+    """Seconds per voxel to decode the affinities, encode ids and decode ids: the sample
+    through in-memory Zarr arrays with the codecs the run's arrays use."""
+    import zarr
+    from zarr.storage import MemoryStore
+
+    from znni.engine.io.zarr_arrays import output_compressors
+
+    shape = affs.shape[1:]
+    stored = zarr.create_array(MemoryStore(), shape=affs.shape, chunks=affs.shape,
+                               dtype="float32")
+    stored[...] = affs
+    start = time.perf_counter()
+    stored[...]
+    read_affs = time.perf_counter() - start
+    ids = np.arange(int(np.prod(shape)), dtype=np.uint64).reshape(shape) // 97  # runs of ids
+    out = zarr.create_array(MemoryStore(), shape=shape, chunks=shape, dtype="uint64",
+                            compressors=output_compressors("uint64"))
+    start = time.perf_counter()
+    out[...] = ids
+    write_ids = time.perf_counter() - start
+    start = time.perf_counter()
+    out[...]
+    read_ids = time.perf_counter() - start
+    voxels = float(np.prod(shape))
+    return read_affs / voxels, write_ids / voxels, read_ids / voxels
 
 
 def _hood(affs: np.ndarray, box: Box, region: Box) -> Neighbourhood:

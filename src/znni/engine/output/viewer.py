@@ -131,6 +131,7 @@ def _describe_zarr(path: Location, name: str, ctx: StoreContext, served: str | N
     group = ome.group_location
     attrs = group_attrs(group, ctx=ctx) if is_group(group, ctx=ctx) else {}
     labels = "image-label" in attrs.get("ome", attrs)  # NGFF 0.5 under "ome", 0.4 at the top
+    labels = labels or np.dtype(array.dtype) in ID_DTYPES  # e.g. an image naming labels/NAME
     return Layer(name, source_url(group if served is None else path, served, zarr),
                  "segmentation" if labels else "image", (nm[2], nm[1], nm[0]),
                  (at[2] + sx / 2, at[1] + sy / 2, at[0] + sz / 2))
