@@ -25,9 +25,10 @@ from znni.engine.agglomerate.fragments import QUANTUM
 from znni.engine.agglomerate.graph import BlockGraph
 from znni.engine.agglomerate.greedy_numba import greedy
 
-# the global step's peak memory per edge of the joined blocks' graphs (measured:
-# benchmarks/agglomerate.py --graph-memory; see docs/design.md)
-MEMORY_PER_EDGE_BYTES = 96
+# the whole process's peak memory per edge of the joined blocks' graphs, measured: 4.4 GB
+# of peak RSS for 22 M edges (benchmarks/agglomerate.py, 256x384x384, noise 0.1; docs/
+# benchmarks.md "Agglomeration"): a 10**8-edge graph needs about 19 GiB
+MEMORY_PER_EDGE_BYTES = 200
 
 
 @dataclass(frozen=True)
