@@ -44,32 +44,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def parse_thresholds(text: str) -> tuple[tuple[float, ...], tuple[str, ...]]:
-    """'0.3,0.5' -> ((0.3, 0.5), ('0.3', '0.5')); ValueError of one sentence."""
-    texts = tuple(t.strip() for t in text.split(",") if t.strip())
-    values = []
-    for t in texts:
-        try:
-            values.append(float(t))
-        except ValueError:
-            raise ValueError(f"threshold {t!r} is not a number") from None
-    if not values:
-        raise ValueError(f"--threshold {text!r} names no threshold")
-    for value in values:
-        if not 0.0 <= value <= 1.0:
-            raise ValueError(f"threshold {value:g} is outside [0, 1]")
-    return tuple(values), texts
-
-
 def job_from_args(args: argparse.Namespace) -> AgglomerateJob:
     """Validate the command-line values and build the job; raises ValueError."""
-    from znni.engine.agglomerate.job import AgglomerateJob, outputs_for
+    from znni.engine.agglomerate.job import AgglomerateJob, outputs_for, parse_thresholds
     from znni.engine.agglomerate.prepare import default_work
     from znni.engine.io.stores import context_for, parse_storage_options
     from znni.engine.location import Location
     from znni.engine.units import parse_roi, parse_triple
 
-    thresholds, texts = parse_thresholds(args.threshold)
+    thresholds, texts = parse_thresholds(args.threshold)  # engine/agglomerate/job.py
     affinities = Location.parse(args.affinities, "affinities")
     outputs = outputs_for(args.output, thresholds, texts)
     mask = Location.parse(args.mask, "mask") if args.mask else None

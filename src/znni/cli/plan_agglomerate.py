@@ -45,8 +45,7 @@ def predict_plan(args: argparse.Namespace, region: tuple[int, int, int] | None
                  ) -> tuple[str, dict[str, Any]]:
     """(the line, the JSON object) predicting agglomeration of the network's output over
     the planned region (--input's, else a 512^3 volume), assuming synthetic cells."""
-    from znni.cli.agglomerate import parse_thresholds
-    from znni.engine.agglomerate.job import DEFAULT_BLOCK
+    from znni.engine.agglomerate.job import DEFAULT_BLOCK, parse_thresholds
     from znni.engine.agglomerate.predict import predict
 
     thresholds, _ = parse_thresholds(args.agglomerate)

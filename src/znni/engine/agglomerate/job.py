@@ -49,6 +49,23 @@ class AgglomerateJob:
                              f"not {len(self.outputs)}")
 
 
+def parse_thresholds(text: str) -> tuple[tuple[float, ...], tuple[str, ...]]:
+    """'0.3,0.5' -> ((0.3, 0.5), ('0.3', '0.5')); ValueError of one sentence."""
+    texts = tuple(t.strip() for t in text.split(",") if t.strip())
+    values = []
+    for t in texts:
+        try:
+            values.append(float(t))
+        except ValueError:
+            raise ValueError(f"threshold {t!r} is not a number") from None
+    if not values:
+        raise ValueError(f"--threshold {text!r} names no threshold")
+    for value in values:
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"threshold {value:g} is outside [0, 1]")
+    return tuple(values), texts
+
+
 def outputs_for(output: str, thresholds: tuple[float, ...], texts: tuple[str, ...]
                 ) -> tuple[Location, ...]:
     """One output per threshold: OUTPUT itself for one threshold, else OUTPUT with
