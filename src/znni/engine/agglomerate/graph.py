@@ -64,22 +64,23 @@ def block_graph(block: Box, hood: Neighbourhood, fragments: np.ndarray,
         v_at, below = axis_slices(c, 1, None), axis_slices(c, 0, -1)  # v, v - e_c in box
         fu, fv = local[v_at], local[below]
         keep = hood.valid[c][at][v_at] & in_block[v_at] & (fu != fv) & (fu != 0) & (fv != 0)
-        a, b = fu[keep], fv[keep]
+        a, b = fu[keep].astype(np.int64), fv[keep].astype(np.int64)
         pair = np.minimum(a, b) * k + np.maximum(a, b)  # (u, v) as one int64
         q = np.rint(hood.affs[c][at][v_at][keep].astype(np.float64) * QUANTUM)
         keys.append((pair << _Q_BITS) | q.astype(np.int64))
         crossing = keep & ~in_block[below] & links.down[c][v_at]  # a link across a face
-        joins.append(np.minimum(fu, fv)[crossing] * k + np.maximum(fu, fv)[crossing])
+        ja, jb = fu[crossing].astype(np.int64), fv[crossing].astype(np.int64)
+        joins.append(np.minimum(ja, jb) * k + np.maximum(ja, jb))
     return _summed(keys, joins, ids, k)
 
 
 def _renumbered(fragments: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(local ids 0..k-1 as int64, 0 for background; the fragment of each local id)."""
+    """(local ids 0..k-1, 0 for background; the fragment of each local id)."""
     local, mapping = fastremap.renumber(fragments, preserve_zero=True, in_place=False)
     ids = np.zeros(len(mapping) + 1, dtype=np.uint64)
     names = np.fromiter(mapping.keys(), dtype=np.uint64, count=len(mapping))
     ids[np.fromiter(mapping.values(), dtype=np.int64, count=len(mapping))] = names
-    return local.astype(np.int64), ids
+    return local, ids  # local: uint16/32, as narrow as the count allows (fast compares)
 
 
 # a quantised affinity (at most QUANTUM = 2**24) in the low bits of a pair's sort key

@@ -89,8 +89,9 @@ class ZarrArray(VolumeFormat):
 
 
 def create_zarr_array(loc: Location, shape: Shape4, dtype: str, chunks: Triple, *,
-                      ctx: StoreContext) -> Any:
-    """A new (c, z, y, x) output array: format 3, fill 0, one chunk across the channels."""
+                      ctx: StoreContext, compressors: Any = None) -> Any:
+    """A new (c, z, y, x) output array: format 3, fill 0, one chunk across the channels;
+    `compressors`: zarr's (None: `output_compressors(dtype)`)."""
     import zarr
 
     return zarr.create_array(
@@ -100,7 +101,7 @@ def create_zarr_array(loc: Location, shape: Shape4, dtype: str, chunks: Triple, 
         dtype=dtype,
         fill_value=0,
         zarr_format=3,
-        compressors=output_compressors(dtype),
+        compressors=output_compressors(dtype) if compressors is None else compressors,
         dimension_names=DIMENSIONS,
         overwrite=True,
     )
