@@ -137,17 +137,12 @@ def test_engine_cuts_the_plans_layout(tmp_path: Path) -> None:
 
 
 def test_job_seconds_counts_every_stage(tmp_path: Path, monkeypatch) -> None:
-    """Patches by hand over the issue's layout; an FFT layer whose shape has not run here
-    pays FFTW's planning once, in its own layer times (direct layers plan nothing); the
-    first block's read and the last block's write are exposed."""
-    from znni.planner.jobtime import (
-        COLD_S_PER_POINT,
-        STARTUP_S,
-        fft_layer_keys,
-        job_seconds,
-        record_warm,
-    )
+    """Patches by hand over the issue's layout; an FFT layer whose transforms are not in
+    FFTW's wisdom pays FFTW's planning once, in its own layer times (direct layers plan
+    nothing); the first block's read and the last block's write are exposed."""
+    from znni.planner.jobtime import COLD_S_PER_POINT, STARTUP_S, job_seconds
     from znni.planner.plan import LayerPlan, Plan
+    from znni.primitives.cpu.fft_workspaces import FftSettings, layer_workspaces
     from znni.primitives.fft_sizes import padded_shape
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
@@ -162,19 +157,20 @@ def test_job_seconds_counts_every_stage(tmp_path: Path, monkeypatch) -> None:
     assert (job.blocks, job.patches) == (1, 64)
     assert job.patches_s == pytest.approx(64 * 20.0)
     assert job.computed_voxels == job.ideal_voxels == 224**3
-    assert job.cold_shapes == 1  # no wisdom here yet: layer 0's transforms are planned
-    # its image in (1 channel) and out (24 channels) on the padded 218^3 (224^3) grid
-    points = (1 + 24) * prod(padded_shape((218, 218, 218)))
+    # no wisdom of these shapes: every workspace of layer 0 (its 4^3 kernel's spectra, 3^3
+    # tiles of 75^3 in chunks of 11 and 5, their image in and 24 images out) is planned; the
+    # image transforms' points count (b * padded)
+    listed = layer_workspaces(True, (1, 1, 218, 218, 218), (24, 1, 4, 4, 4), FftSettings())
+    assert job.cold_shapes == len(listed) == 5
+    points = sum(ws.points for ws in listed if ws.images)
+    assert points == (11 + 11 * 24 + 5 + 5 * 24) * prod(padded_shape((75, 75, 75)))
     assert job.fftw_planning_s == pytest.approx(COLD_S_PER_POINT["FFTW_MEASURE"] * points)
     direct = replace(plan, primitives=("direct",) + prims[1:])
     assert job_seconds(direct, net, edges, in_bytes=1, out_dtype="uint8").cold_shapes == 0
     assert job.total_s == pytest.approx(STARTUP_S + job.fftw_planning_s + job.first_pass_s
                                         + job.patches_s + job.io_s)
-    (tmp_path / "znni").mkdir()
-    (tmp_path / "znni" / "fftw-wisdom-single.dat").write_text("")
-    record_warm(set(fft_layer_keys(net, (218, 218, 218), 1, plan.primitives)))
-    warm = job_seconds(plan, net, edges, in_bytes=1, out_dtype="uint8")
-    assert warm.fftw_planning_s == 0 and warm.cold_shapes == 0
+    warm = job_seconds(plan, net, edges, in_bytes=1, out_dtype="uint8", known_machine=False)
+    assert warm.fftw_planning_s == 0 and warm.cold_shapes == 0  # another machine: unknown
     plain = ((0, 192, 200),) * 3
     split = job_seconds(plan, net, plain, in_bytes=1, out_dtype="uint8")
     assert split.blocks == 8 and split.patches == 64 + 3 * 16 + 3 * 4 + 1
@@ -259,3 +255,37 @@ def test_no_block_fits_is_one_sentence() -> None:
     with pytest.raises(ValueError, match="no block fits in the memory budget"):
         choose_block_layout(n537_width24(), (64, 64, 64), (56, 56, 56), (200, 200, 200),
                             2**30, 1, 2**30 - 2**20)
+
+
+def test_fftw_planning_is_predicted_from_the_wisdom_a_run_leaves(tmp_path: Path,
+                                                                 monkeypatch) -> None:
+    """Before any run the FFT layers' transforms are cold; a real pass over the patch with
+    FFTW_MEASURE plans and saves them; the same prediction then counts none. Sizes no
+    other test plans (FFTW's wisdom is per process)."""
+    from znni.planner.jobtime import job_seconds
+    from znni.planner.plan import Plan
+    from znni.primitives.cpu.backend import CpuBackend
+    from znni.primitives.dense import dense_forward
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("ZNNI_FFT_EFFORT", "FFTW_MEASURE")
+    layers, params = small_network(np.random.default_rng(3))
+    net = load_network(write_network(tmp_path, layers, params))
+    prims = ("fft-keep", None, None, "fft-recompute", None)
+    out = (14, 18, 22)
+    size_in = tuple(o + f - 1 for o, f in zip(out, net.fov, strict=True))
+    plan = Plan("small", "m", "cpu", size_in, out, 1, None, prims, (),  # type: ignore[arg-type]
+                2**28, 0.1, 1.0, spectra_cache_bytes=2**26)
+    edges = tuple((0, o) for o in out)
+    cold = job_seconds(plan, net, edges, in_bytes=1, out_dtype="float32")
+    assert cold.cold_shapes >= 4 and cold.fftw_planning_s > 0
+    backend = CpuBackend(fft_effort="FFTW_MEASURE", spectra_cache_bytes=2**26,
+                         persist_choices=False)
+    try:
+        x = np.random.default_rng(0).random((1, 1, *size_in), dtype=np.float32)
+        dense_forward(net.ops, x, backend, prims)
+    finally:
+        backend.close()
+    warm = job_seconds(plan, net, edges, in_bytes=1, out_dtype="float32")
+    assert warm.cold_shapes == 0 and warm.fftw_planning_s == 0
+    assert (tmp_path / "znni" / "fftw-wisdom-single.dat").stat().st_size > 0

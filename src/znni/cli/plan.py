@@ -208,7 +208,7 @@ def job_lines(plan: Plan) -> str:
         f"whole run: about {_seconds(j['total_s'])} s, peak {_gib(int(j['peak_bytes']))}",
         f"  start-up                    {j['startup_s']:>10.1f} s",
         f"  FFTW planning (new shapes)  {j['fftw_planning_s']:>10.1f} s"
-        f"  ({j['cold_shapes']} FFT layer shapes not yet run here)",
+        f"  ({j['cold_shapes']} FFT workspaces not in FFTW's wisdom here)",
         f"  first pass's pages          {j['first_pass_s']:>10.1f} s",
         f"  every block's patches       {j['patches_s']:>10.1f} s",
         f"  reads/decodes/encodes/writes{j['io_s']:>10.1f} s  (not hidden behind compute; "

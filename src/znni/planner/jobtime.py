@@ -7,26 +7,26 @@ clipped shapes, planner.blocks), and the reads and writes the read-ahead and
 write-behind threads do not hide behind the compute. Rates are this machine's where
 measured (the plan's patch time), else the constants below (measured on the 2-core
 CI VM, 2026-11-27); another machine's profile has no I/O rates, so they are used there
-too, and its FFTW state is unknown (counted as warm).
+too, and its FFTW state is unknown (counted as warm). What FFTW must still plan is
+asked of FFTW's own wisdom (cold_fft), not of a record of past runs.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import asdict, dataclass
 from math import prod
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from znni.model.network import Network
 from znni.planner.blocks import Edges, edges_blocks, layout_patches
 from znni.planner.plan import Plan
-from znni.primitives.fft_sizes import padded_shape
 from znni.triple import as_triple
+
+if TYPE_CHECKING:
+    from znni.primitives.cpu.fft_workspaces import FftSettings
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,6 @@ COLD_FFT_PRIMITIVES = ("fft-keep", "fft-recompute")
 # (276 MB/s), uint8 with the rounding rule (39 M values/s); CI VM, incompressible data
 READ_BYTES_PER_S = 200e6
 WRITE_VALUES_PER_S = {"float32": 69e6, "uint8": 39e6}
-WARM_FILE = "warm-passes.json"  # patch shapes whose FFTW plans are in the wisdom
 
 
 @dataclass(frozen=True)
@@ -71,7 +70,7 @@ class JobSeconds:
     patches: int
     computed_voxels: int  # output voxels the patches compute (clipped patches counted)
     ideal_voxels: int  # the same for whole patches over the region in one block
-    cold_shapes: int  # FFT layer shapes FFTW plans for the first time (fft_layer_keys)
+    cold_shapes: int  # FFT transform sets not in FFTW's wisdom, planned by the run (cold_fft)
     skipped_blocks: int = 0  # wholly outside the mask: written as the fill value, no compute
 
     def to_dict(self) -> dict[str, float | int]:
@@ -83,56 +82,39 @@ def effort() -> str:
     return os.environ.get("ZNNI_FFT_EFFORT", "FFTW_MEASURE")
 
 
-def cache_path() -> Path:
-    """$XDG_CACHE_HOME/znni/WARM_FILE, beside the FFTW wisdom (fftw_plans.cache_dir)."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "znni" / WARM_FILE
+def cold_fft(network: Network, input_size: Sequence[int], batch: int,
+             primitives: Sequence[str | None] | None, settings: FftSettings | None = None,
+             seen: set[Hashable] | None = None) -> tuple[int, int]:
+    """(transform sets, points) FFTW would still measure for a pass over a patch of
+    `input_size`: each FFT layer's workspaces (primitives/cpu/fft_workspaces) asked of
+    FFTW's wisdom as saved now (another process's or venv's included). Points are the
+    image transforms' b * padded points (the unit COLD_S_PER_POINT was fitted in; kernel
+    spectra are folded into it). `seen`: workspaces already counted (a run plans each
+    once), updated."""
+    from znni.primitives.cpu.backend import usable_cores
+    from znni.primitives.cpu.fft_workspaces import FftSettings, layer_workspaces
+    from znni.primitives.cpu.fftw_plans import in_wisdom, refresh_wisdom
 
-
-def fft_layer_keys(network: Network, input_size: Sequence[int], batch: int,
-                   primitives: Sequence[str | None] | None) -> dict[str, int]:
-    """For each conv layer that runs an FFT primitive on a patch of `input_size`: a key of
-    the transforms FFTW plans for it (the layer's shape, batch and the effort; not which
-    FFT primitive: both transform the same sizes) and the points they cover, S * (f + f')
-    * padded points. Direct layers plan nothing."""
     prims = tuple(primitives or ())
-    keys = {}
+    settings, seen = settings or FftSettings(), set() if seen is None else seen
+    threads, how = usable_cores(), effort()
+    if how != "FFTW_ESTIMATE":
+        refresh_wisdom()
+    sets = points = 0
     for layer in network.layer_shapes(as_triple(input_size), int(batch)):
         i = layer.index
         if layer.kind != "conv" or i >= len(prims) or prims[i] not in COLD_FFT_PRIMITIVES:
             continue
-        text = repr((layer.batch_in, layer.channels_in, layer.channels_out, layer.size_in,
-                     layer.kernel, effort()))
-        points = layer.batch_in * (layer.channels_in + layer.channels_out) * prod(
-            padded_shape(layer.size_in))
-        keys[hashlib.sha256(text.encode()).hexdigest()[:24]] = points
-    return keys
-
-
-def warm_keys() -> set[str]:
-    """Pass keys that have run here with their wisdom saved (none without wisdom)."""
-    path = cache_path()
-    if not (path.parent / "fftw-wisdom-single.dat").exists():
-        return set()
-    try:
-        return set(json.loads(path.read_text()))
-    except (OSError, ValueError):
-        return set()
-
-
-def record_warm(keys: set[str]) -> None:
-    """Remember passes that have run (best effort; a lost write only over-predicts)."""
-    known = warm_keys()
-    if keys <= known:
-        return
-    path = cache_path()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(sorted(known | keys)))
-        tmp.replace(path)
-    except OSError as e:
-        log.warning("could not record warm passes in %s: %s", path, e)
+        x_shape = (layer.batch_in, layer.channels_in, *layer.size_in)
+        w_shape = (layer.channels_out, layer.channels_in, *layer.kernel)
+        for ws in layer_workspaces(prims[i] == "fft-keep", x_shape, w_shape, settings):
+            if ws.key in seen:
+                continue
+            seen.add(ws.key)
+            if not in_wisdom(ws.build, threads, how):
+                sets += 1
+                points += ws.points if ws.images else 0
+    return sets, points
 
 
 def job_seconds(
@@ -147,21 +129,21 @@ def job_seconds(
     patch, pool, fov = plan.output_size, network.pool_product, network.fov
     batch = max(1, int(plan.batch))
     full_in = prod(p + f - 1 for p, f in zip(patch, fov, strict=True))
-    warm = warm_keys() if known_machine else None
     stored = out_channels or network.out_channels
-    per_block, cold, seen, held = [], 0.0, set(), 0
+    settings = _fft_settings(plan)
+    some_wisdom = known_machine and _some_wisdom()
+    per_block, cold, seen, held, cold_sets = [], 0.0, set[Hashable](), 0, 0
     for i, ((count, clipped), (lo, hi)) in enumerate(zip(layout_patches(edges, patch, pool),
                                                          edges_blocks(edges), strict=True)):
         count = 0 if i in skipped else count  # nothing read or computed
         size_in = tuple(c + f - 1 for c, f in zip(clipped, fov, strict=True))
         scale = prod(size_in) / full_in  # planner.blocks.axis_cost's model
         compute_s = -(-count // batch) * plan.predicted_patch_s * scale
-        if count and warm is not None:  # FFTW plans each FFT layer's transforms once
-            for key, points in fft_layer_keys(network, size_in, min(batch, count),
-                                              plan.primitives).items():
-                if key not in warm and key not in seen:
-                    seen.add(key)
-                    cold += _cold_s_per_point(bool(warm)) * points
+        if count and known_machine:  # FFTW plans each workspace's transforms once
+            sets, points = cold_fft(network, size_in, min(batch, count), plan.primitives,
+                                    settings, seen)
+            cold_sets += sets
+            cold += _cold_s_per_point(some_wisdom) * points
         write = prod(h - a for a, h in zip(lo, hi, strict=True))
         read = prod(h - a + f - 1 for a, h, f in zip(lo, hi, fov, strict=True))
         read_s = read * network.in_channels * in_bytes / READ_BYTES_PER_S if count else 0.0
@@ -179,7 +161,7 @@ def job_seconds(
     return JobSeconds(STARTUP_S, cold, first_s, patches_s, io_s, io_total, peak, total,
                       len(per_block),
                       sum(b[3] for b in per_block), sum(b[4] for b in per_block), ideal,
-                      len(seen), sum(1 for b in per_block if not b[3]))
+                      cold_sets, sum(1 for b in per_block if not b[3]))
 
 
 def graph_job_seconds(
@@ -208,6 +190,21 @@ def _block_bytes(network: Network, read: int, write: int, in_bytes: int) -> int:
     (engine.compute.layout.block_bytes)."""
     return (network.in_channels * read * (in_bytes + 4)
             + 2 * network.out_channels * write * 4)
+
+
+def _fft_settings(plan: Plan) -> FftSettings:
+    """The FFT settings of the CPU backend a run of `plan` builds (compute.execution_for)."""
+    from znni.primitives.cpu.fft_workspaces import FftSettings
+
+    if plan.spectra_cache_bytes:
+        return FftSettings(spectra_budget=int(plan.spectra_cache_bytes))
+    return FftSettings()
+
+
+def _some_wisdom() -> bool:
+    from znni.primitives.cpu.fftw_plans import has_wisdom
+
+    return has_wisdom()
 
 
 def _cold_s_per_point(some_wisdom: bool) -> float:

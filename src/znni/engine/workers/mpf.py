@@ -23,7 +23,6 @@ from znni.engine.io.volume import encode_output
 from znni.engine.location import Location
 from znni.engine.workers.base import InferenceStage, VolumeWorker, trace_block
 from znni.model.network import Network
-from znni.planner.jobtime import fft_layer_keys, record_warm
 from znni.primitives.base import Backend
 from znni.primitives.dense import dense_forward
 
@@ -71,7 +70,6 @@ class BlockWorker(VolumeWorker):
         execution = spec.execution or execution_for(None, "cpu")
         self.execution = execution
         self.gpu_backend: Backend | None = None
-        self._warmed: set[str] = set()  # FFT layer keys recorded (planner/jobtime.record_warm)
         if backend is not None:  # an explicit backend runs everything (tests, benchmarks)
             self.backend = backend
             self.execution = Execution("cpu", backend.name)
@@ -107,7 +105,7 @@ class BlockWorker(VolumeWorker):
         grown = [box.grow((0, 0, 0), (halo[0], halo[1], halo[2])) for box in boxes]
         patches: Iterator[np.ndarray] = (  # (1, C, nz, ny, nx)
             x[(slice(None), *g.slices())][None] for g in grown)
-        flips, copies = self.spec.flips, 1 if self.spec.flips is None else self.spec.flips.count
+        flips = self.spec.flips
         if flips is not None:  # exact: a flipped patch's dense output is its windows' flipped
             patches = flipped_items(patches, flips)
         stacks = _stacked(patches, self.spec.batch)  # (S, C, nz, ny, nx) each
@@ -117,21 +115,10 @@ class BlockWorker(VolumeWorker):
             outputs = unflipped_means(outputs, flips)
         for box, y in zip(boxes, outputs, strict=True):  # y: (Cout, pz, py, px)
             out[(slice(None), *box.slices())] = y
-        self._warm(grown[0].shape, min(self.spec.batch, len(boxes) * copies))
         keep = Box((0, 0, 0), block.write.shape)
         result = encode_output(out[(slice(None), *keep.slices())], self.spec.dtype)
         trace_block(block)
         return result
-
-    def _warm(self, size_in: Triple, batch: int) -> None:
-        """Note that this patch shape's FFTW plans are now in the wisdom (the job-time
-        prediction counts FFTW's planning only for shapes not yet run: planner/jobtime)."""
-        if self.execution.mode != "cpu" or self.execution.cpu_backend != "cpu":
-            return
-        keys = set(fft_layer_keys(self.network, size_in, batch, self.spec.primitives))
-        if not keys <= self._warmed:
-            self._warmed |= keys
-            record_warm(keys)
 
     def _forward(self, patches: Iterator[np.ndarray]) -> Iterator[np.ndarray]:
         """Dense outputs of the patch batches, in order, on the execution's device(s)."""

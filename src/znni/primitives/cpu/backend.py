@@ -23,12 +23,14 @@ from znni.primitives.cpu.choice import PrimitiveChooser, estimate_s, layer_key, 
 from znni.primitives.cpu.direct_conv import direct_conv3d
 from znni.primitives.cpu.fft_conv import (
     COMPLEX_BYTES,
+    FFT_WORK_BYTES,
     RECOMPUTE_BYTES,
     fft_conv3d,
     kernel_spectra,
     samples_per_chunk,
     spectrum_shape,
 )
+from znni.primitives.cpu.fft_workspaces import SPECTRA_CACHE_BYTES, FftSettings
 from znni.primitives.cpu.fftw_plans import PlanCache
 from znni.primitives.cpu.heap import keep_freed_memory
 from znni.primitives.cpu.openvino_conv import OpenVinoConvs, openvino_available
@@ -76,11 +78,11 @@ class CpuBackend:
         self,
         threads: int | None = None,
         fft_effort: str | None = None,
-        spectra_cache_bytes: int = 2**30,
+        spectra_cache_bytes: int = SPECTRA_CACHE_BYTES,
         workspace_bytes: int = 2**30,
         persist_choices: bool = True,
         fft_tiles: int | None = None,
-        fft_work_bytes: int = 2**29,
+        fft_work_bytes: int = FFT_WORK_BYTES,
         recompute_spectra_bytes: int = RECOMPUTE_SPECTRA_BYTES,
     ) -> None:
         if threads is not None and threads < 1:
@@ -105,6 +107,12 @@ class CpuBackend:
         self._ov: OpenVinoConvs | None = None
         warn_if_blas_forced()
         keep_freed_memory()  # windows reuse their tensors' pages (primitives/cpu/heap)
+
+    @property
+    def fft_settings(self) -> FftSettings:
+        """What decides the FFT workspaces a layer checks out (fft_workspaces)."""
+        return FftSettings(self.fft_tiles, self.spectra.max_bytes, self.fft_work_bytes,
+                           self.recompute_spectra_bytes)
 
     def close(self) -> None:
         """Stop the worker threads and drop caches."""

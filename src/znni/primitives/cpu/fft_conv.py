@@ -29,6 +29,7 @@ from znni.triple import as_triple
 COMPLEX_BYTES = 8
 FLOAT_BYTES = 4
 RECOMPUTE_BYTES = 2**27  # kernel spectra made this many bytes of output channels at a time
+FFT_WORK_BYTES = 2**29  # input and output spectra of one chunk of samples (fft_conv3d)
 
 
 def spectrum_shape(padded: Triple) -> Triple:
@@ -36,7 +37,7 @@ def spectrum_shape(padded: Triple) -> Triple:
     return (padded[0], padded[1], padded[2] // 2 + 1)
 
 
-def _forward_builder(b: int, size: Triple, padded: Triple) -> Callable[[PlanCache], Workspace]:
+def forward_builder(b: int, size: Triple, padded: Triple) -> Callable[[PlanCache], Workspace]:
     nz, ny, _ = size
     nzp, nyp, nxp = padded
 
@@ -64,7 +65,7 @@ def pruned_rfftn(
     size = as_triple(images.shape[1:])
     nz, ny, nx = size
     key = ("rfftn", b, size, padded)
-    ws = cache.checkout(key, _forward_builder(b, size, padded))
+    ws = cache.checkout(key, forward_builder(b, size, padded))
     a, d = ws.arrays["a"], ws.arrays["d"]
     a[..., :nx] = images
     a[..., nx:] = 0
@@ -76,7 +77,7 @@ def pruned_rfftn(
     return ws, key
 
 
-def _inverse_builder(b: int, padded: Triple, out: Triple) -> Callable[[PlanCache], Workspace]:
+def inverse_builder(b: int, padded: Triple, out: Triple) -> Callable[[PlanCache], Workspace]:
     oz, oy, _ = out
 
     def build(cache: PlanCache) -> Workspace:
@@ -95,7 +96,7 @@ def inverse_workspace(
     cache: PlanCache, b: int, padded: Triple, out: Triple
 ) -> tuple[Workspace, tuple[Hashable, ...]]:
     key = ("irfftn", b, padded, out)
-    return cache.checkout(key, _inverse_builder(b, padded, out)), key
+    return cache.checkout(key, inverse_builder(b, padded, out)), key
 
 
 def pruned_irfftn(ws: Workspace) -> np.ndarray:
@@ -212,7 +213,7 @@ def fft_conv3d(
     activation: Activation | None,
     spectra: np.ndarray | None,
     *,
-    work_bytes: int = 2**29,
+    work_bytes: int = FFT_WORK_BYTES,
     recompute_bytes: int = RECOMPUTE_BYTES,
 ) -> np.ndarray:
     """FFT conv of (S, Cin, n) with kept `spectra` (F, Cout, Cin), or pruned recompute if None.

@@ -6,11 +6,15 @@ the buffers they own: a `Workspace`. Workspaces are checked out exclusively,
 returned after use and kept in an LRU bounded in bytes; reusing them also
 avoids first-touch page faults on big fresh arrays. Wisdom (what
 FFTW_MEASURE learned) is saved under `$XDG_CACHE_HOME/znni` so a new process
-re-plans a known shape in well under a millisecond.
+re-plans a known shape in well under a millisecond. Several processes (and venvs) share
+that file: a save merges what is on disk under a lock first, so none loses another's
+plans; whether a transform is already planned is asked of FFTW's wisdom itself
+(`in_wisdom`: FFTW_WISDOM_ONLY fails fast where FFTW would have to measure).
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import sys
@@ -84,28 +88,67 @@ def load_wisdom(directory: Path | None = None) -> None:
         if directory in _wisdom_loaded:
             return
         _wisdom_loaded.add(directory)
-        parts = []
-        for name in _WISDOM_NAMES:
-            path = directory / f"fftw-wisdom-{name}.dat"
-            parts.append(path.read_bytes() if path.exists() else b"")
-        if any(parts):
-            try:
-                fftw().import_wisdom(tuple(parts))
-            except (ValueError, RuntimeError, TypeError) as e:  # stale or corrupt wisdom
-                log.warning("ignoring unreadable FFTW wisdom in %s: %s", directory, e)
+        _import_files(directory)
 
 
 def save_wisdom(directory: Path | None = None) -> None:
-    """Export all wisdom gathered so far (atomic rename, best effort)."""
+    """Export all wisdom gathered so far, merged with what other processes saved meanwhile
+    (under an exclusive lock on the directory's lock file; atomic rename; best effort)."""
     directory = directory or cache_dir()
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        for name, data in zip(_WISDOM_NAMES, fftw().export_wisdom(), strict=True):
-            tmp = directory / f".fftw-wisdom-{name}.{os.getpid()}.tmp"
-            tmp.write_bytes(data)
-            tmp.replace(directory / f"fftw-wisdom-{name}.dat")
+        with open(directory / ".fftw-wisdom.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            _import_files(directory)  # FFTW merges imported wisdom into what it holds
+            for name, data in zip(_WISDOM_NAMES, fftw().export_wisdom(), strict=True):
+                tmp = directory / f".fftw-wisdom-{name}.{os.getpid()}.tmp"
+                tmp.write_bytes(data)
+                tmp.replace(directory / f"fftw-wisdom-{name}.dat")
     except OSError as e:
         log.warning("could not save FFTW wisdom to %s: %s", directory, e)
+
+
+def refresh_wisdom(directory: Path | None = None) -> None:
+    """Import the saved wisdom again: another process may have added to it since."""
+    _import_files(directory or cache_dir())
+
+
+def has_wisdom(directory: Path | None = None) -> bool:
+    """Whether single-precision wisdom of any shape is saved (FFTW then plans new shapes
+    faster: planner/jobtime.SOME_WISDOM_S_PER_POINT)."""
+    path = (directory or cache_dir()) / "fftw-wisdom-single.dat"
+    try:
+        return path.stat().st_size > 0
+    except OSError:
+        return False
+
+
+def in_wisdom(build: Callable[[PlanCache], Workspace], threads: int, effort: str) -> bool:
+    """Whether every transform `build` plans is in FFTW's wisdom for `threads` and `effort`
+    (the saved wisdom loaded first), so planning it costs no measuring. Its arrays are
+    allocated but never touched (no pages), and no plan is kept. FFTW_ESTIMATE never
+    measures: always True."""
+    if effort == "FFTW_ESTIMATE":
+        return True
+    probe = PlanCache(threads, effort, max_bytes=0, wisdom_only=True)
+    try:
+        build(probe)
+    except RuntimeError:  # pyFFTW: "No FFTW wisdom is known for this plan."
+        return False
+    return True
+
+
+def _import_files(directory: Path) -> None:
+    """Import the wisdom files in `directory` (a bad file is ignored)."""
+    parts = []
+    for name in _WISDOM_NAMES:
+        path = directory / f"fftw-wisdom-{name}.dat"
+        parts.append(path.read_bytes() if path.exists() else b"")
+    if any(parts):
+        try:
+            fftw().import_wisdom(tuple(parts))
+        except (ValueError, RuntimeError, TypeError) as e:  # stale or corrupt wisdom
+            log.warning("ignoring unreadable FFTW wisdom in %s: %s", directory, e)
 
 
 class Workspace:
@@ -128,11 +171,13 @@ class Workspace:
 class PlanCache:
     """Workspaces keyed by (key, threads, effort); LRU bounded by `max_bytes`."""
 
-    def __init__(self, threads: int, effort: str, max_bytes: int = 2**30) -> None:
+    def __init__(self, threads: int, effort: str, max_bytes: int = 2**30,
+                 wisdom_only: bool = False) -> None:
         if effort not in FFT_EFFORTS:
             raise ValueError(f"unknown FFTW effort {effort!r}; expected one of {FFT_EFFORTS}")
         self.threads = threads
         self.effort = effort
+        self.wisdom_only = wisdom_only  # plans fail (RuntimeError) unless in the wisdom
         self.max_bytes = max_bytes
         self._free: OrderedDict[Hashable, list[Workspace]] = OrderedDict()
         self._lock = threading.Lock()
@@ -144,14 +189,10 @@ class PlanCache:
     ) -> Any:
         """Plan one batched 1D transform along `axis` (arrays are overwritten when measuring)."""
         self._new_plans += 1
+        flags = (self.effort, "FFTW_DESTROY_INPUT") + (
+            ("FFTW_WISDOM_ONLY",) if self.wisdom_only else ())
         return fftw().FFTW(
-            src,
-            dst,
-            axes=(axis,),
-            direction=direction,
-            flags=(self.effort, "FFTW_DESTROY_INPUT"),
-            threads=self.threads,
-        )
+            src, dst, axes=(axis,), direction=direction, flags=flags, threads=self.threads)
 
     def checkout(self, key: Hashable, build: Callable[[PlanCache], Workspace]) -> Workspace:
         """A free workspace for `key`, or a new one made by `build(self)`."""
