@@ -102,7 +102,12 @@ def test_job_page_follows_the_demo_job(server, site, tmp_path_factory) -> None:
         assert f"{DEMO_BLOCKS} of {DEMO_BLOCKS} blocks finished" in text
         assert browser.js("document.querySelector('.chart polyline.line-now') !== null")
         assert "direct" in browser.js("document.querySelector('.layers').textContent")
+        # the whole run predicted against the whole run measured; a pass's rate apart
         assert browser.js("document.querySelector('.speeds .predicted').textContent").endswith("vox/s")
+        measured = browser.js("document.querySelector('.speeds .measured').textContent")
+        assert "vox/s" in measured and measured.endswith("x predicted)")
+        speeds = browser.js("document.querySelector('.speeds').textContent")
+        assert "whole run, predicted" in speeds and "steady state (one pass, not the whole run)" in speeds
         assert browser.js("document.querySelector('img.preview').src").startswith("blob:")
         _no_page_errors(browser, allow=(409,))  # the block map asked before the ledger began
     if target := os.environ.get("ZNNI_DASHBOARD_SCREENSHOT"):

@@ -181,8 +181,8 @@ def run(args: argparse.Namespace) -> int:
             print(compiled_summary(report.plan["compiled_ran"]), file=sys.stderr)
     if not args.quiet:
         print(
-            f"wrote {report.output_path}: {report.voxels_written:,} voxels in "
-            f"{report.elapsed_s:.2f} s ({report.voxels_per_second:,.0f} output voxels/s), "
+            f"wrote {report.output_path}: {report.voxels_written:,} voxels, the blocks in "
+            f"{report.elapsed_s:.2f} s, "
             f"{report.blocks_computed}/{report.blocks_total} blocks computed"
             + (f", {report.blocks_skipped} skipped (outside the mask or empty input)"
                if report.blocks_skipped else ""),
@@ -190,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
         )
         from znni.planner.jobtime import predicted_line
 
-        if (line := predicted_line(report.plan)) is not None:
+        if (line := predicted_line(report.plan, report.voxels_written)) is not None:
             print(line, file=sys.stderr)
     return 0
 
@@ -251,7 +251,9 @@ def compiled_summary(ran: dict) -> str:
 
 
 def plan_summary(plan: dict) -> str:
-    """One line on the plan a run followed (what `znni plan` would have chosen)."""
+    """One line on the plan a run followed (what `znni plan` would have chosen); its time
+    and rate are the whole run's, on the line `predicted_line` prints (a pass's
+    steady-state rate is `znni plan`'s, labelled there)."""
     where = (f", on {plan['device']} at {plan['precision']}, batch {plan['batch']}"
              if plan.get("device", "cpu") != "cpu" else "")
     if plan.get("compiled"):
@@ -272,13 +274,11 @@ def plan_summary(plan: dict) -> str:
     if plan.get("mode") == "exact":  # a window-independent graph, tiled on its grid
         return (
             f"plan: exact tiles {size(plan['tile'])} -> {size(plan['tile_output'])} output "
-            f"on the {size(plan['size_factor'])} grid, batch {plan['batch']}, predicted "
-            f"{plan['predicted_voxels_per_second']:,.0f} voxels/s (steady state) in "
+            f"on the {size(plan['size_factor'])} grid, batch {plan['batch']}, "
             f"{plan['peak_bytes'] / 2**30:.2f} GiB{where}"
         )
     return (
         f"plan: {plan['algorithm']}, patch {size(plan['input_size'])} -> "
-        f"{size(plan['output_size'])} dense output, batch {plan['batch']}, predicted "
-        f"{plan['predicted_voxels_per_second']:,.0f} voxels/s (steady state) in "
-        f"{plan['peak_bytes'] / 2**30:.2f} GiB"
+        f"{size(plan['output_size'])} dense output, batch {plan['batch']}, "
+        f"{plan['peak_bytes'] / 2**30:.2f} GiB per pass"
     )

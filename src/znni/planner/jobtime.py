@@ -72,6 +72,7 @@ class JobSeconds:
     ideal_voxels: int  # the same for whole patches over the region in one block
     cold_shapes: int  # FFT transform sets not in FFTW's wisdom, planned by the run (cold_fft)
     skipped_blocks: int = 0  # wholly outside the mask: written as the fill value, no compute
+    planning_s: float = 0.0  # the planner's own search, as measured in this process
 
     def to_dict(self) -> dict[str, float | int]:
         return asdict(self)
@@ -120,12 +121,13 @@ def cold_fft(network: Network, input_size: Sequence[int], batch: int,
 def job_seconds(
     plan: Plan, network: Network, edges: Edges, *, in_bytes: int, out_dtype: str,
     known_machine: bool = True, cache_bytes: int = 0, skipped: frozenset[int] = frozenset(),
-    out_channels: int | None = None,
+    out_channels: int | None = None, planning_s: float = 0.0,
 ) -> JobSeconds:
     """The whole run's predicted seconds over `edges` (module docstring). `skipped`: the
     indices (in `edges_blocks` order) of blocks wholly outside the mask, which cost only
     their write of the fill value. `out_channels`: the stored output's (labels: 1; None:
-    the network's)."""
+    the network's). `planning_s`: the search that made `plan`, measured (a run of the
+    same job searches the same candidates)."""
     patch, pool, fov = plan.output_size, network.pool_product, network.fov
     batch = max(1, int(plan.batch))
     full_in = prod(p + f - 1 for p, f in zip(patch, fov, strict=True))
@@ -155,13 +157,19 @@ def job_seconds(
     first_s = FIRST_PASS_JOB_S_PER_BYTE * plan.peak_bytes
     region = [e[-1] - e[0] for e in edges]
     ideal = prod(-(-r // p) * p for r, p in zip(region, patch, strict=True))
-    total = STARTUP_S + cold + first_s + patches_s + io_s
+    total = STARTUP_S + planning_s + cold + first_s + patches_s + io_s
     io_total = sum(b[1] + b[2] for b in per_block)
     peak = plan.peak_bytes + cache_bytes + (1 if len(per_block) == 1 else 2) * held
     return JobSeconds(STARTUP_S, cold, first_s, patches_s, io_s, io_total, peak, total,
                       len(per_block),
                       sum(b[3] for b in per_block), sum(b[4] for b in per_block), ideal,
-                      cold_sets, sum(1 for b in per_block if not b[3]))
+                      cold_sets, sum(1 for b in per_block if not b[3]), planning_s)
+
+
+def with_planning(job: dict[str, Any], planning_s: float) -> dict[str, Any]:
+    """`job` (a JobSeconds dict) with the planner's search measured at `planning_s`."""
+    total = job["total_s"] - job.get("planning_s", 0.0) + planning_s
+    return {**job, "planning_s": planning_s, "total_s": total}
 
 
 def graph_job_seconds(
@@ -238,16 +246,23 @@ def process_seconds() -> float | None:
         return None
 
 
-def predicted_line(plan: dict[str, Any] | None) -> str | None:
-    """`znni segment`'s last line: the whole run predicted (planner/jobtime.py) against the
-    whole process measured; None for a plan without a job prediction."""
+def predicted_line(plan: dict[str, Any] | None, voxels: int = 0,
+                   measured_s: float | None = None) -> str | None:
+    """The whole run predicted (planner/jobtime.py) against the whole process measured
+    (`measured_s`, default the process's wall time so far), each with its rate over
+    `voxels` output voxels; None for a plan without a job prediction."""
     job = (plan or {}).get("job_seconds")
     if not job:
         return None
-    measured = process_seconds()
-    shown = "-" if measured is None else f"{measured:.1f} s"
-    ratio = "" if measured is None else f" ({measured / max(job['total_s'], 1e-9):.2f}x)"
-    head = f"whole run: predicted {job['total_s']:.1f} s, measured {shown}{ratio}; "
+    measured = process_seconds() if measured_s is None else measured_s
+    predicted = max(job["total_s"], 1e-9)
+
+    def timed(s: float) -> str:
+        return f"{s:.1f} s" + (f" ({voxels / max(s, 1e-9):,.0f} output voxels/s)" if voxels else "")
+
+    shown = "-" if measured is None else timed(measured)
+    ratio = "" if measured is None else f", {measured / predicted:.2f}x"
+    head = f"whole run: predicted {timed(predicted)}, measured {shown}{ratio}; "
     if "patches" not in job:  # a graph model's run (graph_job_seconds): windows, not patches
         return head + f"{job['blocks']} block{'s' * (job['blocks'] != 1)}"
     return (head + f"{job['blocks']} blocks, {job['patches']} patches, computed "

@@ -1,8 +1,9 @@
 // The job's plan: device algorithm, patch or window, batch, per-layer primitives, and the
-// planner's predicted voxels/s beside the measured ones.
+// whole run's predicted time and rate beside the measured ones (a pass's steady-state rate
+// is labelled as such, apart from them).
 
 import { el, fill } from "./dom.js";
-import { bytes, rate, si, triple } from "./format.js";
+import { bytes, duration, rate, si, triple } from "./format.js";
 
 // Fields shown as facts (label, how), in this order; the rest of a plan's plain values follow.
 const FACTS = [
@@ -52,15 +53,25 @@ function facts(plan) {
   return list;
 }
 
-// Predicted against measured voxels/s, and their ratio.
+// The whole run predicted (planner/jobtime.py) against the whole run measured, time and
+// output voxels/s, and their ratio; then the planner's steady-state rate of one pass,
+// labelled, which is not the whole run's.
 function speeds(plan, job) {
-  const predicted = plan.predicted_voxels_per_second;
-  const measured = job.voxels_per_second;
-  const ratio = predicted > 0 && measured > 0
-    ? ` (${Number(((measured / predicted) * 100).toPrecision(2))}% of predicted)` : "";
-  return el("dl", { class: "facts speeds" },
-    el("dt", {}, "predicted"), el("dd", { class: "predicted" }, rate(predicted)),
-    el("dt", {}, "measured"), el("dd", { class: "measured" }, `${rate(measured)}${ratio}`));
+  const predicted = job.predicted_s;
+  const measured = job.elapsed_s;
+  const voxels = job.progress ? job.progress.voxels_total : 0;
+  const whole = (s) => (s > 0 ? `${duration(s)}${voxels > 0 ? `, ${rate(voxels / s)}` : ""}` : "–");
+  const done = job.status === "succeeded" && measured > 0;
+  const ratio = done && predicted > 0 ? ` (${(measured / predicted).toFixed(2)}x predicted)` : "";
+  const list = el("dl", { class: "facts speeds" },
+    el("dt", {}, "whole run, predicted"), el("dd", { class: "predicted" }, whole(predicted)),
+    el("dt", {}, done ? "whole run, measured" : "running for"),
+    el("dd", { class: "measured" }, `${done ? whole(measured) : duration(measured)}${ratio}`));
+  if (plan.predicted_voxels_per_second > 0) {
+    list.append(el("dt", {}, "steady state (one pass, not the whole run)"),
+      el("dd", { class: "steady" }, rate(plan.predicted_voxels_per_second)));
+  }
+  return list;
 }
 
 function layerTable(layers) {

@@ -9,6 +9,7 @@ cache and the patch pass inside the budget.
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from math import prod
@@ -18,7 +19,7 @@ from znni.engine.compute.tta import flipped_plan
 from znni.engine.geometry import Box, Triple
 from znni.model.network import FLOAT_BYTES, Network
 from znni.planner.blocks import Edges, axis_options, grid_cuts
-from znni.planner.jobtime import job_seconds
+from znni.planner.jobtime import job_seconds, with_planning
 from znni.planner.machine import available_memory_bytes
 from znni.planner.plan import DeviceChoice, Plan
 from znni.triple import as_triple
@@ -188,14 +189,16 @@ def with_job_time(plan: Plan, network: Network, in_dtype_bytes: int, out_dtype: 
     """`plan` (with its layout, with_layout) with the whole run's predicted seconds and
     peak (the input chunk cache under `budget_bytes` counted). `skip(edges)`: the blocks
     wholly outside the mask (`output/form.OutputForm.outside`), which are not computed.
-    `out_dtype`, `out_channels`: the stored output's (labels change them)."""
+    `out_dtype`, `out_channels`: the stored output's (labels change them). The planner's
+    search time a previous prediction measured (plan_with_layout) is kept."""
     assert plan.block_edges is not None
     edges = plan.block_edges
     job = job_seconds(plan, network, edges, in_bytes=in_dtype_bytes,
                       out_dtype=out_dtype, known_machine=known_machine,
                       cache_bytes=input_cache_bytes(budget_bytes) if budget_bytes else 0,
                       skipped=skip(edges) if skip is not None else frozenset(),
-                      out_channels=out_channels)
+                      out_channels=out_channels,
+                      planning_s=float((plan.job_seconds or {}).get("planning_s", 0.0)))
     return replace(plan, job_seconds=job.to_dict())
 
 
@@ -226,8 +229,10 @@ def plan_with_layout(
             return plan_job(network, device, pass_bytes, region.shape)
 
     best: Plan | None = None
-    tried, refusal = set(), None
+    tried, refusal, started = set(), None, time.perf_counter()
     for fraction in PASS_FRACTIONS:
+        if best is not None and best.peak_bytes <= budget_bytes * fraction:
+            break  # the best pass fits the smaller budgets too: they would choose it again
         try:
             plan = flipped_plan(plan_for(int(budget_bytes * fraction)), flips, network)
         except ValueError:
@@ -251,7 +256,9 @@ def plan_with_layout(
             best = laid
     if best is None:
         raise refusal or ValueError(f"no plan fits in {budget_bytes:,} bytes")
-    return best
+    assert best.job_seconds is not None
+    return replace(best, job_seconds=with_planning(best.job_seconds,
+                                                   time.perf_counter() - started))
 
 
 def _total(plan: Plan) -> float:
