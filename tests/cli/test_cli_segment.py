@@ -180,7 +180,9 @@ def test_cli_plan_for_an_input_plans_the_pass_segment_runs(setup: dict, capsys) 
         -(-patches // plan["batch"]) * plan["predicted_patch_s"]
         + FIRST_PASS_S_PER_PEAK_BYTE * plan["peak_bytes"])
     assert main([*args, "--input", setup["inp"]]) == 0
-    assert "the volume 13x17x19 in about" in capsys.readouterr().out
+    text = capsys.readouterr().out  # one prediction: the whole run's (planner/jobtime)
+    assert "the volume 13x17x19: its whole run below" in text and "whole run: about" in text
+    assert "steady vox/s: one pass's rate" not in text
     assert main([*args, "--storage-option", "anon=true"]) == 2
     assert "--storage-option needs --input" in capsys.readouterr().err
     assert main([*args, "--window", "8,8,8"]) == 2

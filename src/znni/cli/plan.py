@@ -207,6 +207,7 @@ def job_lines(plan: Plan) -> str:
         " the ideal tiling's output voxels",
         f"whole run: about {_seconds(j['total_s'])} s, peak {_gib(int(j['peak_bytes']))}",
         f"  start-up                    {j['startup_s']:>10.1f} s",
+        f"  planning (this search)      {j.get('planning_s', 0.0):>10.1f} s  (measured here)",
         f"  FFTW planning (new shapes)  {j['fftw_planning_s']:>10.1f} s"
         f"  ({j['cold_shapes']} FFT workspaces not in FFTW's wisdom here)",
         f"  first pass's pages          {j['first_pass_s']:>10.1f} s",
@@ -277,6 +278,16 @@ EXACT_MODE = (
 )
 
 
+def _steady_note(plan: Plan) -> str:
+    """For which volume the steady rate holds (printed without --input)."""
+    out = plan.output_size
+    big = _size(tuple(8 * o for o in out))  # type: ignore[arg-type]
+    return (f"steady vox/s: one pass's rate, which holds for a volume of many whole "
+            f"{_size(out)} patches (about {big} or larger); start-up, planning, FFTW's first "
+            "plans and the reads and writes are not in it. `--input VOLUME` predicts that "
+            "volume's whole run.")
+
+
 def _size(t: tuple[int, int, int] | None) -> str:
     return "-" if t is None else "x".join(str(v) for v in t)
 
@@ -286,9 +297,6 @@ def format_plan(
     region: tuple[int, int, int] | None = None,
 ) -> str:
     """The per-algorithm table (chosen one marked) and the chosen plan's layers."""
-    from znni.engine.compute.layout import region_seconds
-    from znni.planner.search import region_voxels_per_second
-
     gpu = machine.gpu
     lines = [
         f"network {network.name} (field of view {_size(network.fov)}) on machine "
@@ -298,7 +306,7 @@ def format_plan(
         "run's budget holds blocks)",
         "",
         f"  {'algorithm':<9} {'input':>13} {'output':>13} {'S':>2} {'split':>5} "
-        f"{'voxels/s':>12} {'host peak':>11} {'GPU peak':>11}",
+        f"{'steady vox/s':>12} {'host peak':>11} {'GPU peak':>11}",
     ]
     for alt in plan.alternatives:
         mark = "*" if alt.algorithm == plan.algorithm else " "
@@ -315,10 +323,8 @@ def format_plan(
         "",
         f"chosen: {plan.algorithm}, patch {_size(plan.input_size)} -> "
         f"{_size(plan.output_size)}, {plan.predicted_patch_s:.3f} s per patch"
-        + ("" if region is None else f"; the volume {_size(region)} in about "
-           f"{_seconds(region_seconds(region, region_voxels_per_second(plan, region)))} s "
-           "(its patches and the first pass's pages; blocks' reads and writes not "
-           "counted)"),
+        + ("" if region is None else f"; the volume {_size(region)}: its whole run below"),
+        "" if region is not None else _steady_note(plan),
         "",
     ]
     lines.append(
