@@ -2,6 +2,13 @@
 
     .venv/bin/python benchmarks/planner.py job [--case NET:WIDTH:SHAPE:LIMIT ...]
         e.g. n337:24:100,130,150:4GiB
+    .venv/bin/python benchmarks/planner.py job --held-out 8 --seed 52
+
+--held-out N draws N cases no one tuned on (seeded): a ZNNi net, width 16-48, each axis
+64-320, limit 2-8 GiB; each runs first in a cache holding this machine's calibration and
+no FFTW wisdom at all (a first run), then again (a rerun), and the whole-run time and the
+peak RSS (wait4's ru_maxrss of the segment process) are set against the prediction; the
+whole distribution is printed, not a chosen table.
 
 Per case: a random uint8 volume of SHAPE in 64^3 chunks and the ZNNi network NET with
 WIDTH channels per hidden layer (random weights), or NET basicunet: MONAI's BasicUNet with
@@ -17,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -103,10 +112,91 @@ def row(case: str, tmp: Path) -> str:
             f"{measured:.1f} | {measured / predicted:.2f} |")
 
 
+def held_out_cases(n: int, seed: int) -> list[str]:
+    """N cases drawn from the held-out ranges (module docstring)."""
+    rng = np.random.default_rng(seed)
+    cases = []
+    for _ in range(n):
+        net = str(rng.choice(["n337", "n537", "n726", "n926"]))
+        width = int(rng.integers(16, 49))
+        shape = ",".join(str(int(v)) for v in rng.integers(64, 321, size=3))
+        limit = f"{int(rng.integers(2, 9))}GiB"
+        cases.append(f"{net}:{width}:{shape}:{limit}")
+    return cases
+
+
+def timed_process(cmd: list[str], env: dict[str, str]) -> tuple[float, int]:
+    """(wall seconds, peak RSS bytes) of one whole process (os.wait4's rusage)."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, cmd)
+    return wall, usage.ru_maxrss * 1024  # Linux: kilobytes
+
+
+def held_out_rows(case: str, tmp: Path, calibration: list[Path]) -> list[str]:
+    """A case's first run (no FFTW wisdom) and rerun: predicted against measured."""
+    name, width, shape_s, limit = case.split(":")
+    spec = write_network(name, int(width), tmp)
+    inp = write_volume(tuple(int(v) for v in shape_s.split(",")), tmp)
+    cache = tmp / f"cache-{name}-{width}-{shape_s}"
+    (cache / "znni").mkdir(parents=True)
+    for path in calibration:  # this machine's calibration only: no wisdom, no choices
+        shutil.copy(path, cache / "znni" / path.name)
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache)}
+    common = ["--memory-limit", limit]
+    rows = []
+    for which in ("first", "rerun"):
+        planned = subprocess.run([*ZNNI, "plan", str(spec), "--input", str(inp), *common,
+                                  "--json"], check=True, capture_output=True, text=True,
+                                 env=env)
+        job = json.loads(planned.stdout)["job_seconds"]
+        out = tmp / f"out-{name}-{shape_s}.zarr"
+        wall, rss = timed_process([*ZNNI, "segment", str(spec), str(inp), str(out), *common,
+                                   "--overwrite", "--quiet"], env)
+        rows.append(f"| {name} w{width} | {shape_s.replace(',', 'x')} | {limit} | {which} | "
+                    f"{job['blocks']} | {job['fftw_planning_s']:.1f} | {job['total_s']:.1f} | "
+                    f"{wall:.1f} | **{wall / job['total_s']:.2f}** | "
+                    f"{job['peak_bytes'] / 2**30:.2f} | {rss / 2**30:.2f} | "
+                    f"**{rss / job['peak_bytes']:.2f}** |")
+        shutil.rmtree(out, ignore_errors=True)
+    return rows
+
+
+def held_out(n: int, seed: int) -> None:
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "znni"
+    calibration = sorted(base.glob("machine-*.json"))
+    if not calibration:
+        raise SystemExit("no calibration in the cache: run `znni plan NETWORK` once first")
+    print(f"held-out cases, seed {seed}: {held_out_cases(n, seed)}")
+    print("| network | volume | limit | run | blocks | FFTW planning predicted s | "
+          "predicted s | measured s | time measured/predicted | predicted peak GiB | "
+          "peak RSS GiB | peak measured/predicted |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    ratios: list[float] = []
+    with tempfile.TemporaryDirectory() as name:
+        for case in held_out_cases(n, seed):
+            for line in held_out_rows(case, Path(name), calibration):
+                print(line, flush=True)
+                ratios.append(float(line.split("**")[1]))
+    inside = sum(1 for r in ratios if 0.8 <= r <= 1.2)
+    print(f"time within +-20%: {inside} of {len(ratios)} runs; ratios sorted: "
+          + ", ".join(f"{r:.2f}" for r in sorted(ratios)))
+
+
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--case", action="append", metavar="NET:WIDTH:SHAPE:LIMIT")
+    ap.add_argument("--held-out", type=int, metavar="N", help="N drawn cases, first run and "
+                    "rerun each (module docstring)")
+    ap.add_argument("--seed", type=int, default=52)
     args = ap.parse_args(argv)
+    if args.held_out:
+        held_out(args.held_out, args.seed)
+        return
     print("| network | volume | limit | patch | blocks | patches | computed/ideal | "
           "predicted s | measured s | measured/predicted |")
     print("|---|---|---|---|---|---|---|---|---|---|")
