@@ -3,6 +3,8 @@ OME-Zarr with a pyramid, the object ledger, Dask workers, and how gcsfs's errors
 
 from __future__ import annotations
 
+import http.server
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -77,6 +79,44 @@ def test_emulator_endpoints_default_to_anonymous_credentials(monkeypatch) -> Non
 
     assert not is_emulator({"endpoint_url": "https://storage.googleapis.com"})
     assert is_emulator({"endpoint_url": "http://127.0.0.1:4443"})
+
+
+def test_gcs_request_tries_sets_how_often_gcsfs_tries_each_request(monkeypatch) -> None:  # noqa: ANN001
+    """ZNNI_GCS_REQUEST_TRIES=2: a client at an endpoint answering 503 asks it twice, then
+    raises the 503; unset, the client keeps gcsfs's own retrying request (6 tries)."""
+    HttpError = pytest.importorskip("gcsfs.retry", reason="gs:// needs gcsfs").HttpError
+    from gcsfs.core import GCSFileSystem
+
+    from znni.engine.io.gcs import set_request_tries
+
+    asked: list[str] = []
+
+    class Busy(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            asked.append(self.path)
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Busy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+        fs = GCSFileSystem(endpoint_url=endpoint, token="anon", skip_instance_cache=True)
+        monkeypatch.delenv("ZNNI_GCS_REQUEST_TRIES", raising=False)
+        set_request_tries(fs)
+        assert "_request" not in vars(fs)  # gcsfs's own
+        monkeypatch.setenv("ZNNI_GCS_REQUEST_TRIES", "2")
+        set_request_tries(fs)
+        with pytest.raises(HttpError) as e:
+            fs.cat_file("znni-test/x")
+        assert e.value.code == 503 and len(asked) == 2
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_emulator_restart_drops_an_upload_its_kill_cut_short(gcs) -> None:  # noqa: ANN001

@@ -13,11 +13,15 @@
   as it retries every 401 (a token may have expired). Then one request with that fresh
   token, without retries (`check_token`): a 401 to a token fetched a moment ago means the
   store does not take it (revoked, or meant for another audience), not that it expired.
+- gcsfs tries each request 6 times (about 31 s of backoff), a count it fixes when its class
+  is defined; ZNNI_GCS_REQUEST_TRIES sets it per client (`set_request_tries`), e.g. for a
+  test that waits for a dead endpoint to be given up on. Unset: gcsfs's own count.
 """
 
 from __future__ import annotations
 
 import os
+import types
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
@@ -27,6 +31,7 @@ from urllib.parse import quote, urlsplit
 from znni.engine.location import Location
 
 EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
+REQUEST_TRIES_ENV = "ZNNI_GCS_REQUEST_TRIES"
 
 
 def endpoint(options: Mapping[str, Any]) -> str | None:
@@ -56,6 +61,31 @@ def filesystem_class(options: Mapping[str, Any]) -> type[Any] | None:
     from gcsfs.core import GCSFileSystem
 
     return GCSFileSystem
+
+
+def request_tries() -> int | None:
+    """ZNNI_GCS_REQUEST_TRIES (at least 1); None where unset or not a number: gcsfs's own."""
+    try:
+        return max(1, int(os.environ[REQUEST_TRIES_ENV]))
+    except (KeyError, ValueError):
+        return None
+
+
+def set_request_tries(fs: Any) -> None:
+    """gcsfs's tries of each request of the client `fs`, from ZNNI_GCS_REQUEST_TRIES: its
+    `_request`, unwrapped from gcsfs's `retry_request` and wrapped again with that count.
+    Nothing where the variable is unset, or where gcsfs's request is not wrapped so."""
+    n = request_tries()
+    inner = getattr(getattr(type(fs), "_request", None), "__wrapped__", None)
+    if inner is None or vars(fs).get("_znni_request_tries") == n:  # fsspec reuses fs
+        return
+    if n is None:
+        vars(fs).pop("_request", None)
+    else:
+        from gcsfs.retry import retry_request
+
+        fs._request = types.MethodType(retry_request(retries=n)(inner), fs)
+    fs._znni_request_tries = n
 
 
 def refresh_credentials(fs: Any) -> None:

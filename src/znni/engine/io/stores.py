@@ -30,6 +30,7 @@ from znni.engine.io.gcs import (
     filesystem_class,
     gcs_options,
     refresh_credentials,
+    set_request_tries,
 )
 from znni.engine.io.memo import forget, remembered_list, remembered_read, wrote
 from znni.engine.io.retry import StoreError as StoreError
@@ -144,6 +145,7 @@ def filesystem(loc: Location, *, ctx: StoreContext, **extra: Any) -> tuple[Any, 
         else:
             fs, p = cls(**options), cls._strip_protocol(url)
         if loc.scheme == "gs":
+            set_request_tries(fs)
             refresh_credentials(fs)
             check_token(fs, loc)
         elif loc.scheme == "s3" and not options.get("asynchronous") \
