@@ -185,16 +185,40 @@ def test_full_disk_before_the_first_block_is_named(tmp_path: Path, small_fs: Pat
     assert "no space left on the device" in r.stderr and "cannot write output" in r.stderr
 
 
+def _held_at_its_second_block(cmd: list[str], out: Path, gate: Path) -> subprocess.Popen:
+    """A run started and held: its ZNNI_ENGINE_TRACE is the FIFO `gate`, which the test
+    opens once, so its first block's trace goes through and the next one's open() waits for
+    a reader that never comes. Returned once the first block is in the ledger of `out`."""
+    os.mkfifo(gate)
+    run = subprocess.Popen(cmd, env={**ENV, "ZNNI_ENGINE_TRACE": str(gate)},
+                           stderr=subprocess.PIPE)
+    fd = os.open(gate, os.O_RDONLY | os.O_NONBLOCK)  # a reader now: the first open() passes
+    try:
+        traced, deadline = b"", time.monotonic() + 120
+        while b"\n" not in traced and run.poll() is None and time.monotonic() < deadline:
+            try:
+                traced += os.read(fd, 4096)
+            except BlockingIOError:
+                pass
+            time.sleep(0.01)
+    finally:
+        os.close(fd)
+    while run.poll() is None and time.monotonic() < deadline \
+            and not read_ledger(Location.parse(out), ctx=CTX)[1]:
+        time.sleep(0.01)
+    return run
+
+
 @pytest.mark.slow
 def test_second_run_on_a_held_output_is_refused_and_a_dead_holder_does_not_block(
         tmp_path: Path) -> None:
-    spec, inp, _ = _setup(tmp_path, slow=True, shape=(80, 100, 120))  # 1000 blocks: ~30 s
+    """The first run is held mid-run by its trace FIFO (not by a volume big enough to still
+    be running: 1000 blocks and 37 s before), then killed."""
+    spec, inp, _ = _setup(tmp_path)
     out = tmp_path / "out.zarr"
-    first = subprocess.Popen(_cmd(spec, inp, out), env=ENV, stderr=subprocess.PIPE)
+    first = _held_at_its_second_block(_cmd(spec, inp, out), out, tmp_path / "gate")
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not read_ledger(Location.parse(out), ctx=CTX)[1]:
-            time.sleep(0.01)
+        assert read_ledger(Location.parse(out), ctx=CTX)[1], "the first run recorded no block"
         second = [subprocess.Popen(_cmd(spec, inp, out, *extra), env=ENV, text=True,
                                    stderr=subprocess.PIPE) for extra in ((), ("--overwrite",))]
         for proc in second:
