@@ -36,16 +36,26 @@ def _cmd(affs: str, out: Path, *extra: str) -> list[str]:
             "--threshold", "0.5", "--quiet", *extra]
 
 
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, np.ndarray]:
+    """The affinities and a clean run's labels, once for the module (no test writes them)."""
+    tmp = tmp_path_factory.mktemp("clean")
+    affs = _affinities(tmp)
+    subprocess.run(_cmd(affs, tmp / "clean.zarr"), check=True, timeout=600)
+    labels = np.asarray(zarr.open_array(str(tmp / "clean.zarr"))[...])
+    assert labels.any()
+    return affs, labels
+
+
 def _done(where: Path) -> int:
     return len(read_ledger(Location.parse(str(where)), ctx=CTX)[1]) if where.exists() else 0
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", ["fragments", "faces", "relabel"])
-def test_sigkill_in_a_stage_then_rerun_equals_a_clean_run(tmp_path: Path, stage: str) -> None:
-    affs = _affinities(tmp_path)
-    clean = tmp_path / "clean.zarr"
-    subprocess.run(_cmd(affs, clean), check=True, timeout=600)
+def test_sigkill_in_a_stage_then_rerun_equals_a_clean_run(
+        tmp_path: Path, stage: str, clean: tuple[str, np.ndarray]) -> None:
+    affs, expected = clean
     out = tmp_path / "out.zarr"
     work = tmp_path / "out.zarr.agglomerate"
     ledger = {"fragments": work / "fragments.zarr", "faces": work / "faces", "relabel": out}[stage]
@@ -66,17 +76,15 @@ def test_sigkill_in_a_stage_then_rerun_equals_a_clean_run(tmp_path: Path, stage:
         assert proc.returncode == -signal.SIGKILL
         assert 0 < _done(ledger) < BLOCKS
     subprocess.run(_cmd(affs, out), check=True, timeout=600)
-    expected = np.asarray(zarr.open_array(str(clean))[...])
     assert np.array_equal(np.asarray(zarr.open_array(str(out))[...]), expected)
-    assert expected.any()
 
 
 @pytest.mark.slow
-def test_a_dask_cluster_writes_the_same_labels(tmp_path: Path) -> None:
+def test_a_dask_cluster_writes_the_same_labels(tmp_path: Path,
+                                               clean: tuple[str, np.ndarray]) -> None:
+    """All three stages on one LocalCluster (`shared_cluster`), the same labels as here."""
     pytest.importorskip("distributed")
-    affs = _affinities(tmp_path)
-    here, there = tmp_path / "here.zarr", tmp_path / "there.zarr"
-    subprocess.run(_cmd(affs, here), check=True, timeout=600)
+    affs, here = clean
+    there = tmp_path / "there.zarr"
     subprocess.run(_cmd(affs, there, "--scheduler", "local:2"), check=True, timeout=600)
-    assert np.array_equal(np.asarray(zarr.open_array(str(here))[...]),
-                          np.asarray(zarr.open_array(str(there))[...]))
+    assert np.array_equal(here, np.asarray(zarr.open_array(str(there))[...]))

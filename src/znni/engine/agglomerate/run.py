@@ -44,6 +44,7 @@ from znni.engine.io.stores import remove_tree
 from znni.engine.job import ProgressEvent
 from znni.engine.location import Location
 from znni.engine.output.target import OutputTarget
+from znni.engine.sweep.dask import shared_cluster
 from znni.engine.sweep.run import start_ledger, sweep
 from znni.engine.sweep.stage import Stage
 
@@ -62,11 +63,12 @@ def agglomerate(job: AgglomerateJob) -> AgglomerateReport:
         if job.overwrite:
             _clear(prep)
         prep = _adopt_work(prep)
-        stages = _block_stages(prep)
-        counts, seconds = _global_step(prep)
-        stages.append(StageReport("agglomerate", 1, 1, seconds))
-        for out in prep.outputs:
-            stages.append(_relabel(prep, out))
+        with shared_cluster(job.scheduler):  # one Dask cluster for the three block stages
+            stages = _block_stages(prep)
+            counts, seconds = _global_step(prep)
+            stages.append(StageReport("agglomerate", 1, 1, seconds))
+            for out in prep.outputs:
+                stages.append(_relabel(prep, out))
     finally:
         for lock in locks:
             lock.release()

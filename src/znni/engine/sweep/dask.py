@@ -9,13 +9,19 @@ volumes by their URLs, with the store options that travel inside the stage) it o
 itself. A worker that dies mid-block loses only that task, which the scheduler runs again
 elsewhere; chunks are block-aligned, so a rerun block rewrites exactly the chunks the
 dead one may have half written.
+Inside `shared_cluster(scheduler)` the sweeps of one job (agglomeration's three stages) use
+one client, and for 'local:N' one LocalCluster, made at the first sweep that has blocks to
+run and closed at the end, instead of a cluster per stage (each about 2 s to start, and its
+new worker processes import znni again).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 from znni.engine.geometry import Block
@@ -26,6 +32,9 @@ from znni.engine.sweep.stage import BlockWork, OnDone, Stage
 TASK_RETRIES = 3  # task errors (not worker deaths, which the scheduler retries itself)
 
 _WORKERS: dict[int, BlockWork] = {}
+# scheduler -> (client, cluster or None), while a `shared_cluster` is open in this context
+_SHARED: ContextVar[dict[str, tuple[Any, Any]] | None] = ContextVar("znni_dask_shared",
+                                                                     default=None)
 
 
 def run_block_task(stage: Stage, block: Block) -> tuple[str, dict[str, float]]:
@@ -63,6 +72,29 @@ def _connect(scheduler: str) -> tuple[Any, Any]:
         raise ValueError(f"cannot reach the Dask scheduler at {scheduler} ({e})") from e
 
 
+@contextlib.contextmanager
+def shared_cluster(scheduler: str | None) -> Iterator[None]:
+    """Every Dask sweep on `scheduler` inside shares one client (module docstring); nothing
+    for None (a local run) or inside another `shared_cluster`."""
+    if scheduler is None or _SHARED.get() is not None:
+        yield
+        return
+    shared: dict[str, tuple[Any, Any]] = {}
+    token = _SHARED.set(shared)
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
+        for client, cluster in shared.values():
+            _close(client, cluster)
+
+
+def _close(client: Any, cluster: Any) -> None:
+    client.close()
+    if cluster is not None:
+        cluster.close()
+
+
 def run_dask(
     stage: Stage,
     blocks: Sequence[Block],
@@ -80,7 +112,13 @@ def run_dask(
         return
     from distributed import as_completed
 
-    client, cluster = _connect(scheduler)
+    shared = _SHARED.get()
+    if shared is None:
+        client, cluster = _connect(scheduler)
+    else:
+        if scheduler not in shared:
+            shared[scheduler] = _connect(scheduler)
+        client, cluster = shared[scheduler]
     try:
         [stage_future] = client.scatter([stage], broadcast=True, hash=False)
         by_key = {b.key: b for b in blocks}
@@ -104,6 +142,5 @@ def run_dask(
                 raise SegmentCancelled(f"cancelled after {n} of {len(blocks)} blocks")
             t_wait = time.perf_counter()
     finally:
-        client.close()
-        if cluster is not None:
-            cluster.close()
+        if shared is None:
+            _close(client, cluster)
