@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import zarr
 from support.engine_ref import slow_network, small_network, write_network, write_volume
+from support.trace_gate import TraceGate
 
 from znni.engine.context import StoreContext
 from znni.engine.io.ledger import read_ledger
@@ -185,24 +186,13 @@ def test_full_disk_before_the_first_block_is_named(tmp_path: Path, small_fs: Pat
     assert "no space left on the device" in r.stderr and "cannot write output" in r.stderr
 
 
-def _held_at_its_second_block(cmd: list[str], out: Path, gate: Path) -> subprocess.Popen:
-    """A run started and held: its ZNNI_ENGINE_TRACE is the FIFO `gate`, which the test
-    opens once, so its first block's trace goes through and the next one's open() waits for
-    a reader that never comes. Returned once the first block is in the ledger of `out`."""
-    os.mkfifo(gate)
-    run = subprocess.Popen(cmd, env={**ENV, "ZNNI_ENGINE_TRACE": str(gate)},
-                           stderr=subprocess.PIPE)
-    fd = os.open(gate, os.O_RDONLY | os.O_NONBLOCK)  # a reader now: the first open() passes
-    try:
-        traced, deadline = b"", time.monotonic() + 120
-        while b"\n" not in traced and run.poll() is None and time.monotonic() < deadline:
-            try:
-                traced += os.read(fd, 4096)
-            except BlockingIOError:
-                pass
-            time.sleep(0.01)
-    finally:
-        os.close(fd)
+def _held_after_its_first_block(cmd: list[str], out: Path, gate: TraceGate) -> subprocess.Popen:
+    """A run started, one block let through its trace gate, then held; returned once that
+    block is in the ledger of `out`."""
+    run = subprocess.Popen(cmd, env={**ENV, **gate.env()}, stderr=subprocess.PIPE)
+    gate.wait_for(run, 1)
+    gate.hold()
+    deadline = time.monotonic() + 120
     while run.poll() is None and time.monotonic() < deadline \
             and not read_ledger(Location.parse(out), ctx=CTX)[1]:
         time.sleep(0.01)
@@ -212,11 +202,12 @@ def _held_at_its_second_block(cmd: list[str], out: Path, gate: Path) -> subproce
 @pytest.mark.slow
 def test_second_run_on_a_held_output_is_refused_and_a_dead_holder_does_not_block(
         tmp_path: Path) -> None:
-    """The first run is held mid-run by its trace FIFO (not by a volume big enough to still
+    """The first run is held mid-run by its trace gate (not by a volume big enough to still
     be running: 1000 blocks and 37 s before), then killed."""
     spec, inp, _ = _setup(tmp_path)
     out = tmp_path / "out.zarr"
-    first = _held_at_its_second_block(_cmd(spec, inp, out), out, tmp_path / "gate")
+    gate = TraceGate(tmp_path / "gate")
+    first = _held_after_its_first_block(_cmd(spec, inp, out), out, gate)
     try:
         assert read_ledger(Location.parse(out), ctx=CTX)[1], "the first run recorded no block"
         second = [subprocess.Popen(_cmd(spec, inp, out, *extra), env=ENV, text=True,
@@ -230,6 +221,7 @@ def test_second_run_on_a_held_output_is_refused_and_a_dead_holder_does_not_block
     finally:
         first.kill()  # SIGKILL: its lock file stays behind, its process gone
         first.wait()
+        gate.close()
     assert Path(str(out) + ".znni-lock").exists()
     r = _run(_cmd(spec, inp, out))
     assert r.returncode == 0, r.stderr

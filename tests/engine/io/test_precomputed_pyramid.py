@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import zarr
-from support.engine_ref import slow_network, small_network, write_network, write_volume
+from support.engine_ref import small_network, write_network, write_volume
 from support.precomputed_util import kvstore
 from support.store_runs import (
     BLOCK,
@@ -25,6 +25,7 @@ from support.store_runs import (
     refused,
     segment_cmd,
 )
+from support.trace_gate import TraceGate
 
 from znni.engine.context import StoreContext
 from znni.engine.io.ledger import read_ledger
@@ -191,11 +192,11 @@ KILL_SHAPE = (64, 72, 96)  # 4 x 4 x 4 blocks; of 18: the level-2 footprints cro
 KILL_TOTAL = 64
 
 
-def slow_case(tmp_path: Path) -> tuple[Path, str]:
-    """A network of 32-channel convs (a block takes tens of milliseconds on the reference
-    backend, so a kill lands mid-run) and a plain Zarr input of KILL_SHAPE."""
+def kill_case(tmp_path: Path) -> tuple[Path, str]:
+    """A small network and a plain Zarr input of KILL_SHAPE (the run is held mid-way by its
+    trace gate, so its blocks need not be slow)."""
     rng = np.random.default_rng(23)
-    layers, params = slow_network(rng, width=32, pool=False)
+    layers, params = small_network(rng)
     spec = write_network(tmp_path, layers, params, scale=SCALE)
     vol = rng.integers(0, 256, size=KILL_SHAPE).astype(np.uint8)
     return spec, write_volume(tmp_path / "in.zarr", vol, 3, (16, 16, 16))
@@ -203,7 +204,7 @@ def slow_case(tmp_path: Path) -> tuple[Path, str]:
 
 @pytest.mark.slow
 def test_sigkill_then_resume_leaves_the_scales_of_a_clean_run(tmp_path: Path) -> None:
-    spec, inp = slow_case(tmp_path)
+    spec, inp = kill_case(tmp_path)
     # coarse chunks are written at once, so blocks are recorded as their footprints complete,
     # in many small batches the kill can follow (held 2 s, a run this short records at its end)
     env = child_env(ZNNI_BACKEND="reference", ZNNI_PYRAMID_FLUSH_S="0")
@@ -211,7 +212,14 @@ def test_sigkill_then_resume_leaves_the_scales_of_a_clean_run(tmp_path: Path) ->
     assert subprocess.run(segment_cmd(spec, inp, clean, "--pyramid", "2", *KILL_BLOCK), env=env,
                           timeout=WAIT_S).returncode == 0
     cmd = segment_cmd(spec, inp, out, "--pyramid", "2", *KILL_BLOCK)
-    kill_after_blocks(subprocess.Popen(cmd, env=env), out, KILL_TOTAL // 3)
+    gate = TraceGate(tmp_path / "gate")  # half the blocks through, then the run held
+    try:
+        proc = subprocess.Popen(cmd, env={**env, **gate.env()})
+        gate.wait_for(proc, KILL_TOTAL // 2)
+        gate.hold()
+        kill_after_blocks(proc, out, KILL_TOTAL // 3)
+    finally:
+        gate.close()
     assert KILL_TOTAL // 3 <= len(read_ledger(Location.parse(out), ctx=CTX)[1]) < KILL_TOTAL
     assert subprocess.run(cmd, env=env, timeout=WAIT_S).returncode == 0
     got, info = scales_of(kvstore(str(tmp_path / "out.pc")))
