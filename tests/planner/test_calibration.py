@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -180,3 +181,108 @@ def test_fft_products_follow_the_sample_and_channel_chunks() -> None:
     # every output-channel chunk gathers all input spectra of the batch again
     assert costs.cpu_pack_bytes(small, "fft-keep") == 2 * 4 * nc * 8
     assert costs.cpu_pack_bytes(big, "fft-recompute") == -(-80 // oc) * 8 * 80 * 88 * 88 * 45 * 8
+
+
+class _Terminal(__import__("io").StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_line_on_a_terminal_and_silence_elsewhere() -> None:
+    """On a terminal: one line, rewritten in place, with the step count, what is measured
+    and the seconds left; cleared at the end. Elsewhere (or quiet): nothing."""
+    from znni.planner.calibration_steps import Step, run_steps
+
+    steps = [Step(f"s{i}", f"thing {i}", 2.0, lambda i=i: float(i)) for i in range(3)]
+    tty = _Terminal()
+    saved: list[dict] = []
+    out = run_steps(steps, {"s0": 0.5}, lambda m: saved.append(dict(m)), stream=tty)
+    assert out == {"s0": 0.5, "s1": 1.0, "s2": 2.0}  # s0 was measured before: kept
+    assert [sorted(m) for m in saved] == [["s0", "s1"], ["s0", "s1", "s2"]]
+    text = tty.getvalue()
+    assert "\n" not in text and text.endswith("\r")
+    shown = [part.strip() for part in text.split("\r") if part.strip()]
+    assert len(shown) == 2
+    assert re.fullmatch(r"calibrating \[#{6}-{14}\] 1/3 thing 1, ~\d+ s left", shown[0])
+    assert re.fullmatch(r"calibrating \[#{13}-{7}\] 2/3 thing 2, ~\d+ s left", shown[1])
+    for stream, quiet in ((__import__("io").StringIO(), False), (_Terminal(), True)):
+        run_steps(steps, {}, lambda m: None, stream=stream, quiet=quiet)
+        assert stream.getvalue() == ""
+
+
+def _fake_parts(monkeypatch, tmp_path, ran: list[str], fail_at: str | None = None) -> None:
+    """The calibration at the quick shapes with made-up seconds, recording what it ran."""
+    from znni.planner.calibration_steps import Step
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    for name, value in (("FULL_SHAPES", calibrate.QUICK_SHAPES),
+                        ("FULL_POOLS", calibrate.QUICK_POOLS), ("FFT_SHAPES", ())):
+        monkeypatch.setattr(calibrate, name, value)
+    monkeypatch.setattr(calibrate, "baseline_rss_bytes", lambda: 1)
+
+    def run(key: str, value: object) -> object:
+        if key == fail_at:
+            raise KeyboardInterrupt
+        ran.append(key)
+        return value
+
+    def part_steps(part, profile, state, backends):  # type: ignore[no-untyped-def]
+        if part != "cpu":
+            return [Step(part, part, 1.0, lambda: run(part, {}))]
+        real = calibrate.cpu_steps(backends, profile, calibrate.QUICK_SHAPES,
+                                   calibrate.QUICK_POOLS)
+        return [Step(s.key, s.label, s.estimate_s, lambda k=s.key, i=i: run(k, 0.01 * (i + 1)))
+                for i, s in enumerate(real)]
+
+    monkeypatch.setattr(calibrate, "part_steps", part_steps)
+
+
+def test_a_calibration_measures_only_the_parts_asked_and_resumes(tmp_path, monkeypatch) -> None:
+    """A sequential plan's calibration measures the CPU primitives only; a graph model's adds
+    the graph primitives alone; OpenVINO's conv only where it is installed. Every step is
+    cached as it is done: an interrupted calibration measures only the steps it lacks."""
+    from znni.planner.graph import openvino_costs
+
+    monkeypatch.setattr(openvino_costs, "openvino_ready", lambda: False)
+    ran: list[str] = []
+    _fake_parts(monkeypatch, tmp_path, ran, fail_at="fft-keep 8,8,8,3,10")
+    base = _profile()
+    with pytest.raises(KeyboardInterrupt):
+        calibrate.calibrated_profile(base)
+    before = list(ran)
+    assert before and "graph" not in before
+    cached = json.loads(calibrate.cache_path(2).read_text())
+    assert sorted(cached["steps"]) == sorted(before) and cached["parts"] == []
+    assert not calibrate.calibrated_profile(base, measure=False).calibrated
+
+    ran.clear()
+    _fake_parts(monkeypatch, tmp_path, ran)
+    done = calibrate.calibrated_profile(base)
+    assert done.calibrated and ran and not set(ran) & set(before)  # the rest, once each
+    assert "graph" not in ran and json.loads(calibrate.cache_path(2).read_text())["parts"] == [
+        "cpu"]
+    ran.clear()
+    calibrate.measured_parts(base, ("graph", "openvino"))
+    assert ran == ["graph"]  # OpenVINO is not installed (here): not measured
+    ran.clear()
+    assert calibrate.calibrated_profile(base, parts=("graph",)).calibrated and ran == []
+
+
+def test_a_plan_for_another_machine_never_calibrates(tmp_path, monkeypatch, capsys) -> None:
+    """`znni plan --machine PROFILE` reads no calibration and writes none."""
+    from pathlib import Path
+
+    from znni.cli import main
+    from znni.planner import calibration_steps
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+
+    def refuse(*args, **kw):  # type: ignore[no-untyped-def]
+        raise AssertionError("calibrated")
+
+    monkeypatch.setattr(calibration_steps, "run_steps", refuse)
+    monkeypatch.setattr(calibrate, "run_steps", refuse)
+    net = Path(__file__).resolve().parents[2] / "benchmarks" / "networks" / "n337.json"
+    assert main(["plan", str(net), "--machine", "ci-2core", "--json"]) == 0
+    assert '"machine": "ci-2core"' in capsys.readouterr().out
+    assert not list(tmp_path.rglob("machine-*.json"))

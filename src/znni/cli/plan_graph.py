@@ -29,6 +29,10 @@ def graph_summary(args: argparse.Namespace, model: Any, limit: int | None,
         from znni.planner.detect import calibrate_gpus
 
         calibrate_gpus()
+    elif machine is None:  # this machine's CPU: its graph primitives measured once
+        from znni.planner.detect import calibrate_graph_primitives
+
+        calibrate_graph_primitives()
     return graph_plan(model, limit, region, args.overlap, machine, window, device=device,
                       precision=args.precision, flips=flips)
 

@@ -2,15 +2,17 @@
 
 Each primitive (direct, fft-keep, fft-recompute, MPF) runs through the real
 CpuBackend at layer shapes whose working sets range from cache-resident
-(~1 MB) to far beyond the caches (~400 MB). The counted work of costs.py per
-run gives one linear equation  t = sum_j work_j / rate_j, solved in relative
-least squares for the inverse rates. What one set of rates cannot say (big
+(~1 MB) to far beyond the caches (~650 MB) (cpu_measure.py). The counted work of
+costs.py per run gives one linear equation  t = sum_j work_j / rate_j, solved in
+relative least squares for the inverse rates. What one set of rates cannot say (big
 layers stream from DRAM and fault in fresh pages, small ones run from cache)
 is then fitted per primitive as a time factor linear in log(working set)
-(MachineProfile.cpu_scaling). The graph primitives (Winograd, OpenVINO's conv,
-instance norm, graph_ops' strided and transposed convs) are then fitted on their
-models' own terms (graph/calibrate.py). Results are cached per machine in
-$XDG_CACHE_HOME/znni, so a process calibrates once.
+(MachineProfile.cpu_scaling). The graph primitives (Winograd, instance norm,
+graph_ops' strided and transposed convs; OpenVINO's conv where it is installed) are
+fitted on their models' own terms (graph/calibrate.py), only when a graph model is
+planned on this machine (`parts`). Results are cached per machine in $XDG_CACHE_HOME/znni,
+each measured step as soon as it is done (calibration_steps.py: an interrupted
+calibration resumes), so a machine calibrates once.
 """
 
 from __future__ import annotations
@@ -21,40 +23,58 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from znni.model.network import LayerShape
-from znni.planner.costs import Work, cpu_conv_work, other_work, working_set_bytes
+from znni.planner.calibration_steps import Step, run_steps
+from znni.planner.costs import Work
+from znni.planner.cpu_measure import (
+    SPECTRA_BYTES,
+    Backends,
+    ConvShape,
+    PoolShape,
+    Row,
+    cpu_rows,
+    cpu_steps,
+)
 from znni.planner.fitting import relative_multipliers
 from znni.planner.machine import DEFAULT_CPU_RATES, MachineProfile
 
 log = logging.getLogger(__name__)
 
+__all__ = ["SPECTRA_BYTES", "cache_path", "calibrated_profile", "fit_rates", "fit_scaling",
+           "measured_parts"]
+
 # (S, f, f', k, n): first layers, deep layers at S = 1 and at fragment batches, and a few
-# output layers (f' = 3); in cache, then the same kinds at 50-400 MB working sets, and
-# 7^3 kernels (direct's column buffers grow with f*k^3), and few channels over many
-# frequencies (the multiply-add's per-frequency products dominate).
-FULL_SHAPES = ((1, 8, 8, 3, 20), (1, 1, 40, 3, 64), (1, 40, 40, 3, 40), (8, 40, 40, 3, 20),
-               (1, 80, 80, 5, 32), (8, 32, 32, 5, 24), (64, 24, 24, 3, 12), (64, 80, 3, 3, 12),
-               (1, 1, 80, 5, 112), (8, 80, 80, 3, 41), (1, 40, 40, 5, 64), (64, 80, 3, 3, 16),
-               (64, 80, 80, 3, 21), (1, 80, 80, 7, 36), (8, 80, 80, 7, 29), (1, 4, 4, 3, 64),
-               (1, 16, 16, 3, 64))
+# output layers (f' = 3); in cache, then the same kinds at 100-200 MB working sets (3-6x
+# the AMD host's L3: DRAM as much as 400 MB were, at half the work), and 7^3 kernels
+# (direct's column buffers grow with f*k^3), and few channels over many frequencies (the
+# multiply-add's per-frequency products dominate). (8, 80, 80, 7, 29) is gone: its
+# direct run took a quarter of the calibration, and without it the four benchmark
+# networks' plans and predictions stayed within 0.5% (2026-11-28).
+FULL_SHAPES: tuple[ConvShape, ...] = (
+    (1, 8, 8, 3, 20), (1, 1, 40, 3, 64), (1, 40, 40, 3, 40), (8, 40, 40, 3, 20),
+    (1, 80, 80, 5, 32), (8, 32, 32, 5, 24), (64, 24, 24, 3, 12), (64, 80, 3, 3, 12),
+    (1, 1, 80, 5, 88), (8, 80, 80, 3, 33), (1, 40, 40, 5, 64), (64, 80, 3, 3, 16),
+    (64, 80, 80, 3, 17), (1, 80, 80, 7, 36), (1, 4, 4, 3, 64), (1, 16, 16, 3, 64))
 # FFT-only (direct is hopeless there and slow to time): fragment batches over several of
 # fft_conv3d's sample chunks, each recomputing every kernel spectrum, with few output
 # channels per chunk; the regime of n726's and n926's big 7^3 and 9^3 layers.
-FFT_SHAPES = ((40, 80, 80, 9, 33), (24, 40, 40, 5, 41))
-QUICK_SHAPES = ((1, 1, 8, 3, 20), (1, 8, 8, 3, 16), (8, 8, 8, 3, 10), (8, 8, 2, 3, 12))
+FFT_SHAPES: tuple[ConvShape, ...] = ((40, 80, 80, 9, 33), (24, 40, 40, 5, 41))
+QUICK_SHAPES: tuple[ConvShape, ...] = (
+    (1, 1, 8, 3, 20), (1, 8, 8, 3, 16), (8, 8, 8, 3, 10), (8, 8, 2, 3, 12))
 # (S, C, n) of MPF with 2^3 windows, small to large
-FULL_POOLS = ((1, 8, 63), (8, 16, 31), (8, 80, 51), (1, 80, 143))
-QUICK_POOLS = ((1, 4, 31), (8, 4, 15))
-SPECTRA_BYTES = 2**31  # the calibration backend's spectra cache (decides fft-keep tiling)
-CACHE_VERSION = 16  # bump when the calibration changes meaning; older caches are re-measured
+FULL_POOLS: tuple[PoolShape, ...] = ((1, 8, 63), (8, 16, 31), (8, 80, 51), (1, 80, 143))
+QUICK_POOLS: tuple[PoolShape, ...] = ((1, 4, 31), (8, 4, 15))
+CACHE_VERSION = 17  # bump when the calibration changes meaning; older caches are re-measured
+# what a calibration measures: "cpu" (the layer primitives: every plan), "graph" (graph
+# models' primitives), "openvino" (its conv, where installed; with "graph")
+PARTS = ("cpu", "graph", "openvino")
+GRAPH_ESTIMATE_S, OPENVINO_ESTIMATE_S = 4.0, 2.0  # their progress estimates
 
 
 def cache_path(cores: int) -> Path:
@@ -67,52 +87,157 @@ def cache_path(cores: int) -> Path:
 
 
 def calibrated_profile(
-    profile: MachineProfile, *, quick: bool = False, measure: bool = True
+    profile: MachineProfile, *, quick: bool = False, measure: bool = True,
+    parts: Sequence[str] = ("cpu",), quiet: bool = False,
 ) -> MachineProfile:
     """`profile` with measured rates and baseline RSS, from the cache or measured now.
 
-    measure=False never measures: the cached rates if there are any, else `profile` as is.
-    Its GPUs get their own cached rates (gpu_calibrate.cached_gpu_rates), measured where
-    `measure` and none are cached.
+    parts: what to measure where the cache lacks it ("cpu" always; "graph" adds the
+    graph primitives, "openvino" OpenVINO's conv where it is installed). measure=False
+    never measures: the cached rates if there are any, else `profile` as is. quiet: no
+    progress bar. Its GPUs get their own cached rates (gpu_calibrate.cached_gpu_rates),
+    measured where `measure` and none are cached.
     """
     from znni.planner.graph.gpu_calibrate import cached_gpu_rates
 
-    out = _cpu_calibrated(profile, quick=quick, measure=measure)
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        raise ValueError(f"unknown calibration parts {sorted(unknown)}; expected {PARTS}")
+    if quick:
+        out = _quick_profile(profile)
+    else:
+        out = _cpu_calibrated(profile, measure=measure, parts=parts, quiet=quiet)
     return replace(out, gpus=cached_gpu_rates(out.gpus, measure=measure, quick=quick))
 
 
-def _cpu_calibrated(profile: MachineProfile, *, quick: bool, measure: bool) -> MachineProfile:
+def measured_parts(profile: MachineProfile, parts: Sequence[str], *,
+                   quiet: bool = False) -> MachineProfile:
+    """`profile` with the CPU rates of `parts`, cached or measured now (its GPUs as they
+    are)."""
+    return _cpu_calibrated(profile, measure=True, parts=parts, quiet=quiet)
+
+
+def wanted_parts(parts: Sequence[str]) -> list[str]:
+    """`parts` in measuring order, with "cpu" (every other part's fit starts from it), and
+    "openvino" only where OpenVINO is installed."""
+    from znni.planner.graph.openvino_costs import openvino_ready
+
+    asked = {"cpu", *parts}
+    if "openvino" in asked and not openvino_ready():
+        asked.discard("openvino")
+    return [p for p in PARTS if p in asked]
+
+
+def _read_cache(path: Path) -> dict[str, Any]:
+    """The cache file's contents if it is of this version, else {}."""
+    if not path.is_file():
+        return {}
+    try:
+        cached = json.loads(path.read_text())
+        if isinstance(cached, dict) and cached.get("version") == CACHE_VERSION:
+            return cached
+        log.info("calibration cache %s is from an older znni; not using it", path)
+    except (ValueError, OSError) as e:
+        log.warning("ignoring unreadable calibration cache %s: %s", path, e)
+    return {}
+
+
+def _from_cache(profile: MachineProfile, cached: dict[str, Any]) -> MachineProfile:
+    return MachineProfile.from_dict({
+        **profile.to_dict(), "cpu_rates": cached["cpu_rates"],
+        "cpu_scaling": cached["cpu_scaling"],
+        "base_rss_bytes": int(cached["base_rss_bytes"]), "calibrated": True})
+
+
+def _cpu_calibrated(profile: MachineProfile, *, measure: bool, parts: Sequence[str],
+                    quiet: bool) -> MachineProfile:
     """`profile` with its CPU rates and baseline RSS from the cache, or measured now."""
     path = cache_path(profile.cores)
-    if path.is_file() and not quick:
-        try:
-            cached = json.loads(path.read_text())
-            if cached.get("version") == CACHE_VERSION:
-                return MachineProfile.from_dict({
-                    **profile.to_dict(), "cpu_rates": cached["cpu_rates"],
-                    "cpu_scaling": cached["cpu_scaling"],
-                    "base_rss_bytes": int(cached["base_rss_bytes"]), "calibrated": True})
-            log.info("calibration cache %s is from an older znni; not using it", path)
-        except (ValueError, KeyError, TypeError, OSError) as e:
-            log.warning("ignoring unreadable calibration cache %s: %s", path, e)
-    if not measure:
-        return profile
-    log.info("calibrating the CPU primitives on this machine (once; cached in %s)", path)
-    rows = measurements(QUICK_SHAPES if quick else FULL_SHAPES,
-                        QUICK_POOLS if quick else FULL_POOLS, quick,
-                        () if quick else FFT_SHAPES)
+    cached = _read_cache(path)
+    have = cached.get("parts", ["cpu"] if "cpu_rates" in cached else [])  # rates alone: cpu
+    try:
+        usable = _from_cache(profile, cached) if "cpu" in have else None
+    except (ValueError, KeyError, TypeError) as e:
+        log.warning("ignoring unreadable calibration cache %s: %s", path, e)
+        cached, have, usable = {}, [], None
+    missing = [p for p in wanted_parts(parts) if p not in have]
+    if not missing or not measure:
+        return usable or profile
+    log.info("calibrating %s on this machine (once; cached in %s)", ", ".join(missing), path)
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    state = {**cached, "version": CACHE_VERSION, "parts": list(have)}
+    state.setdefault("steps", {})
+    for part in missing:
+        _measure_part(part, profile, state, path, quiet)
+    log.info("calibrated %s in %.0f s (%.0f s of CPU)", ", ".join(missing),
+             time.perf_counter() - t0, time.process_time() - cpu0)
+    return _from_cache(profile, state)
+
+
+def _measure_part(part: str, profile: MachineProfile, state: dict[str, Any], path: Path,
+                  quiet: bool) -> None:
+    """Measure `part`'s steps not in state["steps"] (each saved as it is done), then fit
+    them into `state`'s rates and save it with `part` done."""
+    def save(measured: dict[str, Any]) -> None:
+        state["steps"] = measured
+        _write_cache(path, state)
+
+    backends = Backends(quick=False)
+    try:
+        steps = part_steps(part, profile, state, backends)
+        measured = run_steps(steps, state["steps"], save, quiet=quiet)
+    finally:
+        backends.close()
+    if part == "cpu":
+        rows = cpu_rows(measured, FULL_SHAPES, FULL_POOLS, FFT_SHAPES)
+        rates = fit_rates([(w, t) for _, w, t, _ in rows], dict(DEFAULT_CPU_RATES))
+        state.update(cpu_rates=rates, cpu_scaling=fit_scaling(rows, rates),
+                     base_rss_bytes=baseline_rss_bytes())
+    else:
+        state["cpu_rates"] = {**state["cpu_rates"], **measured[part]}
+    state["parts"] = [p for p in PARTS if p in {*state["parts"], part}]
+    save(measured)
+
+
+def part_steps(part: str, profile: MachineProfile, state: dict[str, Any],
+               backends: Backends) -> list[Step]:
+    """The steps of `part`: the CPU primitives' shapes, or one step for the graph
+    primitives or OpenVINO (fitted on the CPU rates in `state`)."""
+    if part == "cpu":
+        return cpu_steps(backends, profile, FULL_SHAPES, FULL_POOLS, FFT_SHAPES)
+    from znni.planner.graph.calibrate import GRAPH_RATE_KEYS, graph_rates, openvino_rates
+
+    def fitted() -> MachineProfile:
+        return _from_cache(profile, state)
+
+    if part == "graph":
+        def graph() -> dict[str, float]:
+            rates = graph_rates(fitted(), openvino=False)
+            return {k: rates[k] for k in GRAPH_RATE_KEYS}
+
+        return [Step("graph", "Winograd, instance norm, strided and transposed convs",
+                     GRAPH_ESTIMATE_S, graph)]
+    return [Step("openvino", "OpenVINO's conv", OPENVINO_ESTIMATE_S,
+                 lambda: openvino_rates(fitted()))]
+
+
+def _quick_profile(profile: MachineProfile) -> MachineProfile:
+    """A quick calibration at small shapes (tests), never cached."""
+    backends = Backends(quick=True)
+    try:
+        steps = cpu_steps(backends, profile, QUICK_SHAPES, QUICK_POOLS)
+        measured = run_steps(steps, {}, lambda _: None, quiet=True)
+    finally:
+        backends.close()
+    rows = cpu_rows(measured, QUICK_SHAPES, QUICK_POOLS)
     rates = fit_rates([(w, t) for _, w, t, _ in rows], dict(DEFAULT_CPU_RATES))
     scaling = fit_scaling(rows, rates)
     from znni.planner.graph.calibrate import graph_rates
 
-    rates = graph_rates(replace(profile, cpu_rates=rates), quick)
-    out = replace(profile, cpu_rates=rates,
-                  cpu_scaling={k: tuple((b, f) for b, f in v) for k, v in scaling.items()},
-                  base_rss_bytes=baseline_rss_bytes(), calibrated=True)
-    if not quick:
-        _write_cache(path, {"version": CACHE_VERSION, "cpu_rates": rates,
-                           "cpu_scaling": scaling, "base_rss_bytes": out.base_rss_bytes})
-    return out
+    rates = graph_rates(replace(profile, cpu_rates=rates), quick=True)
+    return replace(profile, cpu_rates=rates,
+                   cpu_scaling={k: tuple((b, f) for b, f in v) for k, v in scaling.items()},
+                   base_rss_bytes=baseline_rss_bytes(), calibrated=True)
 
 
 def _write_cache(path: Path, payload: dict[str, Any]) -> None:
@@ -121,65 +246,6 @@ def _write_cache(path: Path, payload: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # readers never see half
     tmp.write_text(json.dumps(payload))
     tmp.replace(path)
-
-
-ConvShape = tuple[int, int, int, int, int]  # (batch S, Cin f, Cout g, kernel k, input side n)
-PoolShape = tuple[int, int, int]  # (S, C, n) of an MPF with 2^3 windows
-
-
-def _conv_shape(shape: ConvShape) -> LayerShape:
-    """The layer of a calibration shape (batch S, Cin f, Cout g, kernel k, input side n)."""
-    s, f, g, k, n = shape
-    return LayerShape(0, "conv", s, f, (n, n, n), s, g, (n - k + 1,) * 3, (k, k, k))
-
-
-def _timed(fn: Callable[[], object], repeats: int) -> float:
-    fn()  # warm: FFTW plans, kept spectra, workspaces
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
-Row = tuple[str, Work, float, int]  # (scaling key, counted work, seconds, working-set bytes)
-
-
-def measurements(shapes: Sequence[ConvShape], pools: Sequence[PoolShape], quick: bool,
-                 fft_shapes: Sequence[ConvShape] = ()) -> list[Row]:
-    """One row per primitive at every conv shape, per FFT primitive at every `fft_shapes`
-    shape (timed once after the warm-up: seconds each), plus MPF at every pool shape."""
-    from znni.primitives.backends import make_backend
-
-    effort = "FFTW_ESTIMATE" if quick else "FFTW_MEASURE"
-    backend = make_backend("cpu", fft_effort=effort, spectra_cache_bytes=SPECTRA_BYTES)
-    rng = np.random.default_rng(0)
-    rows: list[Row] = []
-    repeats = 1 if quick else 2
-    runs: list[tuple[ConvShape, tuple[str, ...], int]] = [
-        (shape, ("direct", "fft-keep", "fft-recompute"), repeats) for shape in shapes]
-    runs += [(shape, ("fft-keep", "fft-recompute"), 1) for shape in fft_shapes]
-    for (s, f, g, k, n), prims, reps in runs:
-        x = rng.standard_normal((s, f, n, n, n), dtype=np.float32)
-        w = rng.standard_normal((g, f, k, k, k), dtype=np.float32)
-        b = np.zeros(g, np.float32)
-        sh = _conv_shape((s, f, g, k, n))
-        for prim in prims:
-            t = _timed(partial(backend.conv3d, x, w, b, None, prim), reps)
-            rows.append((prim, cpu_conv_work(sh, prim, SPECTRA_BYTES), t, working_set_bytes(sh)))
-        del x
-    for s, c, n in pools:
-        x = rng.standard_normal((s, c, n, n, n), dtype=np.float32)
-        m = (n + 1) // 2 - 1  # MPF fragment size (n + 1 divisible by 2)
-        sh = LayerShape(0, "maxpool", s, c, (n, n, n), 8 * s, c, (m, m, m), (2, 2, 2))
-        t = _timed(partial(backend.mpf, x, (2, 2, 2)), repeats)
-        rows.append(("maxpool", other_work(sh), t, working_set_bytes(sh)))
-        del x
-    close = getattr(backend, "close", None)
-    if close is not None:
-        close()
-    return rows
 
 
 def _columns(work: Work, rates: dict[str, float]) -> list[float]:

@@ -13,11 +13,13 @@ from znni.planner.calibrate import calibrated_profile
 from znni.planner.machine import GpuProfile, MachineProfile, available_memory_bytes
 
 
-def detect_machine(*, calibrate: bool | None = True) -> MachineProfile:
+def detect_machine(*, calibrate: bool | None = True,
+                   parts: tuple[str, ...] = ("cpu",)) -> MachineProfile:
     """This machine, with (cached) calibrated rates.
 
-    calibrate: True measures the rates when none are cached; None uses cached
-    rates if any, else the defaults (never measures); False always uses the defaults.
+    calibrate: True measures the rates `parts` names (calibrate.PARTS) when none are
+    cached; None uses cached rates if any, else the defaults (never measures); False
+    always uses the defaults.
     """
     from znni.primitives.gpu import device_info  # CuPy, only when asked
 
@@ -35,7 +37,7 @@ def detect_machine(*, calibrate: bool | None = True) -> MachineProfile:
         gpus=gpus,
     )
     if calibrate is not False:
-        profile = calibrated_profile(profile, measure=bool(calibrate))
+        profile = calibrated_profile(profile, measure=bool(calibrate), parts=parts)
     return profile
 
 
@@ -46,3 +48,15 @@ def calibrate_gpus() -> None:
     from znni.planner.graph.gpu_calibrate import cached_gpu_rates
 
     cached_gpu_rates(detect_machine(calibrate=False).gpus, measure=True)
+
+
+def calibrate_graph_primitives() -> None:
+    """Measure this machine's graph primitives (OpenVINO's conv where installed) once, as
+    `znni plan MODEL.onnx` does before planning a graph model on this machine's CPU, where
+    its CPU primitives are calibrated (a graph plan never starts the whole calibration: it
+    takes the default rates until a sequential plan has measured them)."""
+    from znni.planner.calibrate import measured_parts
+
+    machine = detect_machine(calibrate=None)
+    if machine.calibrated:
+        measured_parts(machine, ("graph", "openvino"))

@@ -8,8 +8,9 @@ Winograd F(4,3) ran 1.3-2.1x its modelled time on eleven U-Net layers, the insta
 their predictions (2026-11-24), while OpenVINO's conv, 1.3-2x faster than our Winograd
 there, was costed as if slower, and graph_ops' strided and transposed convs, costed at the
 direct conv's fitted GEMM rate (276 GFLOP/s there: that fit puts the conv's time in its
-gather term), at half their time. So `calibrate.calibrated_profile` also runs each of them
-at U-Net layer shapes through the real primitives, and relative least squares on the cost
+gather term), at half their time. So `calibrate.calibrated_profile`, when a graph model
+is planned on this machine, also runs each of them at U-Net layer shapes through the real
+primitives (OpenVINO's conv where it is installed), and relative least squares on the cost
 model's own terms (winograd_costs.winograd_terms, openvino_costs.openvino_terms, the norm's
 traffic as graph/search.other_seconds counts it) scales their rates; the constants of
 those terms (passes, factors, call costs) stay as fitted.
@@ -57,11 +58,15 @@ ConvCase = tuple[int, int, int]  # (Cin, Cout, output side) of a 3^3 conv
 GemmCase = tuple[str, int, int, int]  # (op, Cin, Cout, input side)
 
 
-def graph_rates(profile: MachineProfile, quick: bool = False) -> dict[str, float]:
-    """`profile`'s graph-primitive rates fitted on this machine: winograd_flops_per_s and
-    winograd_bytes_per_s, norm_bytes_per_s, graph_gemm_flops_per_s, and
-    openvino_flops_per_s where OpenVINO is installed (not in a quick calibration:
-    compiling takes seconds)."""
+GRAPH_RATE_KEYS = ("winograd_flops_per_s", "winograd_bytes_per_s", "norm_bytes_per_s",
+                   "graph_gemm_flops_per_s")
+
+
+def graph_rates(profile: MachineProfile, quick: bool = False, *,
+                openvino: bool = True) -> dict[str, float]:
+    """`profile`'s rates with the graph primitives' fitted on this machine: GRAPH_RATE_KEYS,
+    and openvino_flops_per_s where `openvino` and OpenVINO is installed (not in a quick
+    calibration: compiling takes seconds)."""
     from znni.primitives.backends import make_backend
 
     backend = make_backend("cpu", spectra_cache_bytes=1)
@@ -76,20 +81,34 @@ def graph_rates(profile: MachineProfile, quick: bool = False) -> dict[str, float
         gemm_shapes = QUICK_GRAPH_GEMM_SHAPES if quick else GRAPH_GEMM_SHAPES
         (gemm_m,) = relative_fit(graph_gemm_rows(profile, gemm_shapes))
         rates["graph_gemm_flops_per_s"] /= gemm_m
-        from znni.planner.graph.openvino_costs import openvino_ready
-
-        if not quick and openvino_ready():
-            try:
-                (ov_m,) = relative_fit(openvino_rows(backend, profile, OPENVINO_SHAPES))
-                rates["openvino_flops_per_s"] /= ov_m
-            except (ValueError, RuntimeError) as e:  # installed but not working here
-                log.warning("OpenVINO's conv could not be calibrated (%s); its default "
-                            "rate is kept", e)
     finally:
         close = getattr(backend, "close", None)
         if close is not None:
             close()
+    if openvino and not quick:
+        rates.update(openvino_rates(profile))
     return rates
+
+
+def openvino_rates(profile: MachineProfile) -> dict[str, float]:
+    """{"openvino_flops_per_s": fitted} where OpenVINO is installed and works, else {}."""
+    from znni.planner.graph.openvino_costs import openvino_ready
+    from znni.primitives.backends import make_backend
+
+    if not openvino_ready():
+        return {}
+    backend = make_backend("cpu", spectra_cache_bytes=1)
+    try:
+        (ov_m,) = relative_fit(openvino_rows(backend, profile, OPENVINO_SHAPES))
+        return {"openvino_flops_per_s": profile.rate("openvino_flops_per_s") / ov_m}
+    except (ValueError, RuntimeError) as e:  # installed but not working here
+        log.warning("OpenVINO's conv could not be calibrated (%s); its default "
+                    "rate is kept", e)
+        return {}
+    finally:
+        close = getattr(backend, "close", None)
+        if close is not None:
+            close()
 
 
 def relative_fit(rows: list[Row]) -> tuple[float, ...]:
