@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 BAR_CELLS = 20
+SCALE_AFTER, SCALE_BOUNDS = 0.2, (0.5, 3.0)  # seconds_left's scaling of the estimates
 
 
 @dataclass(frozen=True)
@@ -42,10 +43,12 @@ class StepProgress:
         self._t0 = time.perf_counter()
 
     def seconds_left(self) -> float:
-        """The steps left's estimate, scaled by the finished steps' measured/estimated."""
-        if self.done_estimate_s <= 0:
+        """The steps left's estimate, scaled by the finished steps' measured/estimated once
+        they are a fifth of the estimate (the first, tiny steps are mostly overhead)."""
+        if self.done_estimate_s < SCALE_AFTER * (self.done_estimate_s + self.left_s):
             return self.left_s
-        return self.left_s * self.spent_s / self.done_estimate_s
+        lo, hi = SCALE_BOUNDS
+        return self.left_s * min(max(self.spent_s / self.done_estimate_s, lo), hi)
 
     def line(self, label: str) -> str:
         filled = BAR_CELLS * self.done // max(self.total, 1)

@@ -39,6 +39,7 @@ LONG_S = 1.0
 # a step's expected seconds (its progress estimate): the default rates' time, run
 # 1 + REPEATS times, plus FFTW_MEASURE's planning at this many times the run
 PLANNING_FACTOR = {"fft-keep": 8.0, "fft-recompute": 3.0}
+STEP_OVERHEAD_S = 0.1  # and this, per step (inputs, workspaces)
 
 
 def conv_layer(shape: ConvShape) -> LayerShape:
@@ -134,7 +135,7 @@ def conv_step(backends: Backends, shape: ConvShape, prim: str,
     planning = PLANNING_FACTOR.get(prim, 0.0) if effort == "FFTW_MEASURE" else 0.0
     s, f, g, k, n = shape
     return Step(step_key(prim, shape), f"{prim} {s}x{f}->{g} {k}^3 at {n}^3",
-                once * (1 + REPEATS + planning), run)
+                once * (1 + REPEATS + planning) + STEP_OVERHEAD_S, run)
 
 
 def pool_step(backends: Backends, shape: PoolShape, profile: MachineProfile) -> Step:
@@ -147,7 +148,7 @@ def pool_step(backends: Backends, shape: PoolShape, profile: MachineProfile) -> 
 
     once = cpu_seconds(other_work(pool_layer(shape)), profile)
     return Step(step_key("maxpool", shape), f"max-pool fragments {s}x{c} at {n}^3",
-                once * (1 + REPEATS), run)
+                once * (1 + REPEATS) + STEP_OVERHEAD_S, run)
 
 
 def cpu_steps(backends: Backends, profile: MachineProfile, shapes: Sequence[ConvShape],
