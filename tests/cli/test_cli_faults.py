@@ -5,6 +5,7 @@ kept, and a rerun whose output equals an uninterrupted run's bit for bit."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -253,3 +254,53 @@ def test_fill_run_stopped_by_a_full_disk_still_lists_the_chunk_after_resuming(
     ref = write_volume(tmp_path / "filled.zarr", filled, 3, CHUNKS)
     assert _run(_cmd(spec, ref, clean)).returncode == 0
     assert np.array_equal(_values(out), _values(clean))
+
+
+FULL_RUNS = 20
+TWO_BLOCKS = (8, 10, 24)  # blocks x 0:12 and 12:24
+FORK_CLI = Path(__file__).parents[1] / "support" / "fork_cli.py"
+
+
+def test_full_disk_ends_in_its_two_lines_every_time(tmp_path: Path) -> None:
+    """zarr writes a block's chunks as concurrent tasks; a full disk fails one and leaves
+    the others running, and zarr's exit handler stopped its loop under them: a task never
+    stepped printed `RuntimeWarning: coroutine 'concurrent_map.<locals>.run' was never
+    awaited` after the sentence (issue 52; the CLI now cancels and awaits them first:
+    io/zarr_arrays.settle_zarr_io). 20 runs of the CLI's entry point, each its own process
+    and interpreter exit (support/fork_cli.py: one start-up for all, two at a time), each
+    on its own real 600 KiB tmpfs: 2,2,2 chunks, 120 a block of a page each, so the first
+    of two blocks fits and the second fills the disk mid-block. Each exits 1 with exactly
+    its two lines, records only the first block, kept as a clean run writes it, and leaves
+    no half-written chunk file."""
+    spec, inp, _ = _setup(tmp_path, shape=TWO_BLOCKS)
+    clean = tmp_path / "clean.zarr"
+    outs = [tmp_path / f"fs{i}" / "out.zarr" for i in range(FULL_RUNS)]
+    try:
+        for out in outs:
+            out.parent.mkdir()
+            if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs",
+                               str(out.parent)], capture_output=True).returncode != 0:
+                pytest.skip("cannot mount a tmpfs here (needs root)")
+        runs = tmp_path / "runs.json"
+        runs.write_text(json.dumps([_cmd(spec, inp, out, "--chunks", "2,2,2")[3:]
+                                    for out in (clean, *outs)]))
+        r = subprocess.run([sys.executable, str(FORK_CLI), str(runs), "2"], env=ENV,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split() == ["0"] + ["1"] * FULL_RUNS, (r.stdout, runs.with_name(
+            "runs.json.0.err").read_text())
+        first = _values(clean)[..., :12]
+        for i, out in enumerate(outs, start=1):
+            err = runs.with_name(f"runs.json.{i}.err").read_text()
+            assert "RuntimeWarning" not in err and "never awaited" not in err, err
+            assert err.splitlines() == [
+                f"znni segment: error: cannot write output block 0:8,0:10,12:24 of {out}: "
+                "no space left on the device",
+                "znni segment: 1 of 2 blocks are done and kept; fix the cause, then rerun the "
+                "same command to resume"], err
+            assert read_ledger(Location.parse(out), ctx=CTX)[1] == {"0:8,0:10,0:12"}
+            assert not list(out.rglob("*.partial"))  # zarr's temporary chunk files
+            assert np.array_equal(_values(out)[..., :12], first)
+    finally:
+        for out in outs:
+            subprocess.run(["umount", "-l", str(out.parent)], capture_output=True, check=False)

@@ -69,10 +69,15 @@ def _abandoned_request(record: logging.LogRecord) -> bool:
 
 
 def _quiet_shutdown() -> None:
-    """After a failed store: reads still in flight in zarr's event loop are abandoned; keep
-    their teardown (pending tasks, ignored exceptions) off stderr, after our one sentence."""
+    """After a failed store or a fault: the reads and writes still in flight in zarr's event
+    loop are cancelled and waited for (`settle_zarr_io`), so zarr's exit handler stops an
+    idle loop and drops no coroutine unawaited; their teardown (a client's cancelled
+    request, ignored exceptions) is kept off stderr, after our one sentence."""
+    from znni.engine.io.zarr_arrays import settle_zarr_io
+
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     sys.unraisablehook = lambda unraisable: None
+    settle_zarr_io()
 
 
 # options whose values may start with "-" (an ROI with a negative start): argparse takes

@@ -5,7 +5,10 @@ Every refusal is a ValueError naming the location and the offending values.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import json
+import sys
 from pathlib import Path
 from typing import Any, cast
 
@@ -15,6 +18,7 @@ from znni.engine.location import Location
 
 METADATA_FILES = ("zarr.json", ".zarray", ".zattrs")  # all an opened array's fields come from
 DIMENSIONS = ("c", "z", "y", "x")
+SETTLE_S = 5.0  # at most this long for abandoned zarr tasks to take their cancellation
 
 
 def import_zarr() -> None:
@@ -141,3 +145,38 @@ def output_compressors(dtype: str) -> Any:
     from zarr.codecs import BloscCodec
 
     return (BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"),)
+
+
+def settle_zarr_io(timeout_s: float = SETTLE_S) -> None:
+    """End the work still running in zarr's event loop after a failed read or write, before
+    the process exits.
+
+    zarr reads and writes a selection as one task per chunk (and per stage: encode, then
+    store) under `asyncio.gather`, which returns at the first failure: a full disk or a
+    corrupt chunk leaves the other chunks' tasks running, each starting its next stage's
+    tasks. At exit zarr's handler (`zarr.core.sync.cleanup_resources`) stops the loop under
+    them and closes it: a task made but not yet stepped is dropped with its coroutine,
+    which prints `RuntimeWarning: coroutine 'concurrent_map.<locals>.run' was never
+    awaited` after the run's one sentence. Here every other task is cancelled and waited
+    for, with those they start meanwhile, for at most `timeout_s`. Nothing to do when zarr
+    was never imported or its loop never started."""
+    zsync = sys.modules.get("zarr.core.sync")
+    loop = zsync.loop[0] if zsync is not None else None
+    if not isinstance(loop, asyncio.AbstractEventLoop) or loop.is_closed() \
+            or not loop.is_running():
+        return
+    done = asyncio.run_coroutine_threadsafe(_cancel_other_tasks(), loop)
+    try:
+        done.result(timeout_s)
+    except concurrent.futures.TimeoutError:  # a task that ignores its cancellation
+        done.cancel()
+
+
+async def _cancel_other_tasks() -> None:
+    """Cancel every task of the running loop but this one, and wait until they have ended,
+    again for tasks started meanwhile."""
+    me = asyncio.current_task()
+    while left := [t for t in asyncio.all_tasks() if t is not me]:
+        for task in left:
+            task.cancel()
+        await asyncio.wait(left)
