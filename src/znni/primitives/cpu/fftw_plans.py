@@ -113,16 +113,6 @@ def refresh_wisdom(directory: Path | None = None) -> None:
     _import_files(directory or cache_dir())
 
 
-def has_wisdom(directory: Path | None = None) -> bool:
-    """Whether single-precision wisdom of any shape is saved (FFTW then plans new shapes
-    faster: planner/jobtime.SOME_WISDOM_S_PER_POINT)."""
-    path = (directory or cache_dir()) / "fftw-wisdom-single.dat"
-    try:
-        return path.stat().st_size > 0
-    except OSError:
-        return False
-
-
 def in_wisdom(build: Callable[[PlanCache], Workspace], threads: int, effort: str) -> bool:
     """Whether every transform `build` plans is in FFTW's wisdom for `threads` and `effort`
     (the saved wisdom loaded first), so planning it costs no measuring. Its arrays are
