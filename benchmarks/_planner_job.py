@@ -170,12 +170,16 @@ def held_out_rows(case: str, tmp: Path, calibration: list[Path]) -> list[str]:
 
 
 def predicted_total(case: str, tmp: Path) -> float:
-    """The case's whole run as `znni plan --input` predicts it here."""
+    """The case's whole run as `znni plan --input` predicts it here (infinite where no plan
+    fits the limit: the CLI's exit 2)."""
     name, width, shape_s, limit = case.split(":")
     spec = write_network(name, int(width), tmp)
     inp = write_volume(tuple(int(v) for v in shape_s.split(",")), tmp)
     planned = subprocess.run([*ZNNI, "plan", str(spec), "--input", str(inp), "--memory-limit",
-                              limit, "--json"], check=True, capture_output=True, text=True)
+                              limit, "--json"], capture_output=True, text=True)
+    if planned.returncode == 2:
+        return float("inf")
+    planned.check_returncode()
     return float(json.loads(planned.stdout)["predicted_job_seconds"])
 
 
