@@ -56,7 +56,7 @@ def run_znni(folder: Path, tag: str, window: int | None, overlap: float, limit: 
     """The whole process, and the job's own seconds from its report line."""
     out = folder / f"{tag}.zarr"
     result = timed(znni_command(folder, out, window, overlap, limit, precision))
-    job = re.search(r"voxels in ([0-9.]+) s", result["stderr"])  # its report line
+    job = re.search(r"the blocks in ([0-9.]+) s", result["stderr"])  # its report line
     return {"seconds": result["seconds"], "rss_bytes": result["rss_bytes"],
             "inner_seconds": float(job.group(1)) if job else float("nan"), "output": str(out)}
 
