@@ -242,8 +242,7 @@ def test_patch_and_blocks_chosen_together(tmp_path: Path) -> None:
     alone = with_job_time(with_layout(alone, net, (64, 64, 64), region, budget, 1), net, 1,
                           "float32", budget_bytes=budget)
     assert both.job_seconds is not None and alone.job_seconds is not None
-    searched = both.job_seconds["planning_s"]  # measured: the search over the budgets
-    assert 0 < searched < both.job_seconds["total_s"]
+    searched = both.job_seconds["planning_s"]  # measured (a clock): compared with nothing
     assert alone.job_seconds["planning_s"] == 0  # planned by hand here, not timed
     assert both.job_seconds["total_s"] - searched <= alone.job_seconds["total_s"]
     # 400 = 192 + 208 would take 8 patches of 56 per axis, as one block does, but two
