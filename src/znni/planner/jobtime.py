@@ -89,16 +89,16 @@ def cold_fft(network: Network, input_size: Sequence[int], batch: int,
     FFTW's wisdom as saved now (another process's or venv's included). Points are the
     image transforms' b * padded points (the unit COLD_S_PER_POINT was fitted in; kernel
     spectra are folded into it). `seen`: workspaces already counted (a run plans each
-    once), updated."""
+    once), updated; a caller that passes it has read the saved wisdom (refresh_wisdom)."""
     from znni.primitives.cpu.backend import usable_cores
     from znni.primitives.cpu.fft_workspaces import FftSettings, layer_workspaces
     from znni.primitives.cpu.fftw_plans import in_wisdom, refresh_wisdom
 
     prims = tuple(primitives or ())
-    settings, seen = settings or FftSettings(), set() if seen is None else seen
     threads, how = usable_cores(), effort()
-    if how != "FFTW_ESTIMATE":
+    if seen is None and how != "FFTW_ESTIMATE":
         refresh_wisdom()
+    settings, seen = settings or FftSettings(), set() if seen is None else seen
     sets = points = 0
     for layer in network.layer_shapes(as_triple(input_size), int(batch)):
         i = layer.index
@@ -132,6 +132,8 @@ def job_seconds(
     stored = out_channels or network.out_channels
     settings = _fft_settings(plan)
     per_block, cold, seen, held, cold_sets = [], 0.0, set[Hashable](), 0, 0
+    if known_machine and effort() != "FFTW_ESTIMATE":
+        _refresh_wisdom()  # once per prediction, not per block
     for i, ((count, clipped), (lo, hi)) in enumerate(zip(layout_patches(edges, patch, pool),
                                                          edges_blocks(edges), strict=True)):
         count = 0 if i in skipped else count  # nothing read or computed
@@ -204,6 +206,12 @@ def _fft_settings(plan: Plan) -> FftSettings:
     if plan.spectra_cache_bytes:
         return FftSettings(spectra_budget=int(plan.spectra_cache_bytes))
     return FftSettings()
+
+
+def _refresh_wisdom() -> None:
+    from znni.primitives.cpu.fftw_plans import refresh_wisdom
+
+    refresh_wisdom()
 
 
 def _cold_s_per_point() -> float:
