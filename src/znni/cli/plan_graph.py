@@ -32,7 +32,7 @@ def graph_summary(args: argparse.Namespace, model: Any, limit: int | None,
     elif machine is None:  # this machine's CPU: its graph primitives measured once
         from znni.planner.detect import calibrate_graph_primitives
 
-        calibrate_graph_primitives()
+        calibrate_graph_primitives(args.precision)  # int8, auto: its int8 speed-up too
     return graph_plan(model, limit, region, args.overlap, machine, window, device=device,
                       precision=args.precision, flips=flips)
 

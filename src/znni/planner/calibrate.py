@@ -72,9 +72,10 @@ FULL_POOLS: tuple[PoolShape, ...] = ((1, 8, 63), (8, 16, 31), (8, 80, 51), (1, 8
 QUICK_POOLS: tuple[PoolShape, ...] = ((1, 4, 31), (8, 4, 15))
 CACHE_VERSION = 17  # bump when the calibration changes meaning; older caches are re-measured
 # what a calibration measures: "cpu" (the layer primitives: every plan), "graph" (graph
-# models' primitives), "openvino" (its conv, where installed; with "graph")
-PARTS = ("cpu", "graph", "openvino")
-GRAPH_ESTIMATE_S, OPENVINO_ESTIMATE_S = 4.0, 2.0  # their progress estimates
+# models' primitives), "openvino" (its conv, where installed; with "graph"), "int8" (its
+# int8 conv's speed-up: only where an int8 run is planned)
+PARTS = ("cpu", "graph", "openvino", "int8")
+GRAPH_ESTIMATE_S, OPENVINO_ESTIMATE_S, INT8_ESTIMATE_S = 4.0, 2.0, 3.0  # progress estimates
 
 
 def cache_path(cores: int) -> Path:
@@ -93,7 +94,8 @@ def calibrated_profile(
     """`profile` with measured rates and baseline RSS, from the cache or measured now.
 
     parts: what to measure where the cache lacks it ("cpu" always; "graph" adds the
-    graph primitives, "openvino" OpenVINO's conv where it is installed). measure=False
+    graph primitives, "openvino" OpenVINO's conv where it is installed, "int8" its int8
+    conv's speed-up). measure=False
     never measures: the cached rates if there are any, else `profile` as is. quiet: no
     progress bar. Its GPUs get their own cached rates (gpu_calibrate.cached_gpu_rates),
     measured where `measure` and none are cached.
@@ -123,8 +125,8 @@ def wanted_parts(parts: Sequence[str]) -> list[str]:
     from znni.planner.graph.openvino_costs import openvino_ready
 
     asked = {"cpu", *parts}
-    if "openvino" in asked and not openvino_ready():
-        asked.discard("openvino")
+    if not openvino_ready():
+        asked -= {"openvino", "int8"}
     return [p for p in PARTS if p in asked]
 
 
@@ -205,7 +207,12 @@ def part_steps(part: str, profile: MachineProfile, state: dict[str, Any],
     primitives or OpenVINO (fitted on the CPU rates in `state`)."""
     if part == "cpu":
         return cpu_steps(backends, profile, FULL_SHAPES, FULL_POOLS, FFT_SHAPES)
-    from znni.planner.graph.calibrate import GRAPH_RATE_KEYS, graph_rates, openvino_rates
+    from znni.planner.graph.calibrate import (
+        GRAPH_RATE_KEYS,
+        graph_rates,
+        int8_rates,
+        openvino_rates,
+    )
 
     def fitted() -> MachineProfile:
         return _from_cache(profile, state)
@@ -217,6 +224,8 @@ def part_steps(part: str, profile: MachineProfile, state: dict[str, Any],
 
         return [Step("graph", "Winograd, instance norm, strided and transposed convs",
                      GRAPH_ESTIMATE_S, graph)]
+    if part == "int8":
+        return [Step("int8", "OpenVINO's int8 conv", INT8_ESTIMATE_S, int8_rates)]
     return [Step("openvino", "OpenVINO's conv", OPENVINO_ESTIMATE_S,
                  lambda: openvino_rates(fitted()))]
 

@@ -50,13 +50,15 @@ def calibrate_gpus() -> None:
     cached_gpu_rates(detect_machine(calibrate=False).gpus, measure=True)
 
 
-def calibrate_graph_primitives() -> None:
-    """Measure this machine's graph primitives (OpenVINO's conv where installed) once, as
-    `znni plan MODEL.onnx` does before planning a graph model on this machine's CPU, where
-    its CPU primitives are calibrated (a graph plan never starts the whole calibration: it
-    takes the default rates until a sequential plan has measured them)."""
+def calibrate_graph_primitives(precision: str = "fp32") -> None:
+    """Measure this machine's graph primitives (OpenVINO's conv where installed; its int8
+    conv's speed-up where `precision` is int8 or auto) once, as `znni plan MODEL.onnx` does
+    before planning a graph model on this machine's CPU, where its CPU primitives are
+    calibrated (a graph plan never starts the whole calibration: it takes the default
+    rates until a sequential plan has measured them)."""
     from znni.planner.calibrate import measured_parts
 
     machine = detect_machine(calibrate=None)
     if machine.calibrated:
-        measured_parts(machine, ("graph", "openvino"))
+        int8 = ("int8",) if precision in ("int8", "auto") else ()
+        measured_parts(machine, ("graph", "openvino", *int8))

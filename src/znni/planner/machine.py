@@ -31,6 +31,11 @@ DEFAULT_CPU_RATES: dict[str, float] = {
     # 64^3-96^3, the AMD host's 202 at 64^3). Fitted with the earlier terms (copies 1.8
     # passes, 2.3 ms a call) it had been 289-299; calibrated per machine
     "openvino_flops_per_s": 180e9,
+    # int8 convs (FakeQuantize'd u8 input, i8 weights, as NNCF quantizes a network) over
+    # fp32 ones in OpenVINO, same shapes: 1.41-1.65x at graph/calibrate.OPENVINO_SHAPES (AMD
+    # EPYC Zen 4, 2 cores, 2026-11-28); a multiple of the rate above, calibrated per machine
+    # where an int8 run is planned (graph/calibrate.int8_rates)
+    "openvino_int8_speedup": 1.5,
     # Winograd F(4,3): the alpha^3 = 216 batched (Cout, Cin) @ (Cin, T) GEMMs, fitted with
     # planner/graph/search.WINOGRAD_PASSES on benchmarks/winograd.py's five U-Net layers
     # (16-128 channels, 16^3-64^3 outputs, 4 MiB chunks; medians of two runs, each layer

@@ -43,7 +43,9 @@ MAX_TILE = 192  # exact: input voxels per axis
 # not gain beyond the noise. A batch multiplies the tensors' memory, so it is taken only
 # where the planner predicts it this much faster per window than the next smaller one.
 BATCHES = (1, 2, 4)
-CPU_PRECISIONS = ("fp32", "bf16")  # bf16: OpenVINO compiled networks; our kernels stay fp32
+# bf16: OpenVINO compiled networks where they predict faster (our kernels stay fp32); int8:
+# only NNCF's quantized network compiled by OpenVINO (engine/compute/int8_calibration)
+CPU_PRECISIONS = ("fp32", "bf16", "int8")
 BATCH_GAIN = 0.03
 # the GPU: a batch shares each kernel's launch and keeps the device busy on small windows;
 # its tensors count against the device cap (planner.graph.gpu_search)
@@ -155,7 +157,9 @@ def _compiled_or_not(model: OnnxModel, graph: Graph, plan: GraphPlan, budget_byt
     """Our node-by-node `plan`, or the whole window as one OpenVINO compiled network
     (planner.graph.network_costs) at the batch that predicts the shortest run, whichever
     predicts less (the network's compile and import counted once) and fits the budget.
-    bf16 runs only in compiled networks: our kernels stay fp32."""
+    bf16 runs only in compiled networks: our kernels stay fp32. int8 runs only there: the
+    network is its compiled one whatever our plan predicts (ValueError where none fits)."""
+    int8 = precision == "int8"
     best, best_s = plan, passes * plan.predicted_window_s + first_pass_seconds(plan)
     for batch in BATCHES if model.mode == "windowed" else (1,):
         if batch > max(1, passes):
@@ -164,8 +168,16 @@ def _compiled_or_not(model: OnnxModel, graph: Graph, plan: GraphPlan, budget_byt
         if network is None or network.peak_bytes > budget_bytes:
             break
         run_s = passes * network.predicted_window_s + first_pass_seconds(network)
-        if run_s < best_s * (1 - BATCH_GAIN if best.compiled else 1.0):
+        if (int8 and not best.compiled) or \
+                run_s < best_s * (1 - BATCH_GAIN if best.compiled else 1.0):
             best, best_s = network, run_s
+    if int8 and not best.compiled:
+        raise ValueError(
+            f"--precision int8 runs model {model.name!r} as one OpenVINO network, which "
+            + ("is not installed (pip install openvino)" if network is None else
+               f"needs {network.peak_bytes:,} bytes for window {tuple(graph.window)}, beyond "
+               f"the {budget_bytes:,}-byte budget; choose a smaller window or a larger "
+               "memory limit"))
     return best
 
 

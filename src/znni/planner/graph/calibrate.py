@@ -111,6 +111,32 @@ def openvino_rates(profile: MachineProfile) -> dict[str, float]:
             close()
 
 
+def int8_rates(shapes: Sequence[ConvCase] = OPENVINO_SHAPES) -> dict[str, float]:
+    """{"openvino_int8_speedup": the median of fp32 / int8 seconds} of one OpenVINO conv per
+    shape (primitives/cpu/openvino_quantized_conv), or {} where OpenVINO is missing, fails,
+    or does not run the quantized conv in 8 bits here (the default is kept)."""
+    from znni.planner.graph.openvino_costs import openvino_ready
+    from znni.primitives.cpu.openvino_quantized_conv import compiled_conv
+
+    if not openvino_ready():
+        return {}
+    ratios = []
+    try:
+        for cin, cout, side in shapes:
+            fp32, _ = compiled_conv(cin, cout, side, int8=False)
+            int8, precision = compiled_conv(cin, cout, side, int8=True)
+            if precision not in ("u8", "i8"):
+                log.warning("OpenVINO ran the quantized conv in %s here; int8 keeps the "
+                            "default speed-up", precision)
+                return {}
+            ratios.append(_median_s(fp32) / _median_s(int8))
+    except (ValueError, RuntimeError) as e:
+        log.warning("OpenVINO's int8 conv could not be calibrated (%s); its default "
+                    "speed-up is kept", e)
+        return {}
+    return {"openvino_int8_speedup": statistics.median(ratios)}
+
+
 def relative_fit(rows: list[Row]) -> tuple[float, ...]:
     """Multipliers m >= 0 of the terms with  sum_j m_j term_j + fixed = measured  in relative
     least squares; a term whose multiplier comes out below 0.05 keeps multiplier 1 and the

@@ -42,20 +42,36 @@ NETWORK_OTHER_PASSES = 0.5
 # 64^3 window ran in 0.028 s against 0.053 s in fp32 (1.9x; AMD EPYC Zen 4 AVX512-BF16,
 # 2026-11-27); the conv multiply-adds are charged at this multiple of the fp32 rate
 BF16_CONV_SPEEDUP = 2.0
+# int8 (NNCF's quantized network): the conv multiply-adds at the calibrated int8 speed-up
+# of one OpenVINO conv (machine rate "openvino_int8_speedup", graph/calibrate.int8_rates);
+# the other nodes as in fp32 (FakeQuantize's rounding fused into the convs beside them)
 # its memory plan keeps about the network's peak of live tensors in its blocked layout,
 # plus the runtime (openvino_costs) and the weights, which it copies once
 NETWORK_KEPT_PER_TENSOR_BYTE = 1.5
 
 
+def conv_speedup(machine: MachineProfile, precision: str) -> float:
+    """How many times faster the compiled network's convs run at `precision` than in fp32
+    on `machine` (bf16 only where the CPU has bf16 units: it runs in fp32 elsewhere)."""
+    if precision == "int8":
+        return machine.rate("openvino_int8_speedup")
+    if precision == "bf16":
+        from znni.primitives.cpu.openvino_network import cpu_has_bf16
+
+        return BF16_CONV_SPEEDUP if cpu_has_bf16() else 1.0
+    return 1.0
+
+
 def network_window_seconds(graph: Graph, machine: MachineProfile, *, batch: int = 1,
-                           bf16: bool = False) -> float:
+                           precision: str = "fp32") -> float:
     """Predicted seconds of one pass of `batch` windows through the compiled network."""
+    speedup = conv_speedup(machine, precision)
     conv_s = 0.0
     other_bytes = 0.0
     for i, node in enumerate(graph.nodes):
         if node.op == "conv":
             flops_s, _ = openvino_terms(conv_layer(graph, i, node, batch), machine)
-            conv_s += flops_s / (BF16_CONV_SPEEDUP if bf16 else 1.0)
+            conv_s += flops_s / speedup
         else:
             other_bytes += sum(prod(graph.shapes[t][1:]) for t in node.outputs) * FLOAT_BYTES
     other_s = NETWORK_OTHER_PASSES * batch * other_bytes / machine.rate("memory_bytes_per_s")
@@ -77,10 +93,7 @@ def openvino_network_plan(graph: Graph, machine: MachineProfile, node_plan: Grap
     installed."""
     if not openvino_ready():
         return None
-    from znni.primitives.cpu.openvino_network import cpu_has_bf16
-
-    bf16 = precision == "bf16" and cpu_has_bf16()
-    seconds = network_window_seconds(graph, machine, batch=batch, bf16=bf16)
+    seconds = network_window_seconds(graph, machine, batch=batch, precision=precision)
     nodes = tuple(NodePlan(n.name, n.op, NETWORK if n.op == "conv" else None, 0.0, 0)
                   for n in graph.nodes)
     return replace(node_plan, nodes=nodes, predicted_window_s=seconds / batch,
