@@ -24,6 +24,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Res
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
+from znni.api.cluster_planning import cluster_asked, cluster_record
 from znni.api.metrics import RequestCounter
 from znni.api.planning import JobShape, PlannerUnavailableError, plan_summary
 from znni.api.schemas import (
@@ -309,8 +310,15 @@ def plan(body: PlanRequest, state: StateDep) -> PlanRead:
                          job.volume, store=state.stores)
         job = replace(job, form=form, labels=body.labels, mask=body.mask,
                       skip_empty=body.skip_empty)
+        cluster = cluster_asked(body.workers, body.deadline, body.store_bandwidth,
+                                body.queue_wait, region is not None)
         result = plan_summary(network, settings, body.device, body.memory_limit_bytes,
                               region, body.overlap, body.window, job=job)
+        if cluster:  # the job on a Dask cluster, as `znni plan --workers --json` gives it
+            result["cluster"] = cluster_record(
+                result, network, settings, job, workers=body.workers,
+                placement=body.placement, store_bandwidth=body.store_bandwidth,
+                queue_wait=body.queue_wait, deadline=body.deadline)
     except ValueError as e:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(e)) from e
     except PlannerUnavailableError as e:

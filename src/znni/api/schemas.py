@@ -28,6 +28,10 @@ Labels = Annotated[str, Field(pattern=r"^(argmax|threshold:.{1,40})$")]
 # are the engine's check, answered in its sentence
 Thresholds = Annotated[list[FiniteFloat], Field(min_length=1, max_length=64)]
 Block = tuple[PositiveSize, PositiveSize, PositiveSize]
+# POST /v1/plan's cluster fields: a rate or duration as the CLI takes it, or a number
+ClusterText = Annotated[str, Field(min_length=1, max_length=32)]
+PositiveFloat = Annotated[float, Field(allow_inf_nan=False, gt=0, le=1e16)]
+NonNegativeFloat = Annotated[float, Field(allow_inf_nan=False, ge=0, le=1e12)]
 
 
 class AgglomerateStage(BaseModel):
@@ -236,6 +240,12 @@ class PlanRequest(BaseModel):
     labels: Labels | None = None
     mask: UserPath | None = None
     skip_empty: FiniteFloat | None = None
+    # with input: the job on a Dask cluster (planner/cluster.py), as `znni plan --workers`
+    workers: Annotated[int, Field(ge=1, le=10**7)] | None = None
+    placement: Literal["host", "nodes"] | None = None  # default: nodes with --machine
+    store_bandwidth: ClusterText | PositiveFloat | None = None  # "2GB/s" or bytes/s
+    queue_wait: ClusterText | NonNegativeFloat | None = None  # "10m" or seconds
+    deadline: ClusterText | PositiveFloat | None = None  # "7d" or seconds
 
 
 class PlanRead(BaseModel):

@@ -22,8 +22,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     from znni.engine.job import DEVICES
 
     p = sub.add_parser("plan", help="plan a run: patch or window, primitives, devices, time")
-    p.add_argument("network", help="network spec JSON (its weights are not needed to "
-                   "plan), or an ONNX model (MODEL.onnx)")
+    p.add_argument("network", nargs="?", help="network spec JSON (its weights are not "
+                   "needed to plan), or an ONNX model (MODEL.onnx)")
     p.add_argument("--weights", help="weights .npz (default: the spec's 'weights', if present)")
     p.add_argument("--device", choices=DEVICES, default="auto")
     from znni.cli.output_options import add_output_options
@@ -48,6 +48,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="with an s3:// or gs:// --input: an fsspec option; repeatable")
     p.add_argument("--chunks", help="with --input: the output's chunks z,y,x, as `znni "
                    "segment --chunks` (default: 64 per axis, clipped); blocks write whole ones")
+    p.add_argument("--block", help="with --input: the block shape z,y,x, as `znni segment "
+                   "--block` (rounded up to whole chunks; default: planned)")
     p.add_argument("--dtype", choices=("float32", "uint8"), default="float32",
                    help="with --input: the output dtype (its writes are timed)")
     p.add_argument("--overlap", type=float, default=0.25,
@@ -59,6 +61,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "affinities, or 1: a boundary map) over the same region at these "
                    "thresholds (default 0.5), assuming synthetic cells' fragment density")
     add_model_options(p)
+    from znni.cli.plan_cluster import add_cluster_options
+
+    add_cluster_options(p)  # --workers, --scheduler, --store-bandwidth, --deadline, ...
     p.set_defaults(run=run)
 
 
@@ -80,10 +85,16 @@ def network_for_planning(spec_path: str, weights: str | None) -> Network:
 
 def run(args: argparse.Namespace) -> int:
     from znni.cli.output_options import form_fields, form_line
+    from znni.cli.plan_cluster import cluster_ask, measure_store_run
     from znni.engine.compute.tta import flip_count
     from znni.engine.units import parse_bytes
     from znni.model.onnx_model import OnnxModel
 
+    if args.measure_store:
+        return measure_store_run(args)
+    if args.network is None:
+        raise ValueError("znni plan needs a NETWORK (or --measure-store URL)")
+    ask = cluster_ask(args)  # checked before any planning
     limit = parse_bytes(args.memory_limit) if args.memory_limit else None
     from znni.model.bioimage_package import is_package
 
@@ -102,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         check_channels(network.out_channels, args.network)
     region = region_from_args(args, network.in_channels)
     if isinstance(network, OnnxModel):
-        return _graph_run(args, network, limit, region, flips)
+        return _graph_run(args, network, limit, region, flips, ask)
     if args.window:
         raise ValueError(f"--window applies to ONNX graph models; {args.network} is a "
                          "sequential network, whose patch the planner chooses")
@@ -111,6 +122,11 @@ def run(args: argparse.Namespace) -> int:
         plan = replace(job_plan(args, network, limit, machine, flips),
                        alternatives=plan.alternatives)
     line, fields = _agglomeration(args, region)
+    cluster = None
+    if ask is not None:
+        from znni.cli.plan_cluster import sequential_cluster
+
+        cluster = sequential_cluster(args, ask, network, plan, machine)
     if args.json:
         from znni.engine.compute.layout import region_seconds
         from znni.planner.search import region_voxels_per_second
@@ -124,6 +140,8 @@ def run(args: argparse.Namespace) -> int:
             **form_fields(args, network.out_channels, plan.job_seconds)}
         if fields:
             extra["agglomerate"] = fields
+        if cluster is not None:
+            extra["cluster"] = cluster
         print(json.dumps({"mode": "exact", **plan.to_dict(), **extra}, indent=2))
     else:
         print(EXACT_MODE + "\n" + format_plan(plan, network, machine, region))
@@ -133,23 +151,39 @@ def run(args: argparse.Namespace) -> int:
                 print(form)
         if line:
             print(line)
+        if cluster is not None:
+            from znni.cli.plan_cluster import cluster_lines
+
+            print(cluster_lines(cluster))
     return 0
 
 
 def _graph_run(args: argparse.Namespace, network: Any, limit: int | None,
-               region: tuple[int, int, int] | None, flips: int) -> int:
+               region: tuple[int, int, int] | None, flips: int, ask: Any = None) -> int:
     """An ONNX graph model's plan (plan_graph.py), with --agglomerate's line."""
     from znni.cli.plan_graph import format_graph_plan, graph_job_summary, graph_summary
 
     summary = graph_summary(args, network, limit, region, flips)
     if region is not None:  # the whole run's time, as `znni segment` will cut it
+        if args.block:  # segment's --block: its blocks as given
+            from znni.engine.units import parse_triple
+
+            summary = {**summary, "block_shape": list(parse_triple(args.block, "--block"))}
         summary = graph_job_summary(args, network, summary)
     line, fields = _agglomeration(args, region)
     if fields:
         summary = {**summary, "agglomerate": fields}
+    if ask is not None:
+        from znni.cli.plan_cluster import graph_cluster
+
+        summary = {**summary, "cluster": graph_cluster(args, ask, summary)}
     print(json.dumps(summary, indent=2) if args.json else format_graph_plan(summary))
     if line and not args.json:
         print(line)
+    if "cluster" in summary and not args.json:
+        from znni.cli.plan_cluster import cluster_lines
+
+        print(cluster_lines(summary["cluster"]))
     return 0
 
 
@@ -181,6 +215,7 @@ def job_plan(args: argparse.Namespace, network: Network, limit: int | None,
     form = plan_form(args, network.out_channels, volume.shape)  # --labels, --mask
     chunks = output_chunks(asked, None, volume.shape, form.channels, form.dtype, "the output")
     budget = memory_budget_bytes(limit, machine.memory_bytes if args.machine else None)
+    step = parse_triple(args.block, "--block") if args.block else None  # as segment cuts it
     plan_for = None  # this machine: as segment plans (execution.plan_job)
     if args.machine:
         from znni.planner.search import make_plan
@@ -190,7 +225,8 @@ def job_plan(args: argparse.Namespace, network: Network, limit: int | None,
                              memory_limit_bytes=pass_bytes, max_output=region.shape)
 
     return plan_with_layout(network, args.device, chunks, region, budget,
-                            volume.dtype.itemsize, form.dtype, plan_for=plan_for,
+                            volume.dtype.itemsize, form.dtype, step, step is None,
+                            plan_for=plan_for,
                             skip=form.outside, out_channels=form.channels,
                             known_machine=args.machine is None, flips=flips)
 
@@ -241,7 +277,8 @@ def region_from_args(args: argparse.Namespace, in_channels: int) -> tuple[int, i
     if args.input is None:
         given = [f for f, v in (("--roi", args.roi), ("--level", args.level),
                                 ("--storage-option", args.storage_option),
-                                ("--chunks", getattr(args, "chunks", None))) if v]
+                                ("--chunks", getattr(args, "chunks", None)),
+                                ("--block", getattr(args, "block", None))) if v]
         if given:
             raise ValueError(f"{given[0]} needs --input, the volume to plan for")
         return None

@@ -174,7 +174,7 @@ def with_planning(job: dict[str, Any], planning_s: float) -> dict[str, Any]:
 def graph_job_seconds(
     region_s: float, region: Sequence[int], block: Sequence[int], margin: Sequence[int], *,
     in_channels: int, out_channels: int, in_bytes: int, out_dtype: str,
-) -> dict[str, float | int]:
+) -> dict[str, Any]:
     """A graph model's whole run: start-up, its windows or tiles over the region (`region_s`,
     the graph planner's time with its first pass, engine.compute.graph_choice) and the reads
     and writes the read-ahead and write-behind do not hide (as _exposed_io). Blocks are
@@ -182,14 +182,19 @@ def graph_job_seconds(
     counts = [-(-int(r) // int(b)) for r, b in zip(region, block, strict=True)]
     n = prod(counts)
     out_block = [min(int(b), int(r)) for b, r in zip(block, region, strict=True)]
-    read_s = (prod(b + m for b, m in zip(out_block, margin, strict=True)) * in_channels
-              * in_bytes / READ_BYTES_PER_S)
+    read_bytes = (prod(b + m for b, m in zip(out_block, margin, strict=True)) * in_channels
+                  * in_bytes)
+    read_s = read_bytes / READ_BYTES_PER_S
     write_s = prod(out_block) * out_channels / WRITE_VALUES_PER_S.get(out_dtype, 39e6)
     per_block = [(region_s / n, read_s, write_s, 0, 0)] * n
     io_s = _exposed_io(per_block)
+    write_bytes = prod(out_block) * out_channels * (1 if out_dtype == "uint8" else 4)
     return {"startup_s": STARTUP_S, "windows_s": region_s, "io_s": io_s,
             "io_total_s": n * (read_s + write_s), "blocks": n,
-            "total_s": STARTUP_S + region_s + io_s}
+            "total_s": STARTUP_S + region_s + io_s,
+            # one block's figures, for the cluster model (planner/cluster.py)
+            "per_block": {"compute_s": region_s / n, "read_s": read_s, "write_s": write_s,
+                          "read_bytes": read_bytes, "write_bytes": write_bytes}}
 
 
 def _block_bytes(network: Network, read: int, write: int, in_bytes: int) -> int:
