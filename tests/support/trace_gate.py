@@ -4,7 +4,8 @@ FIFO. While the gate's reader is open, blocks go through and their keys are read
 `hold()` puts a new FIFO, with no reader, in the old one's place, so the run's next open()
 waits for good (at most a block that had already opened the old one still goes through).
 The old reader stays open until `close()`, after the run is gone: a write into it never
-meets a closed pipe. A held run is then killed, or asked for its lock, as a test needs."""
+meets a closed pipe. A held run is then killed, or asked for its lock, as a test needs, or
+let go on (`release()`: a reader on the new FIFO too)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ class TraceGate:
         self.path = path
         os.mkfifo(path)
         self.fd: int | None = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        self.released: list[int] = []  # readers of the FIFOs put in by hold()
         self.text = b""
 
     def env(self) -> dict[str, str]:
@@ -42,17 +44,22 @@ class TraceGate:
         os.mkfifo(tmp)
         os.replace(tmp, self.path)
 
+    def release(self) -> None:
+        """A held run goes on: its next open() meets a reader again (kept until close())."""
+        self.released.append(os.open(self.path, os.O_RDONLY | os.O_NONBLOCK))
+
     def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        for fd in ([self.fd] if self.fd is not None else []) + self.released:
+            os.close(fd)
+        self.fd, self.released = None, []
 
     def _drain(self) -> None:
-        while self.fd is not None:
-            try:
-                chunk = os.read(self.fd, 65536)
-            except BlockingIOError:
-                return
-            if not chunk:  # no writer at the moment
-                return
-            self.text += chunk
+        for fd in ([self.fd] if self.fd is not None else []) + self.released:
+            while True:
+                try:
+                    chunk = os.read(fd, 65536)
+                except BlockingIOError:
+                    break
+                if not chunk:  # no writer at the moment
+                    break
+                self.text += chunk

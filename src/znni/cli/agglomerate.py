@@ -50,6 +50,7 @@ def job_from_args(args: argparse.Namespace) -> AgglomerateJob:
     from znni.engine.agglomerate.prepare import default_work
     from znni.engine.io.stores import context_for, parse_storage_options
     from znni.engine.location import Location
+    from znni.engine.scheduler import Scheduler
     from znni.engine.units import parse_roi, parse_triple
 
     thresholds, texts = parse_thresholds(args.threshold)  # engine/agglomerate/job.py
@@ -64,7 +65,7 @@ def job_from_args(args: argparse.Namespace) -> AgglomerateJob:
         affinities=affinities, outputs=outputs, thresholds=thresholds,
         roi=parse_roi(args.roi) if args.roi else None,
         block=parse_triple(args.block, "--block") if args.block else None,
-        mask=mask, scheduler=args.scheduler, overwrite=args.overwrite,
+        mask=mask, scheduler=Scheduler.of(args.scheduler), overwrite=args.overwrite,
         output_format=args.output_format, work=work, store=ctx, quiet=args.quiet)
 
 

@@ -46,7 +46,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_precision_option(p)  # and --tta
     add_output_options(p)  # --labels, --mask, --skip-empty
     p.add_argument("--memory-limit", help="host memory budget, e.g. 12GiB (default: available)")
-    p.add_argument("--scheduler", help="Dask: tcp://HOST:PORT or local:N workers")
+    p.add_argument("--scheduler", help="Dask: tcp://HOST:PORT, local:N workers, or a batch "
+                   "cluster of at most N workers from your jobqueue.yaml: slurm:N, pbs:N, "
+                   "lsf:N, sge:N")
     p.add_argument("--overwrite", action="store_true", help="recompute into an existing output")
     p.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
                    help="s3:// and gs:// URLs: an fsspec option, e.g. endpoint_url=http://h:9000 "
@@ -70,6 +72,7 @@ def job_from_args(args: argparse.Namespace) -> SegmentJob:
     from znni.engine.io.stores import context_for, parse_storage_options
     from znni.engine.job import SegmentJob
     from znni.engine.location import Location
+    from znni.engine.scheduler import Scheduler
     from znni.engine.units import parse_bytes, parse_roi, parse_triple
 
     source = Location.parse(args.input, "input")  # every location parsed once, here
@@ -90,7 +93,7 @@ def job_from_args(args: argparse.Namespace) -> SegmentJob:
         precision=args.precision,
         tta=tta_value(args.tta),
         memory_limit_bytes=parse_bytes(args.memory_limit) if args.memory_limit else None,
-        scheduler=args.scheduler,
+        scheduler=Scheduler.of(args.scheduler),  # parsed once, here
         overwrite=args.overwrite,
         block=parse_triple(args.block, "--block") if args.block else None,
         window=parse_triple(args.window, "--window") if args.window else None,

@@ -39,7 +39,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--token", help="require 'Authorization: Bearer TOKEN' (or set ZNNI_TOKEN)")
     p.add_argument("--workers", type=int, help="job worker processes (default 1)")
     p.add_argument("--max-body-bytes", type=int, help="largest accepted request body")
-    p.add_argument("--scheduler", help="Dask scheduler address for every job (default: local)")
+    p.add_argument("--scheduler", help="every job's Dask workers: tcp://HOST:PORT, local:N, "
+                   "or a batch cluster from your jobqueue.yaml, slurm:N (pbs, lsf, sge) "
+                   "(default: local)")
     p.add_argument("--machine", help="machine profile JSON (or shipped name) for the planner")
     p.add_argument(
         "--worker-nice",
@@ -66,12 +68,24 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         raise ValueError(f"setting {where}: {first['msg']}") from None
 
 
+def check_scheduler(text: str | None) -> None:
+    """A batch cluster (slurm:N, ...) that cannot be asked for from here is refused before
+    the server starts (its jobs' worker size is checked per job, at submission)."""
+    from znni.engine.scheduler import Scheduler
+    from znni.engine.sweep.batch import check_batch
+
+    scheduler = Scheduler.of(text)
+    if scheduler is not None and scheduler.is_batch:
+        check_batch(scheduler)
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from znni.api.app import create_app
 
     settings = settings_from_args(args)
+    check_scheduler(settings.scheduler)
     app = create_app(settings)
     s = app.state.znni.settings
     uvicorn.run(

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from znni.engine.context import StoreContext
 from znni.engine.location import Location
+from znni.engine.scheduler import Scheduler
 from znni.triple import Triple
 
 if TYPE_CHECKING:  # a pure description: the CLI reads its vocabularies without numpy
@@ -50,7 +51,9 @@ class SegmentJob:
     # (engine.compute.execution.check_precision)
     precision: Precision = "fp32"
     memory_limit_bytes: int | None = None  # None: from available RAM
-    scheduler: str | None = None  # None: local; "tcp://HOST:PORT" or "local:N": Dask
+    # None: here; Dask: "tcp://HOST:PORT", "local:N", or a batch cluster "slurm:N" (pbs, lsf,
+    # sge) of at most N workers (engine/scheduler.py); text is parsed in __post_init__
+    scheduler: Scheduler | None = None
     overwrite: bool = False
     block: Triple | None = None  # block shape (z, y, x), rounded up to whole chunks; None: auto
     window: Triple | None = None  # windowed models: W; None: the output's recorded or planned one
@@ -73,13 +76,16 @@ class SegmentJob:
     tta: str | None = None
 
     def __post_init__(self) -> None:
-        """Text locations given by a Python caller are parsed here, once: the engine's own
-        entry point, as the CLI and the HTTP API parse theirs (`Location.parse`)."""
+        """Text locations (and a scheduler) given by a Python caller are parsed here, once:
+        the engine's own entry point, as the CLI and the HTTP API parse theirs
+        (`Location.parse`, `Scheduler.parse`)."""
         for name, what in (("input_path", "input"), ("output_path", "output"),
                            ("mask_path", "mask")):
             value = getattr(self, name)
             if value is not None and not isinstance(value, Location):
                 object.__setattr__(self, name, Location.parse(value, what))
+        if self.scheduler is not None and not isinstance(self.scheduler, Scheduler):
+            object.__setattr__(self, "scheduler", Scheduler.parse(self.scheduler))
 
 
 class SegmentCancelled(Exception):

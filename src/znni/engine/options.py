@@ -3,16 +3,12 @@
 
 from __future__ import annotations
 
-import re
-
 from znni.engine.compute.execution import check_device, check_precision
 from znni.engine.compute.tta import FlipSpec
 from znni.engine.io.faults import check_bad_chunk_policy
 from znni.engine.job import SegmentJob
 from znni.engine.workers.windowed import check_window_options
 from znni.model.onnx_model import OnnxModel
-
-SCHEDULER_RE = re.compile(r"local:(\d+)|tcp://[^\s:/]+:\d+")
 
 
 def check_options(job: SegmentJob) -> None:
@@ -21,10 +17,6 @@ def check_options(job: SegmentJob) -> None:
         raise ValueError(f"border mode {job.border!r} is not one of reflect, zero")
     if job.dtype not in ("float32", "uint8"):
         raise ValueError(f"output dtype {job.dtype!r} is not one of float32, uint8")
-    if job.scheduler is not None and not SCHEDULER_RE.fullmatch(job.scheduler):
-        raise ValueError(f"scheduler {job.scheduler!r} is not tcp://HOST:PORT or local:N")
-    if job.scheduler is not None and re.fullmatch(r"local:0+", job.scheduler):
-        raise ValueError(f"scheduler {job.scheduler!r} needs at least one worker")
     if isinstance(job.network, OnnxModel):
         if job.network.mode == "windowed":
             check_window_options(job.overlap, job.blend)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from znni.engine.cluster import for_workers, sized_for_cluster
 from znni.engine.compute.compiled_forward import prefetch_compile
 from znni.engine.compute.execution import (
     execution_for,
@@ -101,8 +102,8 @@ def check_and_plan(job: SegmentJob, plan: Plan | None = None) -> Plan | None:
 def prepare_run(job: SegmentJob, plan: Plan | None = None) -> PreparedRun:
     """Open and check the input, the output and its ledger, plan, choose blocks (each store
     answer asked once: the job's context remembers them, `io/memo.py`)."""
-    with job.store.remembering() as ctx:
-        return _prepare_run(replace(job, store=ctx), plan)
+    with job.store.remembering() as ctx:  # batch workers sized first (engine/cluster.py)
+        return _prepare_run(replace(sized_for_cluster(job), store=ctx), plan)
 
 
 def _prepare_run(job: SegmentJob, plan: Plan | None) -> PreparedRun:
@@ -260,7 +261,7 @@ def segment(
     result = sweep(
         run.stage, run.blocks, ledger=run.ledger, done=prep.done, lock=run.lock,
         landing=run.target,  # OME pyramid: a block is recorded after its levels
-        scheduler=job.scheduler, worker=worker, reads=run.reads,
+        scheduler=prep.job.scheduler, worker=worker, reads=run.reads,
         bad_chunks=None if worker is None else worker.volume.bad_chunks.take_new,
         cancel=cancel, progress=progress, quiet=quiet, timer=timer)
     if worker is not None:
@@ -322,9 +323,10 @@ def _set_up(
         raise
     if worker is not None:
         worker.output = target.level0
-    else:
-        blocks, spec = _blocks_and_spec(target.worker_job(job), prep)
-        stage = finish_spec(spec, prep.form, job.store)  # labels, mask: workers/finish.py
+    else:  # Dask: what a worker on another host needs travels as values (engine/cluster.py)
+        sent, form = for_workers(target.worker_job(job), prep.form)
+        blocks, spec = _blocks_and_spec(sent, prep)
+        stage = finish_spec(spec, form, job.store)  # labels, mask: workers/finish.py
     return _SetUp(target, ledger, lock, blocks, stage, worker, reads)
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from znni.engine.context import StoreContext
 from znni.engine.location import Location
+from znni.engine.scheduler import Scheduler
 from znni.jobs import stages
 from znni.jobs.paths import relative_to_root
 from znni.jobs.submission import api_words, check_overwrite, locate, locate_mask, overlap
@@ -93,7 +94,8 @@ def engine_job(site: Site, affinities: Location, params: dict[str, Any]) -> Aggl
         affinities=affinities, outputs=outputs, thresholds=thresholds_of(params),
         roi=None if roi is None else tuple((lo, hi) for lo, hi in roi),
         block=None if block is None else as_triple(block),
-        mask=locate_mask(site.root, site.allow_url, params), scheduler=site.scheduler,
+        mask=locate_mask(site.root, site.allow_url, params),
+        scheduler=Scheduler.of(site.scheduler),
         overwrite=bool(params.get("overwrite", False)),
         output_format=params.get("output_format"), work=work_folder(site, params),
         store=site.store)

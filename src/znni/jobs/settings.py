@@ -24,7 +24,8 @@ class Settings(BaseSettings):
     token: str | None = None  # bearer token for /v1 (ZNNI_TOKEN); None: no authentication
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=1024)
     workers: int = Field(default=1, ge=0, le=64)  # job worker processes; 0: API only
-    scheduler: str | None = None  # Dask scheduler address handed to every job, or None: local
+    # every job's --scheduler (tcp://HOST:PORT, local:N, slurm:N, ...), or None: local
+    scheduler: str | None = None
     machine: str | None = None  # MachineProfile JSON file or shipped name; None: detect
     poll_s: float = Field(default=0.2, gt=0, le=10)  # how often an idle worker looks for jobs
     # niceness of worker processes (and their threads and children): compute yields the cores
@@ -54,6 +55,15 @@ class Settings(BaseSettings):
         """An empty environment variable (as compose passes `${VAR:-}`) means unset."""
         if value is not None and not value.strip():
             return None
+        return value
+
+    @field_validator("scheduler")
+    @classmethod
+    def _scheduler(cls, value: str | None) -> str | None:
+        """Checked as `znni segment --scheduler` is (engine/scheduler.py); kept as text."""
+        from znni.engine.scheduler import Scheduler
+
+        Scheduler.of(value)
         return value
 
     def resolved(self) -> Settings:

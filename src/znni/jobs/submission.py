@@ -15,6 +15,7 @@ from znni.engine.compute.tta import canonical
 from znni.engine.context import StoreContext
 from znni.engine.job import OUTPUT_FORMATS, SegmentJob
 from znni.engine.location import TENSORSTORE_DRIVERS, Location
+from znni.engine.scheduler import Scheduler
 from znni.jobs.catalogue import Model, ModelOptions, NetworkCatalogue, model_mode
 from znni.jobs.paths import confine, confine_url, looks_like_url, relative_to_root
 from znni.model.onnx_model import OnnxModel
@@ -62,7 +63,7 @@ def segment_job(
         device=params.get("device", "auto"),
         precision=params.get("precision", "fp32"),
         memory_limit_bytes=params.get("memory_limit_bytes"),
-        scheduler=scheduler,
+        scheduler=Scheduler.of(scheduler),
         overwrite=bool(params.get("overwrite", False)) if overwrite is None else overwrite,
         window=_triple(params.get("window")),
         output_format=params.get("output_format"),

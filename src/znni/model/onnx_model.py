@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from znni.model.carried import Files, read_files, write_files
 from znni.model.graph import Graph, aligned_axes, downsampling, window_dependence
 from znni.model.onnx_import import load_onnx
 from znni.triple import Triple, as_triple
@@ -48,6 +49,8 @@ class OnnxModel:
     channel_names: tuple[str, ...] = ()
     halo: Triple = (0, 0, 0)
     package: dict[str, Any] | None = None
+    # the model's files as bytes (`carried`: for Dask workers that cannot see `path`)
+    files: Files = field(default=(), repr=False, compare=False)
     _graphs: dict[Triple, Graph] = field(default_factory=dict, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
@@ -58,7 +61,16 @@ class OnnxModel:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         state["_lock"] = threading.Lock()
+        if state.get("files"):  # carried: this host's copy of the files (model/carried.py)
+            state["path"] = write_files(state["files"])
         self.__dict__.update(state)
+
+    def carried(self) -> OnnxModel:
+        """This model with its files inside: wherever it is unpickled, `path` names a copy
+        of them on that host (model/carried.py), so workers need not see this one's."""
+        if self.files:
+            return self
+        return replace(self, files=read_files(self.path), _graphs={}, _lock=threading.Lock())
 
     def check_window(self, window: Triple) -> None:
         """ValueError naming the rule when `window` cannot be run."""

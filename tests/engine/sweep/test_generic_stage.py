@@ -21,6 +21,7 @@ from znni.engine.io.ledger import read_ledger
 from znni.engine.io.lock import hold_output
 from znni.engine.job import ProgressEvent, SegmentCancelled
 from znni.engine.location import Location
+from znni.engine.scheduler import Scheduler
 from znni.engine.sweep.run import SweepResult, start_ledger, sweep
 
 # Dask workers cannot import this module by name: its classes travel with the stage
@@ -89,7 +90,8 @@ def run(stage: ThresholdStage, *, scheduler: str | None = None,
             cancel.set()
 
     return sweep(stage, blocks(), ledger=ledger, done=frozenset(done if resume else ()),
-                 lock=lock, scheduler=scheduler, cancel=cancel, progress=progress)
+                 lock=lock, scheduler=Scheduler.of(scheduler), cancel=cancel,
+                 progress=progress)
 
 
 def make_stage(tmp_path: Path, name: str, volume: np.ndarray) -> ThresholdStage:

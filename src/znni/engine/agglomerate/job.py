@@ -12,6 +12,7 @@ from znni.engine.agglomerate.fragments import HIGH, LOW
 from znni.engine.context import StoreContext
 from znni.engine.job import ProgressEvent, Roi
 from znni.engine.location import Location
+from znni.engine.scheduler import Scheduler
 from znni.triple import Triple
 
 THRESHOLD_FIELD = "{threshold}"  # where several thresholds' outputs differ in OUTPUT
@@ -32,7 +33,9 @@ class AgglomerateJob:
     roi: Roi | None = None
     block: Triple | None = None  # None: DEFAULT_BLOCK, clipped to the region
     mask: Location | None = None  # voxels where the mask is 0 are background
-    scheduler: str | None = None  # None: here; "local:N" or "tcp://...": Dask
+    # None: here; "local:N", "tcp://..." or a batch cluster "slurm:N" (engine/scheduler.py);
+    # text is parsed in __post_init__
+    scheduler: Scheduler | None = None
     overwrite: bool = False
     output_format: str | None = None  # "zarr" | "ome-zarr"; None: as `znni segment` picks
     work: Location | None = None  # fragments, region graph, ledgers; None: beside the output
@@ -44,6 +47,8 @@ class AgglomerateJob:
     cancel: threading.Event | None = None
 
     def __post_init__(self) -> None:
+        if self.scheduler is not None and not isinstance(self.scheduler, Scheduler):
+            object.__setattr__(self, "scheduler", Scheduler.parse(self.scheduler))
         if len(self.outputs) != len(self.thresholds):
             raise ValueError(f"{len(self.thresholds)} thresholds need as many outputs, "
                              f"not {len(self.outputs)}")

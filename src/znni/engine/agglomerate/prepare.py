@@ -58,6 +58,10 @@ class PreparedAgglomeration:
 
 def prepare(job: AgglomerateJob) -> PreparedAgglomeration:
     ctx = job.store
+    if job.scheduler is not None and job.scheduler.is_batch:  # its work folder's SQLite graph
+        raise ValueError(f"znni agglomerate runs on local:N or tcp://HOST:PORT in this "
+                         f"version, not on a batch cluster ({job.scheduler}); znni segment "
+                         "runs there")
     channels, scale, dtype = _affinity_layout(job.affinities, ctx)
     volume = open_input(job.affinities, channels, ctx=ctx)
     lo_hi = resolve_roi(job.roi, volume.shape)

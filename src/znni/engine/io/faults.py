@@ -15,6 +15,7 @@ from typing import Any
 
 from znni.engine.io.retry import StoreError, is_refused
 from znni.engine.location import Location
+from znni.engine.scheduler import Scheduler
 
 EXIT_BAD_DATA = 2
 EXIT_ENVIRONMENT = 1
@@ -122,7 +123,7 @@ def raise_setup_fault(e: BaseException, path: Location) -> None:
         raise write_fault(e, path, "metadata", what="output") from e
 
 
-def check_bad_chunk_policy(policy: str, scheduler: str | None) -> None:
+def check_bad_chunk_policy(policy: str, scheduler: Scheduler | None) -> None:
     """'fail' or 'fill'; 'fill' runs locally (a Dask worker's reads keep no list)."""
     if policy not in BAD_CHUNK_POLICIES:
         raise ValueError(f"on_bad_chunk {policy!r} is not one of {', '.join(BAD_CHUNK_POLICIES)}")

@@ -1,4 +1,5 @@
-"""Blocks as Dask tasks: `tcp://HOST:PORT` (an existing cluster) or `local:N` (a LocalCluster).
+"""Blocks as Dask tasks: `tcp://HOST:PORT` (an existing cluster), `local:N` (a LocalCluster),
+or a batch cluster `slurm:N` (pbs, lsf, sge) through dask-jobqueue (`batch.py`).
 
 The stage (for inference: the network spec, weights included) is scattered to every
 worker once; each worker process makes its `BlockWork` from it (`Stage.make_worker`:
@@ -12,7 +13,10 @@ dead one may have half written.
 Inside `shared_cluster(scheduler)` the sweeps of one job (agglomeration's three stages) use
 one client, and for 'local:N' one LocalCluster, made at the first sweep that has blocks to
 run and closed at the end, instead of a cluster per stage (each about 2 s to start, and its
-new worker processes import znni again).
+new worker processes import znni again). A batch cluster is asked for at most N workers and
+never more than the blocks of the sweep at hand; its jobs are cancelled when it closes.
+The client looks for finished blocks every CANCEL_POLL_S, so a cancel (SIGTERM, Ctrl-C) is
+seen while batch workers still wait in the queue.
 """
 
 from __future__ import annotations
@@ -26,14 +30,16 @@ from typing import Any
 
 from znni.engine.geometry import Block
 from znni.engine.job import SegmentCancelled
+from znni.engine.scheduler import LOCAL, Scheduler
 from znni.engine.sweep.progress import StageTimer
 from znni.engine.sweep.stage import BlockWork, OnDone, Stage
 
 TASK_RETRIES = 3  # task errors (not worker deaths, which the scheduler retries itself)
+CANCEL_POLL_S = 0.05  # how often the client looks for finished blocks and a cancel
 
 _WORKERS: dict[int, BlockWork] = {}
 # scheduler -> (client, cluster or None), while a `shared_cluster` is open in this context
-_SHARED: ContextVar[dict[str, tuple[Any, Any]] | None] = ContextVar("znni_dask_shared",
+_SHARED: ContextVar[dict[Scheduler, tuple[Any, Any]] | None] = ContextVar("znni_dask_shared",
                                                                      default=None)
 
 
@@ -56,30 +62,35 @@ def run_block_task(stage: Stage, block: Block) -> tuple[str, dict[str, float]]:
     return block.key, times
 
 
-def _connect(scheduler: str) -> tuple[Any, Any]:
-    """(client, cluster or None) for 'local:N' or 'tcp://HOST:PORT'."""
+def _connect(scheduler: Scheduler, blocks: int) -> tuple[Any, Any]:
+    """(client, cluster or None) for 'local:N', 'tcp://HOST:PORT' or a batch cluster (at
+    most N workers, never more than `blocks`)."""
     from distributed import Client, LocalCluster
 
-    if scheduler.startswith("local:"):
+    if scheduler.is_batch:
+        from znni.engine.sweep.batch import start_batch_cluster
+
+        return start_batch_cluster(scheduler, blocks)
+    if scheduler.kind == LOCAL:
         cluster = LocalCluster(
-            n_workers=int(scheduler[6:]), threads_per_worker=1, processes=True,
+            n_workers=scheduler.workers, threads_per_worker=1, processes=True,
             dashboard_address=None,
         )
         return Client(cluster), cluster
     try:
-        return Client(scheduler, timeout="20s"), None
+        return Client(scheduler.address, timeout="20s"), None
     except OSError as e:
         raise ValueError(f"cannot reach the Dask scheduler at {scheduler} ({e})") from e
 
 
 @contextlib.contextmanager
-def shared_cluster(scheduler: str | None) -> Iterator[None]:
+def shared_cluster(scheduler: Scheduler | None) -> Iterator[None]:
     """Every Dask sweep on `scheduler` inside shares one client (module docstring); nothing
     for None (a local run) or inside another `shared_cluster`."""
     if scheduler is None or _SHARED.get() is not None:
         yield
         return
-    shared: dict[str, tuple[Any, Any]] = {}
+    shared: dict[Scheduler, tuple[Any, Any]] = {}
     token = _SHARED.set(shared)
     try:
         yield
@@ -90,9 +101,12 @@ def shared_cluster(scheduler: str | None) -> Iterator[None]:
 
 
 def _close(client: Any, cluster: Any) -> None:
-    client.close()
-    if cluster is not None:
-        cluster.close()
+    """The client, then the cluster we started (a batch cluster's jobs cancelled)."""
+    try:
+        client.close()
+    finally:
+        if cluster is not None:
+            cluster.close()
 
 
 def run_dask(
@@ -100,7 +114,7 @@ def run_dask(
     blocks: Sequence[Block],
     on_done: OnDone,
     timer: StageTimer,
-    scheduler: str,
+    scheduler: Scheduler,
     cancel: threading.Event | None = None,
     skipped: set[str] | None = None,
 ) -> None:
@@ -110,37 +124,76 @@ def run_dask(
     `skipped`."""
     if not blocks:
         return
-    from distributed import as_completed
-
     shared = _SHARED.get()
     if shared is None:
-        client, cluster = _connect(scheduler)
+        client, cluster = _connect(scheduler, len(blocks))
+    elif scheduler not in shared:
+        client, cluster = shared[scheduler] = _connect(scheduler, len(blocks))
     else:
-        if scheduler not in shared:
-            shared[scheduler] = _connect(scheduler)
         client, cluster = shared[scheduler]
+        if scheduler.is_batch:  # this stage's blocks, not the last one's
+            from znni.engine.sweep.batch import scale_batch
+
+            scale_batch(cluster, scheduler, len(blocks))
     try:
-        [stage_future] = client.scatter([stage], broadcast=True, hash=False)
-        by_key = {b.key: b for b in blocks}
-        pending = {
-            client.submit(run_block_task, stage_future, b, pure=False, retries=TASK_RETRIES)
-            for b in blocks
-        }
-        finished = as_completed(list(pending))
-        t_wait = time.perf_counter()
-        for n, fut in enumerate(finished, start=1):
+        _run_tasks(client, _stage_future(client, stage, scheduler), blocks, on_done, timer,
+                   cancel, skipped)
+    finally:
+        if shared is None:
+            _close(client, cluster)
+
+
+def _stage_future(client: Any, stage: Stage, scheduler: Scheduler) -> Any:
+    """The stage on the workers: scattered to every worker (local, tcp); on a batch
+    cluster, whose workers join one by one and may be killed, a task that holds it, so the
+    scheduler computes it again wherever a worker needs it and no worker holds it (scattered
+    data that every holder lost cannot be recovered; nor can it be scattered to no worker)."""
+    if scheduler.is_batch:
+        return client.submit(_the_stage, stage, pure=False)
+    [future] = client.scatter([stage], broadcast=True, hash=False)
+    return future
+
+
+def _the_stage(stage: Stage) -> Stage:
+    """Runs on a worker: the stage the task carries."""
+    return stage
+
+
+def _run_tasks(client: Any, stage_future: Any, blocks: Sequence[Block], on_done: OnDone,
+               timer: StageTimer, cancel: threading.Event | None,
+               skipped: set[str] | None) -> None:
+    """One task per block; `on_done` as each returns. A cancel stops at the next finished
+    block, or at once while none finishes (blocks then in flight are rewritten by the rerun
+    that resumes, as after a kill)."""
+    from distributed import as_completed
+
+    by_key = {b.key: b for b in blocks}
+    pending = {
+        client.submit(run_block_task, stage_future, b, pure=False, retries=TASK_RETRIES)
+        for b in blocks
+    }
+    finished = as_completed(list(pending))
+    t_wait = time.perf_counter()
+    n = 0
+    while pending:
+        ready = finished.next_batch(block=False)
+        if not ready:
+            if cancel is not None and cancel.is_set():
+                client.cancel(list(pending))
+                raise SegmentCancelled(f"cancelled after {n} of {len(blocks)} blocks")
+            time.sleep(CANCEL_POLL_S)
+            continue
+        for fut in ready:
             key, times = fut.result()
             pending.discard(fut)
             fut.release()  # forget the result, so a later worker death cannot resurrect it
+            n += 1
             timer.add("wait", time.perf_counter() - t_wait)
             if times.pop("skipped", 0.0) and skipped is not None:
                 skipped.add(key)
             timer.merge(times)
             on_done(by_key[key], None)
-            if cancel is not None and cancel.is_set() and pending:
-                client.cancel(list(pending))
-                raise SegmentCancelled(f"cancelled after {n} of {len(blocks)} blocks")
             t_wait = time.perf_counter()
-    finally:
-        if shared is None:
-            _close(client, cluster)
+        if cancel is not None and cancel.is_set() and pending:
+            client.cancel(list(pending))
+            raise SegmentCancelled(f"cancelled after {n} of {len(blocks)} blocks")

@@ -23,6 +23,7 @@ from znni.engine.io.ledger import BlockLedger, open_ledger
 from znni.engine.io.lock import OutputLock
 from znni.engine.job import ProgressEvent, SegmentCancelled
 from znni.engine.location import Location
+from znni.engine.scheduler import Scheduler
 from znni.engine.sweep.local import ReadAhead, run_local, run_threaded
 from znni.engine.sweep.progress import Progress, StageTimer
 from znni.engine.sweep.stage import BlockWork, Landing, OnDone, Stage
@@ -64,7 +65,7 @@ def sweep(
     done: frozenset[str] = frozenset(),
     lock: OutputLock | None = None,
     landing: Landing | None = None,
-    scheduler: str | None = None,
+    scheduler: Scheduler | None = None,
     worker: BlockWork | None = None,
     reads: ReadAhead | None = None,
     bad_chunks: Callable[[], list[str]] | None = None,
@@ -76,7 +77,8 @@ def sweep(
     """Compute, write and record every block of `blocks` not in `done` (module docstring).
 
     `scheduler`: None runs here (`worker`, else `stage.make_worker()`; `reads`: its reader,
-    perhaps started on the first block already), else on Dask ('local:N', 'tcp://...').
+    perhaps started on the first block already), else on Dask ('local:N', 'tcp://...', or a
+    batch cluster, 'slurm:N', ...: `sweep/dask.py`).
     `lock`: the output's, released at the end; `landing`: what a block lands in before it is
     recorded (`Landing`); `bad_chunks`: the input chunks found bad since its last call.
     """
@@ -118,7 +120,7 @@ def sweep(
 
 
 def _run(stage: Stage, todo: list[Block], on_done: OnDone, timer: StageTimer,
-         scheduler: str | None, worker: BlockWork | None, reads: ReadAhead | None,
+         scheduler: Scheduler | None, worker: BlockWork | None, reads: ReadAhead | None,
          cancel: threading.Event | None, skipped: set[str]) -> None:
     """The blocks through this process's worker, or as Dask tasks."""
     if scheduler is None:
