@@ -7,35 +7,16 @@ import pickle
 import tempfile
 from pathlib import Path
 
-import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from support.onnx_models import external_conv
 
 from znni.model.carried import write_files
 from znni.model.onnx_model import load_onnx_model
 
 
-def _external_model(folder: Path) -> Path:
-    """Conv 1->2, 3^3, padded (a windowed model), its weights in `w.data` beside it."""
-    folder.mkdir()
-    rng = np.random.default_rng(3)
-    w = numpy_helper.from_array(rng.standard_normal((2, 1, 3, 3, 3)).astype(np.float32), "w")
-    b = numpy_helper.from_array(rng.standard_normal(2).astype(np.float32), "b")
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, "z", "y", "x"])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, "z", "y", "x"])
-    conv = helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1] * 6)
-    graph = helper.make_graph([conv], "g", [x], [y], initializer=[w, b])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    path = folder / "m.onnx"
-    onnx.save_model(model, str(path), save_as_external_data=True,
-                    all_tensors_to_one_file=True, location="w.data", size_threshold=0)
-    return path
-
-
 def test_carried_model_runs_where_its_path_is_gone(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    model = load_onnx_model(_external_model(tmp_path / "here"))
+    model = load_onnx_model(external_conv(tmp_path / "here"))
     before = model.graph((8, 8, 8))
     sent = pickle.dumps(model.carried())
     files = sum(f.stat().st_size for f in (tmp_path / "here").iterdir())

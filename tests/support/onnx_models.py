@@ -114,3 +114,26 @@ class OnnxModels:
         """A copy of the exported model at `dest`."""
         shutil.copyfile(self.path(name), dest)
         return dest
+
+
+def external_conv(folder: Path, seed: int = 3) -> Path:
+    """`folder/m.onnx`: one padded Conv 1->2, 3^3 (a windowed model, dynamic spatial axes),
+    its weights in `w.data` beside it as torch's dynamo export keeps them; built with onnx's
+    helpers, no torch."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(seed)
+    w = numpy_helper.from_array(rng.standard_normal((2, 1, 3, 3, 3)).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.standard_normal(2).astype(np.float32), "b")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, "z", "y", "x"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, "z", "y", "x"])
+    conv = helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1] * 6)
+    graph = helper.make_graph([conv], "g", [x], [y], initializer=[w, b])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = folder / "m.onnx"
+    onnx.save_model(model, str(path), save_as_external_data=True,
+                    all_tensors_to_one_file=True, location="w.data", size_threshold=0)
+    return path

@@ -8,10 +8,10 @@ sized from the run, and everything they need sent as values, before anything is 
 - Cores: `jobqueue.KIND.cores` (the node share the user asks for), else the cores the plan
   assumes (this machine's, `compute/execution.planning_machine`).
 - `for_workers`: what a Dask worker on another host receives: local paths absolute (a batch
-  job may start in another directory) and an ONNX model's files as bytes
-  (`OnnxModel.carried`); a sequential network's weights are arrays already. Input, output
-  and mask stay locations: every node must reach the same volumes (a shared file system or
-  an object store, whose options travel in the job's `StoreContext`).
+  job may start in another directory) and, on a batch or tcp:// cluster, an ONNX model's
+  files as bytes (`OnnxModel.carried`); a sequential network's weights are arrays already.
+  Input, output and mask stay locations: every node must reach the same volumes (a shared
+  file system or an object store, whose options travel in the job's `StoreContext`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from znni.engine.compute.execution import planning_machine
 from znni.engine.job import SegmentJob
 from znni.engine.location import Location
 from znni.engine.output.form import OutputForm
+from znni.engine.scheduler import LOCAL
 from znni.engine.sweep.batch import size_workers
 from znni.model.onnx_model import OnnxModel
 
@@ -39,8 +40,12 @@ def sized_for_cluster(job: SegmentJob) -> SegmentJob:
 def for_workers(job: SegmentJob, form: OutputForm | None
                 ) -> tuple[SegmentJob, OutputForm | None]:
     """`job` and its output form (the mask's location) as Dask workers elsewhere receive
-    them (module docstring)."""
-    network = job.network.carried() if isinstance(job.network, OnnxModel) else job.network
+    them (module docstring). A LocalCluster's workers, on this host, read the model's own
+    files."""
+    elsewhere = job.scheduler is not None and job.scheduler.kind != LOCAL
+    network = job.network
+    if elsewhere and isinstance(network, OnnxModel):
+        network = network.carried()
     mask_path = None if job.mask_path is None else _absolute(job.mask_path)
     job = replace(job, network=network, input_path=_absolute(job.input_path),
                   output_path=_absolute(job.output_path), mask_path=mask_path)

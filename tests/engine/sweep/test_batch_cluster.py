@@ -20,6 +20,7 @@ import pytest
 import zarr
 from support import fake_batch
 from support.engine_ref import small_network, write_network, write_volume
+from support.onnx_models import external_conv
 from support.trace_gate import TraceGate
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="fake batch jobs read /proc")
@@ -154,18 +155,25 @@ def test_a_killed_batch_job_loses_no_block(job, tmp_path: Path) -> None:
 
 
 def test_more_workers_than_blocks_asks_for_the_blocks(tmp_path: Path, job) -> None:
-    spec, inp, _ = job
+    """slurm:3 over one block: one job. The network is an ONNX model with external weights,
+    which the worker gets as bytes (written in its own temporary folder), not as a path."""
+    _, inp, _ = job
+    model = external_conv(tmp_path / "model")
     env, state = _cluster(tmp_path)
-    one = SHAPE  # one block
+    env["TMPDIR"] = str(tmp_path / "worker-tmp")  # the worker's (and the client's) temp
+    (tmp_path / "worker-tmp").mkdir()
     runs = {}
     for name, extra in (("local", ()), ("slurm", ("--scheduler", "slurm:3"))):
         out = tmp_path / f"{name}.zarr"
-        run = subprocess.run(_cmd(spec, inp, out, "--memory-limit", MEMORY, *extra, block=one),
+        run = subprocess.run(_cmd(model, inp, out, "--memory-limit", MEMORY, "--window",
+                                  "8,8,8", "--scale", str(1 / 255), *extra, block=SHAPE),
                              env=env, capture_output=True, text=True, timeout=300)
         assert run.returncode == 0, run.stderr
         runs[name] = _values(out)
     assert np.array_equal(runs["slurm"], runs["local"])
     assert [c[0] for c in fake_batch.calls(state)] == ["sbatch", "scancel"]
+    carried = list((tmp_path / "worker-tmp" / "znni-models").glob("*/*"))
+    assert sorted(p.name for p in carried) == ["m.onnx", "w.data"]
 
 
 @pytest.mark.parametrize("case", ["no sbatch", "no memory", "no dask-jobqueue"])
