@@ -154,6 +154,32 @@ def test_a_killed_batch_job_loses_no_block(job, tmp_path: Path) -> None:
     _all_cancelled(state, ["1", "2"])
 
 
+def test_sigterm_releases_the_batch_jobs(job, tmp_path: Path) -> None:
+    """SIGTERM to the run while its workers are held mid-block: it stops (exit 143, the
+    sentence of `znni segment`), and both batch jobs are cancelled and gone."""
+    spec, inp, _ = job
+    env, state = _cluster(tmp_path, MEMORY)
+    gate = TraceGate(tmp_path / "trace")
+    out = tmp_path / "slurm.zarr"
+    run = subprocess.Popen(_cmd(spec, inp, out, "--scheduler", "slurm:2"),
+                           env={**env, **gate.env()}, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        gate.wait_for(run, 1)
+        gate.hold()
+        run.send_signal(signal.SIGTERM)
+        _, err = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+        gate.close()
+    assert run.returncode == 143, err
+    assert "stopped by SIGTERM" in err and "Traceback" not in err, err
+    jobs = fake_batch.job_ids(state)
+    assert jobs and len(jobs) <= 2
+    _all_cancelled(state, jobs)
+
+
 def test_more_workers_than_blocks_asks_for_the_blocks(tmp_path: Path, job) -> None:
     """slurm:3 over one block: one job. The network is an ONNX model with external weights,
     which the worker gets as bytes (written in its own temporary folder), not as a path."""
