@@ -10,7 +10,9 @@ each runs this file with the state folder, where:
 - `scancel ID...` ends each job's process group (SIGTERM, then SIGKILL after 10 s) and
   waits until none of it is left;
 - `squeue` lists the jobs whose process group still has a live process;
-- every call is a line of `calls.log`: `sbatch ID`, `scancel ID`, `squeue`.
+- every call is a line of `calls.log`: `sbatch ID`, `scancel ID`, `squeue`;
+- with FAKE_SBATCH_REFUSE=TEXT in its environment, `sbatch` refuses: TEXT on stderr, exit 1
+  (as SLURM does for an unknown account or partition; logged as `sbatch refused`).
 Linux only (process groups are read from /proc).
 """
 
@@ -84,6 +86,10 @@ def _new_id(state: Path) -> str:
 
 
 def sbatch(state: Path, args: list[str]) -> int:
+    if refusal := os.environ.get("FAKE_SBATCH_REFUSE"):
+        _log(state, "sbatch", "refused")
+        print(f"sbatch: error: {refusal}", file=sys.stderr)
+        return 1
     job = _new_id(state)
     script = state / f"job-{job}.sh"
     script.write_text(Path(args[-1]).read_text())

@@ -231,6 +231,23 @@ def test_refused_before_anything_is_written(job, tmp_path: Path, case: str) -> N
     assert fake_batch.calls(state) == []
 
 
+def test_a_refused_submission_is_one_sentence(job, tmp_path: Path) -> None:
+    """sbatch says no (an unknown account): its words in one sentence, exit 2, the output
+    left as a rerun resumes it (no block recorded), no job left."""
+    spec, inp, _ = job
+    env, state = _cluster(tmp_path, MEMORY)
+    env["FAKE_SBATCH_REFUSE"] = "Invalid account or account/partition combination specified"
+    out = tmp_path / "out.zarr"
+    run = subprocess.run(_cmd(spec, inp, out, "--scheduler", "slurm:2"), env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stderr
+    assert "Traceback" not in run.stderr and len(run.stderr.strip().splitlines()) == 1
+    assert "sbatch refused a worker job of --scheduler slurm:2" in run.stderr, run.stderr
+    assert "Invalid account" in run.stderr and "jobqueue.slurm" in run.stderr
+    assert _ledger_blocks(out) == []
+    assert {c[1] for c in fake_batch.calls(state)} == {"refused"}
+
+
 def test_server_jobs_run_on_the_batch_cluster(tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """`znni serve --scheduler slurm:2`: a job's blocks on batch workers, released after it."""

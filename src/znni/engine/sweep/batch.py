@@ -104,8 +104,7 @@ def start_batch_cluster(scheduler: Scheduler, blocks: int) -> tuple[Any, Any]:
     key = f"jobqueue.{scheduler.kind}"
     extra = list(dask.config.get(f"{key}.worker-extra-args", None) or [])
     prologue = list(dask.config.get(f"{key}.job-script-prologue", None) or [])
-    cls = getattr(jobqueue, BATCH_KINDS[scheduler.kind][0])
-    cluster = cls(
+    cluster = _recording(getattr(jobqueue, BATCH_KINDS[scheduler.kind][0]))(
         cores=scheduler.worker_cores, memory=f"{scheduler.worker_memory_bytes}B", processes=1,
         # one block at a time: dask-worker's last --nthreads is the one it takes
         worker_extra_args=[*extra, "--nthreads", "1"],
@@ -120,14 +119,35 @@ def start_batch_cluster(scheduler: Scheduler, blocks: int) -> tuple[Any, Any]:
 
 
 def scale_batch(cluster: Any, scheduler: Scheduler, blocks: int) -> None:
-    """Ask for min(N, `blocks`) jobs and wait for their submission (not their start)."""
+    """Ask for min(N, `blocks`) jobs and wait for their submission (not their start); a
+    refused one is a ValueError naming the command's answer."""
     assert scheduler.workers is not None
     cluster.scale(jobs=max(0, min(scheduler.workers, blocks)))
-    try:
-        cluster.sync(cluster._correct_state)
-    except RuntimeError as e:  # dask-jobqueue: the submit command's exit status and output
-        lines = [s.strip() for s in str(e).splitlines() if s.strip()]
-        said = lines[-1] if lines else str(e)
+    # scale() submits from a callback on the cluster's loop; this waits for that round (a
+    # second round waits for the first's lock and then finds nothing left to submit)
+    cluster.sync(cluster._correct_state)
+    refused = [w.refusal for w in cluster.workers.values() if getattr(w, "refusal", None)]
+    if refused:
         raise ValueError(f"{scheduler.submit_command} refused a worker job of --scheduler "
-                         f"{scheduler} ({said}); check jobqueue.{scheduler.kind} in your Dask "
-                         "configuration") from None
+                         f"{scheduler} ({refused[0]}); check jobqueue.{scheduler.kind} in "
+                         "your Dask configuration")
+
+
+def _recording(cluster_cls: Any) -> Any:
+    """`cluster_cls` whose jobs keep their submission's refusal (the submit command's last
+    line) instead of raising it into the cluster's loop, where it would only be logged and
+    the job taken as submitted; `scale_batch` reports it."""
+    from distributed.core import Status
+
+    class Job(cluster_cls.job_cls):
+        refusal: str | None = None
+
+        async def start(self) -> None:
+            try:
+                await super().start()
+            except (RuntimeError, OSError) as e:  # dask-jobqueue's _call: exit status, output
+                lines = [s.strip() for s in str(e).splitlines() if s.strip()]
+                self.refusal = lines[-1] if lines else type(e).__name__
+                self.status = Status.running  # as SpecCluster expects; closed at once
+
+    return type(cluster_cls.__name__, (cluster_cls,), {"job_cls": Job})
