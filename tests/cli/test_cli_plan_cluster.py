@@ -89,3 +89,19 @@ def test_measure_store_on_a_local_directory(tmp_path: Path, capsys) -> None:  # 
     assert lines[-1].startswith("--store-bandwidth ") and "wrote 4 MB" in lines[0]
     assert main(["plan", "--measure-store", str(store), "--measure-size", "1kB"]) == 2
     assert "under one chunk" in capsys.readouterr().err
+
+
+def test_graph_model_blocks_on_workers(setup: dict, capsys, onnx_models, tmp_path: Path
+                                       ) -> None:  # noqa: ANN001
+    """An ONNX model's blocks (alike, as its whole-run prediction prices them) on 2 nodes:
+    the 27 blocks --block cuts, 14 rounds of one block each."""
+    path = onnx_models.copy("unet", tmp_path / "unet.onnx")  # a graph (a chain would not be)
+    capsys.readouterr()  # MONAI prints as it builds the models
+    argv = ["plan", str(path), *setup["base"][2:], "--block", "16,16,16", "--workers", "2"]
+    plan = _json(capsys, argv)
+    job, cluster = plan["job_seconds"], plan["cluster"]
+    assert job["blocks"] == cluster["blocks"] == 27 and cluster["makespan_method"] == "uniform"
+    block = job["per_block"]
+    one = block["compute_s"] + block["read_s"] + block["write_s"]
+    assert cluster["compute_makespan_s"] == pytest.approx(14 * one)
+    assert cluster["write_bytes"] == 27 * block["write_bytes"] == 27 * 16**3 * 3 * 4

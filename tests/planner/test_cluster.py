@@ -193,3 +193,22 @@ def test_block_classes_add_up_to_the_one_machine_prediction(skipped: frozenset) 
     assert costs.total("read_s") + costs.total("write_s") == pytest.approx(job.io_total_s)
     assert costs.total("write_bytes") == 250 * 200 * 150 * net.out_channels * 4
     assert [costs.classes[i].compute_s == 0 for i in costs.order].count(True) == len(skipped)
+
+
+def test_reads_through_a_chunk_cache_that_holds_the_input() -> None:
+    """A worker whose chunk cache holds the region's whole input (with its halo) fetches
+    each input chunk once: at most N times the region; else every block's halo box."""
+    from dataclasses import replace
+
+    from znni.planner.cluster import store_read_bytes
+
+    costs = replace(_two_classes(8, 4, True), region_read_bytes=3 * 10**6)
+    halos = costs.total("read_bytes")  # 10 MB of halo boxes
+    cached = JobFixed(0.0, 0.0, 1, cache_bytes=2**30)
+    assert store_read_bytes(costs, cached, 1) == 3e6
+    assert store_read_bytes(costs, cached, 2) == 6e6
+    assert store_read_bytes(costs, cached, 4) == halos
+    assert store_read_bytes(costs, JobFixed(0.0, 0.0, 1, cache_bytes=10**6), 1) == halos
+    record = cluster_seconds(costs, cached, Cluster(2, store_bandwidth=1e6))
+    assert record["read_bytes"] == 6e6
+    assert record["store_io_s"] == pytest.approx((6e6 + costs.total("write_bytes")) / 1e6)

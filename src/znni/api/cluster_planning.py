@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any
 
 from znni.api.planning import JobShape, _machine
@@ -30,6 +30,7 @@ def cluster_record(
     result: dict[str, Any], model: Any, settings: Settings, job: JobShape, *,
     workers: int | None, placement: str | None, store_bandwidth: str | float | None,
     queue_wait: str | float | None, deadline: str | float | None,
+    memory_limit_bytes: int | None = None,
 ) -> dict[str, Any]:
     """The cluster record for a plan body `result` (plan_summary's, with its whole run).
     Placement: `nodes` (one worker per machine of this server's profile) or `host` (worker
@@ -52,7 +53,12 @@ def cluster_record(
     limit = None if deadline is None else parse_duration(deadline, "deadline")
     if limit is not None and limit <= 0:
         raise ValueError(f"deadline {deadline!r} must be a positive duration")
+    from znni.engine.compute.layout import input_cache_bytes, memory_budget_bytes
+
     costs, fixed = _costs(result, model, job)
+    other = machine.memory_bytes if settings.machine is not None else None
+    fixed = replace(fixed, cache_bytes=input_cache_bytes(
+        memory_budget_bytes(memory_limit_bytes, other)))
     cluster = Cluster(workers or 1, "host" if where == "host" else "nodes", machine.cores,
                       machine.memory_bytes, bandwidth, wait, machine.name)
     if limit is None:

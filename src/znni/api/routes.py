@@ -318,7 +318,8 @@ def plan(body: PlanRequest, state: StateDep) -> PlanRead:
             result["cluster"] = cluster_record(
                 result, network, settings, job, workers=body.workers,
                 placement=body.placement, store_bandwidth=body.store_bandwidth,
-                queue_wait=body.queue_wait, deadline=body.deadline)
+                queue_wait=body.queue_wait, deadline=body.deadline,
+                memory_limit_bytes=body.memory_limit_bytes)
     except ValueError as e:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(e)) from e
     except PlannerUnavailableError as e:

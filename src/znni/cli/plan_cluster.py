@@ -143,8 +143,19 @@ def sequential_cluster(args: argparse.Namespace, ask: ClusterAsk, network: Netwo
                         out_dtype=form.dtype, skipped=form.outside(edges),
                         out_channels=form.channels)
     fixed = JobFixed(job["startup_s"] + job.get("planning_s", 0.0),
-                     job["fftw_planning_s"] + job["first_pass_s"], int(job["peak_bytes"]))
+                     job["fftw_planning_s"] + job["first_pass_s"], int(job["peak_bytes"]),
+                     worker_cache_bytes(args, machine))
     return predict(ask, costs, fixed, machine)
+
+
+def worker_cache_bytes(args: argparse.Namespace, machine: Any) -> int:
+    """A worker's input chunk cache under the run's memory budget (as segment sizes it)."""
+    from znni.engine.compute.layout import input_cache_bytes, memory_budget_bytes
+    from znni.engine.units import parse_bytes
+
+    limit = parse_bytes(args.memory_limit) if args.memory_limit else None
+    return input_cache_bytes(memory_budget_bytes(
+        limit, machine.memory_bytes if args.machine else None))
 
 
 def graph_cluster(args: argparse.Namespace, ask: ClusterAsk, summary: dict[str, Any]
@@ -158,8 +169,10 @@ def graph_cluster(args: argparse.Namespace, ask: ClusterAsk, summary: dict[str, 
     b = job["per_block"]
     costs = uniform_costs(job["blocks"], b["compute_s"], b["read_s"], b["write_s"],
                           b["read_bytes"], b["write_bytes"])
-    fixed = JobFixed(job["startup_s"], 0.0, int(summary.get("window_peak_bytes", 0)))
-    return predict(ask, costs, fixed, this_or_profile(args))
+    machine = this_or_profile(args)
+    fixed = JobFixed(job["startup_s"], 0.0, int(summary.get("window_peak_bytes", 0)),
+                     worker_cache_bytes(args, machine))
+    return predict(ask, costs, fixed, machine)
 
 
 def this_or_profile(args: argparse.Namespace) -> Any:

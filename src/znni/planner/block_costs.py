@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import prod
 from typing import Any
 
@@ -53,6 +53,9 @@ class BlockCosts:
 
     classes: tuple[BlockClass, ...]
     order: tuple[int, ...] | None
+    # the whole region's input with its halo, once (a worker whose chunk cache holds it
+    # reads each input chunk once: planner/cluster.store_read_bytes); 0: unknown
+    region_read_bytes: int = 0
 
     @property
     def blocks(self) -> int:
@@ -93,7 +96,10 @@ def block_costs(
         return BlockClass(1, compute, read_bytes / READ_BYTES_PER_S, write * stored / write_rate,
                           read_bytes, write * stored * OUT_BYTES.get(out_dtype, 4))
 
-    return _classes(edges, skipped, priced)
+    costs = _classes(edges, skipped, priced)
+    region = [e[-1] - e[0] for e in edges]
+    whole = prod(r + f - 1 for r, f in zip(region, fov, strict=True)) * network.in_channels
+    return replace(costs, region_read_bytes=whole * in_bytes)
 
 
 def _classes(edges: Edges, skipped: frozenset[int], priced: Any) -> BlockCosts:
@@ -131,7 +137,8 @@ def _with_count(c: BlockClass, count: int) -> BlockClass:
 
 
 def uniform_costs(blocks: int, compute_s: float, read_s: float, write_s: float,
-                  read_bytes: int, write_bytes: int) -> BlockCosts:
+                  read_bytes: int, write_bytes: int, region_read_bytes: int = 0) -> BlockCosts:
     """`blocks` alike (a graph model's run, as jobtime.graph_job_seconds prices it)."""
     one = BlockClass(blocks, compute_s, read_s, write_s, read_bytes, write_bytes)
-    return BlockCosts((one,), (0,) * blocks if blocks <= ORDER_MAX_BLOCKS else None)
+    return BlockCosts((one,), (0,) * blocks if blocks <= ORDER_MAX_BLOCKS else None,
+                      region_read_bytes)

@@ -21,7 +21,10 @@ reads on (every worker reads at once), but after the last block's read its compu
 overlap any transfer but other workers' last writes, so an I/O-bound job takes the bytes
 over B plus one block's compute (the mean). The whole job: the submitting process's
 start-up and search, the cluster's start, the batch queue's wait, then the larger of the
-compute makespan and the store's time. The bottleneck is the largest of those parts.
+compute makespan and the store's time. The bottleneck is the largest of those parts:
+"start-up" (with the queue's wait), "compute" (the workers' blocks; "worker reads/writes"
+where their local reads, decodes, encodes and writes outweigh their compute) or "store
+bandwidth".
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ class JobFixed:
     client_s: float  # the submitting process: start-up and the planner's search
     worker_first_s: float  # each worker process: FFTW planning of new shapes, first pass
     worker_peak_bytes: int  # one worker's peak
+    cache_bytes: int = 0  # each worker's input chunk cache (engine/io/chunk_cache.py)
 
 
 def makespan_s(durations: list[float] | tuple[float, ...], workers: int,
@@ -108,6 +112,17 @@ def compute_makespan(costs: BlockCosts, workers: int, first_s: float) -> tuple[f
     return max(bound, first_s + costs.longest_s()), "graham bound"
 
 
+def store_read_bytes(costs: BlockCosts, fixed: JobFixed, busy: int) -> float:
+    """Input bytes the workers fetch from the store: every block's read box with its halo,
+    except where a worker's chunk cache holds the whole region's input (with the halo),
+    where it fetches each input chunk at most once: at most `busy` times the region's."""
+    halos = costs.total("read_bytes")
+    whole = costs.region_read_bytes
+    if whole and whole <= fixed.cache_bytes:
+        return min(halos, busy * whole)
+    return halos
+
+
 def cluster_seconds(costs: BlockCosts, fixed: JobFixed, cluster: Cluster) -> dict[str, Any]:
     """The whole job on `cluster` (module docstring), as a JSON-ready record."""
     n, workers = costs.blocks, cluster.workers
@@ -121,12 +136,17 @@ def cluster_seconds(costs: BlockCosts, fixed: JobFixed, cluster: Cluster) -> dic
         makespan, how = compute_makespan(costs, busy, fixed.worker_first_s)
         peak = fixed.worker_peak_bytes
     balanced = (costs.total("seconds") + busy * fixed.worker_first_s) / busy
-    moved = costs.total("read_bytes") + costs.total("write_bytes")
+    read = store_read_bytes(costs, fixed, busy)
+    moved = read + costs.total("write_bytes")
     mean_compute = costs.total("compute_s") / max(1, n)
     io_s = None if cluster.store_bandwidth is None else moved / cluster.store_bandwidth
     store_s = 0.0 if io_s is None else io_s + mean_compute
     startup = fixed.client_s + start_s
-    parts = {"start-up": startup + cluster.queue_wait_s, "compute": makespan,
+    # the workers' block time is their compute, or where their reads and writes (decode,
+    # encode at the local zarr rates) take longer, those
+    local_io = costs.total("read_s") + costs.total("write_s")
+    busy_name = "compute" if costs.total("compute_s") >= local_io else "worker reads/writes"
+    parts = {"start-up": startup + cluster.queue_wait_s, busy_name: makespan,
              "store bandwidth": store_s}
     total = startup + cluster.queue_wait_s + max(makespan, store_s)
     held_s = total - fixed.client_s - cluster.queue_wait_s  # nodes held from their start
@@ -136,10 +156,11 @@ def cluster_seconds(costs: BlockCosts, fixed: JobFixed, cluster: Cluster) -> dic
         "cores": cluster.cores, "blocks": n, "busy_workers": busy,
         "per_worker_compute_s": balanced if cluster.placement == "nodes" else makespan,
         "block_s_mean": costs.total("seconds") / max(1, n), "block_s_max": costs.longest_s(),
+        "block_compute_s_mean": mean_compute, "block_local_io_s_mean": local_io / max(1, n),
         "worker_first_s": fixed.worker_first_s,
         "compute_makespan_s": makespan, "makespan_method": how,
         "tail_s": makespan - balanced if cluster.placement == "nodes" else 0.0,
-        "read_bytes": int(costs.total("read_bytes")),
+        "read_bytes": int(read),
         "write_bytes": int(costs.total("write_bytes")),
         "store_bandwidth_bytes_per_s": cluster.store_bandwidth, "store_io_s": io_s,
         "bandwidth_to_stay_compute_bound": moved / max(makespan - mean_compute, 1e-9),
@@ -195,7 +216,9 @@ def _unreachable(best: dict[str, Any], deadline_s: float, cluster: Cluster) -> s
                        f"{best['startup_s'] + best['queue_wait_s']:,.0f} s",
            "store bandwidth": f"the store's {best['store_bandwidth_bytes_per_s']:,.0f} bytes/s "
                               f"move the job's bytes in {best['store_io_s']:,.0f} s",
-           "compute": f"its longest block takes {best['block_s_max']:,.0f} s"}[best["bottleneck"]]
+           "compute": f"its longest block takes {best['block_s_max']:,.0f} s",
+           "worker reads/writes": f"its longest block takes {best['block_s_max']:,.0f} s, "
+                                  "most of it reading and writing"}[best["bottleneck"]]
     return (f"no number of workers up to the {best['blocks']:,} blocks meets the deadline of "
             f"{deadline_s:,.0f} s: with one worker per block the job takes "
             f"{best['total_s']:,.0f} s, bound by {best['bottleneck']} ({why})")
