@@ -118,9 +118,12 @@ def test_two_batch_workers_equal_the_local_run(job, tmp_path: Path) -> None:
 
 def test_a_killed_batch_job_loses_no_block(job, tmp_path: Path) -> None:
     """SIGKILL of one worker's whole batch job (its process group) after the first block is
-    in the ledger: the other finishes the job, every block recorded once, output as local."""
+    in the ledger, the workers held: the lost job is asked for again (after distributed's
+    lost-worker-timeout, 0.5 s here), and the job finishes, every block recorded once,
+    output as local."""
     spec, inp, expected = job
     env, state = _cluster(tmp_path, MEMORY)
+    env["DASK_DISTRIBUTED__DEPLOY__LOST_WORKER_TIMEOUT"] = "0.5s"
     gate = TraceGate(tmp_path / "trace")
     out = tmp_path / "slurm.zarr"
     run = subprocess.Popen(_cmd(spec, inp, out, "--scheduler", "slurm:2"),
@@ -138,6 +141,9 @@ def test_a_killed_batch_job_loses_no_block(job, tmp_path: Path) -> None:
         jobs = fake_batch.job_ids(state)
         assert group in [fake_batch.pgid(state, j) for j in jobs]
         os.killpg(group, signal.SIGKILL)
+        while not (state / "job-3.pgid").exists():  # the replacement, still held
+            assert run.poll() is None and time.monotonic() < deadline, run.stderr
+            time.sleep(0.02)
         gate.release()
         _, err = run.communicate(timeout=300)
         traced = gate.keys()  # every block computed, the killed job's last one again
@@ -150,8 +156,8 @@ def test_a_killed_batch_job_loses_no_block(job, tmp_path: Path) -> None:
     assert sorted(blocks) == sorted(set(blocks)) and len(blocks) == 27
     assert set(traced) == set(blocks)
     assert np.array_equal(_values(out), expected)
-    assert fake_batch.job_ids(state) == ["1", "2"]  # the dead job is not asked for again
-    _all_cancelled(state, ["1", "2"])
+    assert fake_batch.job_ids(state) == ["1", "2", "3"]
+    _all_cancelled(state, ["1", "2", "3"])  # the lost one as it was replaced
 
 
 def test_sigterm_releases_the_batch_jobs(job, tmp_path: Path) -> None:

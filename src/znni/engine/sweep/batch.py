@@ -13,8 +13,9 @@ decides only what the run decides:
 - Dask's spilling and pausing are off in the job (a block task holds nothing between
   tasks; a worker paused at 80% of its memory would wait for good), its restart at 95%
   kept;
-- at most N jobs, never more than the blocks left (`scale`), all released (`scancel`,
-  `qdel`, `bkill`) when the sweep ends, fails or is interrupted (`sweep/dask.py` closes the
+- at most N jobs, never more than the blocks left (`scale`), a job whose worker is gone
+  asked for again while blocks are left (`keep_batch`), all released (`scancel`, `qdel`,
+  `bkill`) when the sweep ends, fails or is interrupted (`sweep/dask.py` closes the
   cluster in a `finally`).
 """
 
@@ -131,6 +132,17 @@ def scale_batch(cluster: Any, scheduler: Scheduler, blocks: int) -> None:
         raise ValueError(f"{scheduler.submit_command} refused a worker job of --scheduler "
                          f"{scheduler} ({refused[0]}); check jobqueue.{scheduler.kind} in "
                          "your Dask configuration")
+
+
+def keep_batch(cluster: Any, scheduler: Scheduler, blocks_left: int) -> None:
+    """Ask again for the jobs whose worker is gone (walltime, a node lost, a kill) while
+    blocks are left: the cluster cancels a lost worker's job after distributed's
+    `deploy.lost-worker-timeout` (15 s) and forgets it, and a scale to the same number
+    submits it anew. Never fewer jobs: a scale-down could close a busy worker."""
+    assert scheduler.workers is not None
+    target = min(scheduler.workers, blocks_left)
+    if target >= len(cluster.worker_spec):
+        cluster.scale(jobs=target)
 
 
 def _recording(cluster_cls: Any) -> Any:

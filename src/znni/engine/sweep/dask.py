@@ -16,7 +16,8 @@ run and closed at the end, instead of a cluster per stage (each about 2 s to sta
 new worker processes import znni again). A batch cluster is asked for at most N workers and
 never more than the blocks of the sweep at hand; its jobs are cancelled when it closes.
 The client looks for finished blocks every CANCEL_POLL_S, so a cancel (SIGTERM, Ctrl-C) is
-seen while batch workers still wait in the queue.
+seen while batch workers still wait in the queue; every KEEP_S meanwhile a batch cluster
+asks again for the jobs whose workers are gone (`batch.keep_batch`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from typing import Any
 
@@ -36,6 +37,7 @@ from znni.engine.sweep.stage import BlockWork, OnDone, Stage
 
 TASK_RETRIES = 3  # task errors (not worker deaths, which the scheduler retries itself)
 CANCEL_POLL_S = 0.05  # how often the client looks for finished blocks and a cancel
+KEEP_S = 2.0  # how often, while no block finishes, a batch cluster's lost jobs are replaced
 
 _WORKERS: dict[int, BlockWork] = {}
 # scheduler -> (client, cluster or None), while a `shared_cluster` is open in this context
@@ -135,9 +137,15 @@ def run_dask(
             from znni.engine.sweep.batch import scale_batch
 
             scale_batch(cluster, scheduler, len(blocks))
+    keep = None
+    if scheduler.is_batch:  # dead jobs asked for again while blocks are left
+        from znni.engine.sweep.batch import keep_batch
+
+        def keep(left: int) -> None:
+            keep_batch(cluster, scheduler, left)
     try:
         _run_tasks(client, _stage_future(client, stage, scheduler), blocks, on_done, timer,
-                   cancel, skipped)
+                   cancel, skipped, keep)
     finally:
         if shared is None:
             _close(client, cluster)
@@ -161,10 +169,10 @@ def _the_stage(stage: Stage) -> Stage:
 
 def _run_tasks(client: Any, stage_future: Any, blocks: Sequence[Block], on_done: OnDone,
                timer: StageTimer, cancel: threading.Event | None,
-               skipped: set[str] | None) -> None:
+               skipped: set[str] | None, keep: Callable[[int], None] | None = None) -> None:
     """One task per block; `on_done` as each returns. A cancel stops at the next finished
     block, or at once while none finishes (blocks then in flight are rewritten by the rerun
-    that resumes, as after a kill)."""
+    that resumes, as after a kill). `keep(blocks left)`: every KEEP_S while none finishes."""
     from distributed import as_completed
 
     by_key = {b.key: b for b in blocks}
@@ -173,7 +181,7 @@ def _run_tasks(client: Any, stage_future: Any, blocks: Sequence[Block], on_done:
         for b in blocks
     }
     finished = as_completed(list(pending))
-    t_wait = time.perf_counter()
+    t_wait = kept = time.perf_counter()
     n = 0
     while pending:
         ready = finished.next_batch(block=False)
@@ -181,6 +189,9 @@ def _run_tasks(client: Any, stage_future: Any, blocks: Sequence[Block], on_done:
             if cancel is not None and cancel.is_set():
                 client.cancel(list(pending))
                 raise SegmentCancelled(f"cancelled after {n} of {len(blocks)} blocks")
+            if keep is not None and time.perf_counter() - kept > KEEP_S:
+                keep(len(pending))
+                kept = time.perf_counter()
             time.sleep(CANCEL_POLL_S)
             continue
         for fut in ready:
