@@ -101,7 +101,6 @@ def test_graph_model_blocks_on_workers(setup: dict, capsys, onnx_models, tmp_pat
     plan = _json(capsys, argv)
     job, cluster = plan["job_seconds"], plan["cluster"]
     assert job["blocks"] == cluster["blocks"] == 27 and cluster["makespan_method"] == "uniform"
-    block = job["per_block"]
-    one = block["compute_s"] + block["read_s"] + block["write_s"]
+    one = job["block_compute_s"] + job["block_read_s"] + job["block_write_s"]
     assert cluster["compute_makespan_s"] == pytest.approx(14 * one)
-    assert cluster["write_bytes"] == 27 * block["write_bytes"] == 27 * 16**3 * 3 * 4
+    assert cluster["write_bytes"] == 27 * job["block_write_bytes"] == 27 * 16**3 * 3 * 4

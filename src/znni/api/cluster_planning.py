@@ -75,9 +75,9 @@ def _costs(result: dict[str, Any], model: Any, job: JobShape) -> tuple[Any, Any]
 
     seconds = result["job_seconds"]
     if isinstance(model, OnnxModel):
-        b = seconds["per_block"]
-        return (uniform_costs(seconds["blocks"], b["compute_s"], b["read_s"], b["write_s"],
-                              b["read_bytes"], b["write_bytes"]),
+        return (uniform_costs(seconds["blocks"], seconds["block_compute_s"],
+                              seconds["block_read_s"], seconds["block_write_s"],
+                              seconds["block_read_bytes"], seconds["block_write_bytes"]),
                 JobFixed(seconds["startup_s"], 0.0, int(result.get("window_peak_bytes", 0))))
     names = {f.name for f in fields(Plan)}
     plan = Plan.from_dict({k: v for k, v in result.items() if k in names})

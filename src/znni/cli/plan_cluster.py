@@ -166,9 +166,9 @@ def graph_cluster(args: argparse.Namespace, ask: ClusterAsk, summary: dict[str, 
     from znni.planner.cluster import JobFixed
 
     job = summary["job_seconds"]
-    b = job["per_block"]
-    costs = uniform_costs(job["blocks"], b["compute_s"], b["read_s"], b["write_s"],
-                          b["read_bytes"], b["write_bytes"])
+    costs = uniform_costs(job["blocks"], job["block_compute_s"], job["block_read_s"],
+                          job["block_write_s"], job["block_read_bytes"],
+                          job["block_write_bytes"])
     machine = this_or_profile(args)
     fixed = JobFixed(job["startup_s"], 0.0, int(summary.get("window_peak_bytes", 0)),
                      worker_cache_bytes(args, machine))

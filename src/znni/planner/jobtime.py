@@ -174,7 +174,7 @@ def with_planning(job: dict[str, Any], planning_s: float) -> dict[str, Any]:
 def graph_job_seconds(
     region_s: float, region: Sequence[int], block: Sequence[int], margin: Sequence[int], *,
     in_channels: int, out_channels: int, in_bytes: int, out_dtype: str,
-) -> dict[str, Any]:
+) -> dict[str, float | int]:
     """A graph model's whole run: start-up, its windows or tiles over the region (`region_s`,
     the graph planner's time with its first pass, engine.compute.graph_choice) and the reads
     and writes the read-ahead and write-behind do not hide (as _exposed_io). Blocks are
@@ -193,8 +193,8 @@ def graph_job_seconds(
             "io_total_s": n * (read_s + write_s), "blocks": n,
             "total_s": STARTUP_S + region_s + io_s,
             # one block's figures, for the cluster model (planner/cluster.py)
-            "per_block": {"compute_s": region_s / n, "read_s": read_s, "write_s": write_s,
-                          "read_bytes": read_bytes, "write_bytes": write_bytes}}
+            "block_compute_s": region_s / n, "block_read_s": read_s, "block_write_s": write_s,
+            "block_read_bytes": read_bytes, "block_write_bytes": write_bytes}
 
 
 def _block_bytes(network: Network, read: int, write: int, in_bytes: int) -> int:
