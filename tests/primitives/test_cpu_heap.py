@@ -78,3 +78,30 @@ def test_worker_threads_allocate_in_the_main_arena() -> None:
     done = subprocess.run([sys.executable, "-c", ARENAS], capture_output=True, text=True,
                           env={**env, "ZNNI_KEEP_HEAP": "0"}, check=True)
     assert int(done.stdout.strip()) > 1  # glibc's default: a new arena per thread
+
+
+THRESHOLD = """
+import sys
+import numpy as np
+from znni.primitives.cpu.heap import SEQUENTIAL_MMAP_THRESHOLD_BYTES, keep_freed_memory
+keep_freed_memory(*([SEQUENTIAL_MMAP_THRESHOLD_BYTES] if sys.argv[1] == "seq" else []))
+keep_freed_memory()  # a later call (the backend's) keeps the first threshold
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+a = np.ones(2**25, np.float32)  # 128 MiB, touched
+before = rss()
+del a
+print(before - rss() > 2**26)  # its pages went back to the system on free
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+def test_a_sequential_pass_returns_its_large_tensors_and_windows_keep_theirs() -> None:
+    """Sequential workers take the lower mmap threshold first (workers/mpf.py): a freed
+    128 MiB tensor leaves the process; at the windows' 1 GiB threshold it stays."""
+    def freed(kind: str) -> str:
+        return subprocess.run([sys.executable, "-c", THRESHOLD, kind], capture_output=True,
+                              text=True, check=True).stdout.strip()
+
+    assert freed("seq") == "True" and freed("window") == "False"

@@ -24,6 +24,7 @@ from znni.engine.location import Location
 from znni.engine.workers.base import InferenceStage, VolumeWorker, trace_block
 from znni.model.network import Network
 from znni.primitives.base import Backend
+from znni.primitives.cpu.heap import SEQUENTIAL_MMAP_THRESHOLD_BYTES, keep_freed_memory
 from znni.primitives.dense import dense_forward
 
 
@@ -74,6 +75,7 @@ class BlockWorker(VolumeWorker):
             self.backend = backend
             self.execution = Execution("cpu", backend.name)
         else:
+            keep_freed_memory(SEQUENTIAL_MMAP_THRESHOLD_BYTES)  # before the backend's call
             self.backend, self.gpu_backend = build_backends(execution)
 
     def device_report(self) -> dict[str, Any]:
