@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/unets.py [--size 128] [--window 64] [--overlap 0.25]
         [--reps 3] [--model basicunet|unet] [--features 16,16,32,64,128,16]
-        [--memory-limit 8GiB] [--no-auto] [--no-bf16]
+        [--memory-limit 8GiB] [--no-auto] [--no-bf16] [--no-int8]
+        [--onnx benchmarks/networks/trained_unet.onnx --em]
 
 MONAI `BasicUNet(features=...)` (instance norm, LeakyReLU, transposed-conv
 upsampling, padded 3^3 convs), or with `--model unet` MONAI's `UNet(channels=...)`
@@ -13,6 +14,13 @@ process from the Zarr input to a float32 Zarr output, as the issue compares them
 user's script (benchmarks/_monai_user.py: `sliding_window_inference(x, W,
 sw_batch_size=1, overlap, mode="gaussian", sigma_scale=0.125)` driving torch,
 onnxruntime or OpenVINO f32; OpenVINO bf16 and znni bf16 where the CPU has bf16 units).
+int8 (issue 53): znni `--precision int8` (NNCF calibrated on the job's own windows) against
+a MONAI user quantizing the same ONNX model with NNCF as its documentation shows, on the
+same number of windows (16). `--onnx PATH` runs a given model instead (no torch run; the
+errors are then against MONAI + OpenVINO f32), and `--em` feeds it the demo's synthetic EM
+(`synthetic_em`, seed 3, cells as dense as the demo's) instead of noise, as the trained
+test U-Net (benchmarks/train_unet.py) needs: its errors mean something, and the share of
+voxels whose label at 0.5 differs from the reference's is shown.
 Runs alternate, medians of `--reps`; each reports its own peak RSS. Beside the whole
 process, each run's inner loop is shown (MONAI's sliding window alone; znni's job from
 its plan to its last write): the stricter comparison, which leaves out MONAI's imports.
@@ -101,7 +109,9 @@ def per_window(model, onnx_path: Path, window: int, limit: int) -> dict[str, flo
         with torch.inference_mode():
             model(tx)
 
-    runs = {"znni": lambda: run_graph(graph, x, backend, plan.primitives), "torch": torch_run}
+    runs = {"znni": lambda: run_graph(graph, x, backend, plan.primitives)}
+    if model is not None:
+        runs["torch"] = torch_run
     for name in RUNTIMES:
         try:
             predict = runtime_predictor(name, onnx_path)
@@ -137,6 +147,11 @@ def _errors(a: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
     return float(diff.max()) / span, float(diff.mean()) / span
 
 
+def _f1(found: np.ndarray, truth: np.ndarray) -> float:
+    hits = float(np.sum(found & truth))
+    return 2 * hits / max(1.0, float(found.sum() + truth.sum()))
+
+
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -160,10 +175,16 @@ RUNS = {  # name: (label, runtime or "znni", precision, window: "same" or "auto"
     "openvino-bf16": ("MONAI + OpenVINO bf16", "openvino", "bf16", "same"),
     "znni-bf16": ("znni bf16 (same window)", "znni", "bf16", "same"),
     "znni-auto-bf16": ("znni bf16 (planner's window)", "znni", "bf16", "auto"),
+    "openvino-int8": ("MONAI + OpenVINO int8 (NNCF)", "openvino", "int8", "same"),
+    "znni-int8": ("znni int8 (same window)", "znni", "int8", "same"),
+    "znni-auto-int8": ("znni int8 (planner's window)", "znni", "int8", "auto"),
 }
 PAIRS = (("monai", "znni"), ("onnxruntime", "znni"), ("openvino", "znni"),
          ("openvino", "znni-auto"), ("openvino-bf16", "znni-bf16"),
-         ("openvino-bf16", "znni-auto-bf16"), ("znni", "znni-bf16"))
+         ("openvino-bf16", "znni-auto-bf16"), ("znni", "znni-bf16"),
+         ("openvino-int8", "znni-int8"), ("openvino-int8", "znni-auto-int8"),
+         ("znni", "znni-int8"), ("znni-auto", "znni-auto-int8"),
+         ("openvino", "znni-auto-int8"))
 
 
 def run_one(name: str, folder: Path, args: argparse.Namespace) -> dict:
@@ -177,12 +198,26 @@ def run_one(name: str, folder: Path, args: argparse.Namespace) -> dict:
 
 
 def run_names(args: argparse.Namespace) -> list[str]:
-    names = ["znni", "monai", *(n for n in RUNTIMES if _installed(n))]
+    names = ["znni", *(["monai"] if args.onnx is None else []),
+             *(n for n in RUNTIMES if _installed(n))]
     if args.auto:
         names.append("znni-auto")
     if args.bf16 and cpu_has_bf16():  # bf16 units: OpenVINO's and znni's bf16 runs too
         names += ["openvino-bf16", "znni-bf16", *(["znni-auto-bf16"] if args.auto else [])]
+    if args.int8 and _installed("nncf") and _installed("openvino"):
+        names += ["openvino-int8", "znni-int8", *(["znni-auto-int8"] if args.auto else [])]
     return names
+
+
+def input_volume(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray | None]:
+    """(uint8 volume, its true membranes or None): noise, or with --em synthetic EM."""
+    shape = (args.size,) * 3
+    if not args.em:
+        return np.random.default_rng(0).integers(0, 256, shape).astype(np.uint8), None
+    from znni.cli.demo_data import DEMO_SHAPE, synthetic_em
+
+    cells = max(8, round(70 * args.size**3 / np.prod(DEMO_SHAPE)))  # the demo's density
+    return synthetic_em(shape, n_cells=cells, seed=3)
 
 
 def measure(args: argparse.Namespace, folder: Path) -> tuple[dict, dict, dict, object, Path]:
@@ -190,8 +225,14 @@ def measure(args: argparse.Namespace, folder: Path) -> tuple[dict, dict, dict, o
     against MONAI on torch, and the window znni's planner chose."""
     import zarr
 
-    model, onnx_path = build(folder, _features(args.features), args.window, args.model)
-    vol = np.random.default_rng(0).integers(0, 256, (args.size,) * 3).astype(np.uint8)
+    if args.onnx is None:
+        model, onnx_path = build(folder, _features(args.features), args.window, args.model)
+    else:
+        import shutil
+
+        model, onnx_path = None, folder / "basicunet.onnx"
+        shutil.copy(args.onnx, onnx_path)
+    vol, truth = input_volume(args)
     zarr.create_array(str(folder / "in.zarr"), data=vol, chunks=(64, 64, 64))
     names = run_names(args)
     runs: dict[str, list[dict]] = {n: [] for n in names}
@@ -199,8 +240,13 @@ def measure(args: argparse.Namespace, folder: Path) -> tuple[dict, dict, dict, o
         for name in names:
             runs[name].append(run_one(name, folder, args))
     outputs = {n: zarr.open_array(runs[n][-1]["output"], mode="r") for n in names}
-    ref = outputs["monai"][:]
-    errors = {n: _errors(a[:], ref) for n, a in outputs.items()}
+    ref = outputs["monai" if args.onnx is None else "openvino"][:]
+    errors = {n: (*_errors(a[:], ref), float(np.mean((a[0] > 0.5) != (ref[0] > 0.5))))
+              for n, a in outputs.items()}
+    if truth is not None:
+        for n, a in outputs.items():
+            print(f"{n}: F1 of channel 0 > 0.5 against the true membranes "
+                  f"{_f1(a[0] > 0.5, truth):.3f}")
     chosen = {n: a.attrs["znni"]["window"]["window"] for n, a in outputs.items()
               if n.startswith("znni")}
     return runs, errors, chosen, model, onnx_path
@@ -217,12 +263,14 @@ def report(args: argparse.Namespace, runs: dict, errors: dict, chosen: dict,
           f"out, window {args.window}^3, overlap {args.overlap}, gaussian; {cpu_model()}, "
           f"{os.cpu_count()} cores; whole processes, medians of {args.reps}; znni memory "
           f"limit {args.memory_limit_bytes / gib:.1f} GiB")
+    ref = "monai" if "monai" in med else "openvino"
     print(f"{'run':48s} {'process s':>9s} {'loop s':>7s} {'voxels/s':>10s} {'peak RSS':>9s} "
-          f"{'MONAI/run':>9s} {'max / mean diff vs MONAI fp32':>30s}")
+          f"{'ref/run':>8s} {'max / mean diff, labels changed vs ' + RUNS[ref][0]:>30s}")
     for n, t in med.items():
         label = RUNS[n][0] + (f" {tuple(chosen[n])}" if RUNS[n][3] == "auto" else "")
         print(f"{label:48s} {t:9.2f} {inner[n]:7.2f} {vox / t:10,.0f} {rss[n] / gib:7.2f}Gi "
-              f"{med['monai'] / t:8.2f}x {errors[n][0]:20.1e} / {errors[n][1]:.1e}")
+              f"{med[ref] / t:7.2f}x {errors[n][0]:12.1e} / {errors[n][1]:.1e}, "
+              f"{100 * errors[n][2]:.2f}%")
     print("loop s: MONAI's sliding_window_inference alone (after its imports, compile and "
           "read; before its write), znni's job from its plan to its last write")
     for peer, ours in PAIRS:
@@ -231,7 +279,7 @@ def report(args: argparse.Namespace, runs: dict, errors: dict, chosen: dict,
                   f"process; {inner[peer] / inner[ours]:.2f}x loop against job")
     print(f"one {args.window}^3 window: " + ", ".join(
         f"{k} {v:.3f} s" for k, v in window.items()) +
-        f"; torch/znni {window['torch'] / window['znni']:.2f}x")
+        (f"; torch/znni {window['torch'] / window['znni']:.2f}x" if "torch" in window else ""))
 
 
 def main() -> None:
@@ -249,6 +297,12 @@ def main() -> None:
                     help="skip the run with the planner's window")
     ap.add_argument("--no-bf16", dest="bf16", action="store_false",
                     help="skip the bf16 runs (they run only where the CPU has bf16 units)")
+    ap.add_argument("--no-int8", dest="int8", action="store_false",
+                    help="skip the int8 runs (they run where NNCF and OpenVINO are installed)")
+    ap.add_argument("--onnx", help="run this ONNX model (1 input channel) instead of a "
+                    "seeded MONAI one; no torch run")
+    ap.add_argument("--em", action="store_true",
+                    help="synthetic EM (the demo's generator) instead of noise")
     args = ap.parse_args()
     if args.features is None:
         args.features = "16,32,64,128" if args.model == "unet" else "16,16,32,64,128,16"
