@@ -106,7 +106,12 @@ def test_segment_takes_a_gpu_precision_on_the_standin(tmp_path, standin) -> None
     from znni.engine.compute.execution import check_precision
 
     for precision in PRECISIONS:
-        check_precision("gpu", precision)  # the stand-in computes in all four
+        if precision != "int8":  # int8 is the CPU's (NNCF's network on OpenVINO)
+            check_precision("gpu", precision)  # the stand-in computes in all four
+    for precision in ("int8", "auto"):
+        with pytest.raises(ValueError, match="runs on the CPU"):
+            check_precision("gpu", precision)
+        check_precision("auto", precision)  # --device auto: the CPU runs them
     check_precision("auto", "fp16")  # a graph network runs on the (stand-in) GPU
     with pytest.raises(ValueError, match="needs --device gpu"):
         check_precision("cpu", "fp16")

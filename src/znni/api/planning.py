@@ -114,9 +114,19 @@ def _graph_summary(
     from znni.engine.compute.graph_plan import graph_plan, graph_plan_device, with_job_time
 
     other = _machine(settings) if settings.machine is not None else None
-    summary = graph_plan(model, memory_limit_bytes, region, overlap, other, window,
-                         device=graph_plan_device(device, other), precision=job.precision,
-                         flips=job.flips)
+    if job.precision in ("int8", "auto"):  # the CPU's; measured when a job runs on the input
+        from znni.engine.compute.execution import check_precision
+        from znni.engine.precision_run import plan_candidates, unmeasured_summary
+
+        check_precision(device, job.precision)  # not on a GPU
+        summary = unmeasured_summary(job.precision, plan_candidates(
+            job.precision, lambda p: graph_plan(model, memory_limit_bytes, region, overlap,
+                                                other, window, device="cpu", precision=p,
+                                                flips=job.flips)))
+    else:
+        summary = graph_plan(model, memory_limit_bytes, region, overlap, other, window,
+                             device=graph_plan_device(device, other),
+                             precision=job.precision, flips=job.flips)
     fields = job.fields(model.out_channels, None if job.mask is not None else 0)
     if region is None:
         return {**summary, **fields}

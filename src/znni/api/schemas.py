@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
+from znni.engine.job import MAX_ERROR
 from znni.triple import Triple
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
@@ -74,8 +75,12 @@ class JobCreate(BaseModel):
     border: Literal["reflect", "zero"] = "reflect"
     dtype: Literal["float32", "uint8"] = "float32"
     device: Literal["auto", "cpu", "gpu", "cpu-gpu"] = "auto"
-    # arithmetic precision: fp32, or on the GPU tf32, bf16, fp16 (--precision)
-    precision: Literal["fp32", "tf32", "bf16", "fp16"] = "fp32"
+    # arithmetic precision: fp32, or on the GPU tf32, bf16, fp16; on the CPU (ONNX models)
+    # bf16, int8 (NNCF-quantized on the input's windows) and auto (--precision)
+    precision: Literal["fp32", "tf32", "bf16", "fp16", "int8", "auto"] = "fp32"
+    # int8 and auto: the largest error against fp32 accepted, a fraction of the fp32 output's
+    # range on held-out windows of the input (--max-error); int8 above it is refused (422)
+    max_error: Annotated[float, Field(ge=0.0, le=1e3, allow_inf_nan=False)] = MAX_ERROR
     # chunks: an existing output's must match (they cannot change in place)
     chunks: tuple[PositiveSize, PositiveSize, PositiveSize] | None = None
     block: tuple[PositiveSize, PositiveSize, PositiveSize] | None = None  # whole chunks
@@ -231,7 +236,7 @@ class PlanRequest(BaseModel):
     overlap: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.25  # windowed models
     window: tuple[PositiveSize, PositiveSize, PositiveSize] | None = None  # ONNX: not chosen
     # as a job takes them: what its whole run's time (predicted_job_seconds) depends on
-    precision: Literal["fp32", "tf32", "bf16", "fp16"] = "fp32"
+    precision: Literal["fp32", "tf32", "bf16", "fp16", "int8", "auto"] = "fp32"
     dtype: Literal["float32", "uint8"] = "float32"  # the output's: its writes are timed
     chunks: tuple[PositiveSize, PositiveSize, PositiveSize] | None = None  # with input
     tta: Annotated[str, Field(pattern=r"^flips(:[zyx]{1,3})?$", max_length=9)] | None = None

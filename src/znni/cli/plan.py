@@ -257,15 +257,17 @@ def check_plan_precision(args: argparse.Namespace, graph: bool) -> None:
     """--precision as `znni segment` checks it (execution.check_precision; with --machine,
     the profile's GPU is planned, so this machine's is not asked); sequential networks are
     planned in fp32 only."""
+    from znni.engine.compute.execution import CPU_ONLY_PRECISIONS
     from znni.primitives.precision import check_precision
 
-    check_precision(args.precision)
+    if args.precision not in CPU_ONLY_PRECISIONS:  # auto: no stored precision of its own
+        check_precision(args.precision)
     if args.precision == "fp32":
         return
     if not graph:
         raise ValueError(f"--precision {args.precision} applies to ONNX graph models in this "
                          "version; sequential networks are planned in fp32")
-    if args.device != "gpu" or args.machine is None:
+    if args.device != "gpu" or args.machine is None or args.precision in CPU_ONLY_PRECISIONS:
         from znni.engine.compute.execution import check_precision as check_for_device
 
         check_for_device(args.device, args.precision)

@@ -25,6 +25,8 @@ def graph_summary(args: argparse.Namespace, model: Any, limit: int | None,
     from znni.engine.compute.graph_plan import graph_plan_device
 
     device = graph_plan_device(args.device, machine)
+    if args.precision in ("int8", "auto"):  # the CPU's (check_plan_precision refused others)
+        device = "cpu"
     if device == "gpu" and machine is None:  # this machine's GPU: its rates measured once
         from znni.planner.detect import calibrate_gpus
 
@@ -33,6 +35,10 @@ def graph_summary(args: argparse.Namespace, model: Any, limit: int | None,
         from znni.planner.detect import calibrate_graph_primitives
 
         calibrate_graph_primitives(args.precision)  # int8, auto: its int8 speed-up too
+    if args.precision in ("int8", "auto"):  # each candidate planned, the error measured
+        from znni.cli.plan_precision import precision_summary
+
+        return precision_summary(args, model, limit, region, machine, window, flips)
     return graph_plan(model, limit, region, args.overlap, machine, window, device=device,
                       precision=args.precision, flips=flips)
 
@@ -109,6 +115,10 @@ def format_graph_plan(s: dict) -> str:
     elif s.get("device") == "cpu" and s.get("precision") == "fp32":
         lines.append(f"node by node on our kernels and OpenVINO layers (primitives per conv: "
                      f"{', '.join(sorted(set(s['primitives'].values()))) or 'none'})")
+    if s.get("precision_asked"):  # int8, auto: the measured error, or when it will be
+        from znni.cli.plan_precision import precision_lines
+
+        lines += precision_lines(s)
     return "\n".join(lines + (gpu_lines(s) if s.get("device") == "gpu" else []))
 
 

@@ -91,6 +91,7 @@ def job_from_args(args: argparse.Namespace) -> SegmentJob:
         chunks=parse_triple(args.chunks, "--chunks") if args.chunks else None,
         device=args.device,
         precision=args.precision,
+        max_error=args.max_error,
         tta=tta_value(args.tta),
         memory_limit_bytes=parse_bytes(args.memory_limit) if args.memory_limit else None,
         scheduler=Scheduler.of(args.scheduler),  # parsed once, here
@@ -124,13 +125,20 @@ def add_precision_option(p: argparse.ArgumentParser) -> None:
     """--precision and --tta (add_tta_option), shared by segment and plan; the value is checked
     where the job is (one sentence, engine.compute.execution.check_precision), not by
     argparse's usage message."""
-    from znni.engine.job import PRECISIONS
+    from znni.engine.job import MAX_ERROR, PRECISION_CHOICES
 
-    p.add_argument("--precision", default="fp32", metavar="|".join(PRECISIONS),
+    p.add_argument("--precision", default="fp32", metavar="|".join(PRECISION_CHOICES),
                    help="arithmetic precision (default fp32). bf16 on the CPU: ONNX models, "
                    "in OpenVINO compiled networks (a CPU without bf16 units runs fp32 and "
-                   "says so); tf32 and fp16 need --device gpu (tf32 and bf16 on a GPU: "
-                   "compute capability 8.0 or more)")
+                   "says so); int8 (CPU, ONNX models): NNCF-quantized on the input's own "
+                   "windows, its error against fp32 measured first; auto (CPU, ONNX "
+                   "models): the fastest predicted of fp32, bf16, int8 within --max-error; "
+                   "tf32 and fp16 need --device gpu (tf32 and bf16 on a GPU: compute "
+                   "capability 8.0 or more)")
+    p.add_argument("--max-error", type=float, default=MAX_ERROR, metavar="E",
+                   help="int8 and auto: the largest error against fp32 accepted, as a "
+                   "fraction of the fp32 output's range on held-out windows of the input "
+                   f"(default {MAX_ERROR}); int8 above it is refused")
     add_tta_option(p)
 
 
@@ -178,6 +186,10 @@ def run(args: argparse.Namespace) -> int:
               f"provenance): {', '.join(report.bad_chunks)}", file=sys.stderr)
     if not args.quiet and report.plan is not None:
         print(plan_summary(report.plan), file=sys.stderr)
+        from znni.engine.precision_run import int8_line
+
+        if (measured := int8_line(report.plan)) is not None:  # int8, auto: the error
+            print(measured, file=sys.stderr)
         if "device_ran" in report.plan:
             print(device_summary(report.plan["device_ran"]), file=sys.stderr)
         if report.plan.get("compiled_ran"):

@@ -23,13 +23,20 @@ Roi = tuple[tuple[int | None, int | None], ...]
 BorderMode = Literal["reflect", "zero"]
 OutputDtype = Literal["float32", "uint8"]
 Device = Literal["auto", "cpu", "gpu", "cpu-gpu"]
-Precision = Literal["fp32", "tf32", "bf16", "fp16"]
+Precision = Literal["fp32", "tf32", "bf16", "fp16", "int8", "auto"]
 
 BORDER_MODES: tuple[str, ...] = ("reflect", "zero")
 OUTPUT_DTYPES: tuple[str, ...] = ("float32", "uint8")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "gpu", "cpu-gpu")
 # primitives/precision.PRECISIONS, repeated so the CLI reads it without numpy (a test checks)
-PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16")
+PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "int8")
+# what a job may ask for: a precision, or "auto" (graph models on the CPU: the fastest
+# predicted precision whose measured error is within max_error, engine/compute/precision_error)
+PRECISION_CHOICES: tuple[str, ...] = (*PRECISIONS, "auto")
+# int8 and auto: the largest error against fp32 a run accepts, as a fraction of the fp32
+# output's range over the held-out windows (docs/design.md, "Precision": a probability
+# moving by less than 0.02 rarely crosses a 0.5 threshold; issue 53's target)
+MAX_ERROR = 0.02
 BLEND_MODES: tuple[str, ...] = ("gaussian", "constant")
 OUTPUT_FORMATS: tuple[str, ...] = ("zarr", "ome-zarr")
 
@@ -47,9 +54,12 @@ class SegmentJob:
     chunks: Triple | None = None  # output chunk shape (z, y, x); None: the engine chooses
     device: Device = "auto"
     # arithmetic precision (primitives/precision.py): fp32 everywhere; bf16 also on the CPU
-    # (OpenVINO compiled networks); tf32 and fp16 on the GPU only
-    # (engine.compute.execution.check_precision)
+    # (OpenVINO compiled networks); tf32 and fp16 on the GPU only; int8 and auto on the CPU
+    # for graph models (engine.compute.execution.check_precision)
     precision: Precision = "fp32"
+    # int8 and auto: the largest measured error against fp32 accepted (fraction of the fp32
+    # output's range on held-out windows); above it int8 is refused (auto takes another)
+    max_error: float = MAX_ERROR
     memory_limit_bytes: int | None = None  # None: from available RAM
     # None: here; Dask: "tcp://HOST:PORT", "local:N", or a batch cluster "slurm:N" (pbs, lsf,
     # sge) of at most N workers (engine/scheduler.py); text is parsed in __post_init__

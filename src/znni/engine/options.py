@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 from znni.engine.compute.execution import check_device, check_precision
 from znni.engine.compute.tta import FlipSpec
 from znni.engine.io.faults import check_bad_chunk_policy
@@ -35,6 +37,15 @@ def check_options(job: SegmentJob) -> None:
             f"precision {job.precision} applies to ONNX graph models in this version; "
             f"network {job.network.name!r} runs in exact (MPF) mode in fp32"
         )
+    check_max_error(job.max_error)
     for what, value in (("chunks", job.chunks), ("block", job.block), ("window", job.window)):
         if value is not None and (len(value) != 3 or min(value) < 1):
             raise ValueError(f"{what} {value!r} must be 3 positive integers z,y,x")
+
+
+def check_max_error(value: object) -> None:
+    """--max-error (the API's max_error): a finite number >= 0, else one sentence."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or \
+            not math.isfinite(value) or value < 0:
+        raise ValueError(f"--max-error {value!r} must be a number >= 0 (a fraction of the "
+                         "fp32 output's range, e.g. 0.02)")

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from znni.engine.cluster import for_workers, sized_for_cluster
 from znni.engine.compute.compiled_forward import prefetch_compile
 from znni.engine.compute.execution import (
+    CPU_ONLY_PRECISIONS,
     execution_for,
     graph_backend_name,
     graph_device_cap,
@@ -52,6 +53,7 @@ from znni.engine.options import check_options
 from znni.engine.output.form import OutputForm, output_form
 from znni.engine.output.provenance import note_bad_chunks
 from znni.engine.output.target import OutputTarget, open_target, output_plan
+from znni.engine.precision_run import Settled, settle_for_job
 from znni.engine.sweep.local import ReadAhead
 from znni.engine.sweep.progress import StageTimer
 from znni.engine.sweep.run import start_ledger, sweep
@@ -90,6 +92,7 @@ class PreparedRun:
     window: Triple | None = None  # graph models: the window W (windowed) or tile (exact)
     choice: GraphChoice | None = None  # graph models: the planned window and its plan
     form: OutputForm | None = None  # stored channels and dtype, labels, mask, --skip-empty
+    settled: Settled | None = None  # int8 and auto: what runs, measured (precision_run.py)
 
 
 def check_and_plan(job: SegmentJob, plan: Plan | None = None) -> Plan | None:
@@ -108,6 +111,8 @@ def prepare_run(job: SegmentJob, plan: Plan | None = None) -> PreparedRun:
 
 def _prepare_run(job: SegmentJob, plan: Plan | None) -> PreparedRun:
     check_options(job)  # engine/options.py
+    if job.precision in CPU_ONLY_PRECISIONS:  # int8, auto: --device auto is the CPU
+        job = replace(job, device="cpu" if job.device == "auto" else job.device)
     net = job.network
     ctx = job.store
     volume = open_input(job.input_path, net.in_channels, ctx=ctx)
@@ -130,12 +135,14 @@ def _prepare_run(job: SegmentJob, plan: Plan | None) -> PreparedRun:
     job, parts = prepare_package(job, volume, region, header, parts)  # bioimage.io
     net = job.network
     budget = memory_budget_bytes(job.memory_limit_bytes)
-    window, choice = None, None
-    if isinstance(net, OnnxModel):
-        choice = _window_for(job, net, header, budget, region)
+    window, choice, settled = None, None, None
+    if isinstance(net, OnnxModel):  # int8, auto: quantized and measured before any write
+        choice, settled = _graph_choice(job, net, header, budget, region, volume, form)
         window = choice.window
         parts = _windowed_parts(parts, window, job) if net.mode == "windowed" else {
             **parts, "mode": "exact"}
+        if choice.precision == "int8":  # its output differs from fp32's: no mixed resume
+            parts = {**parts, "precision": "int8"}
     resume = header is not None and header.get("fingerprint") == fingerprint(parts)
     if header is not None and not resume and not job.overwrite:
         raise ValueError(mismatch_sentence(job.output_path, header, parts))
@@ -148,7 +155,7 @@ def _prepare_run(job: SegmentJob, plan: Plan | None) -> PreparedRun:
     if window is not None and isinstance(net, OnnxModel):
         block = recorded or job.block or default_block_shape(net, window, chunks, region)
         return PreparedRun(**checked, patch=window, block_shape=block, primitives=None,
-                           plan=None, window=window, choice=choice)
+                           plan=None, window=window, choice=choice, settled=settled)
     net = _sequential(net)  # a graph model always has its window by now
     step = recorded or job.block  # --block: its plain grid; remainders merged otherwise
     if plan is None:  # patch, batch and blocks together (compute/layout.py)
@@ -188,11 +195,26 @@ def _ledger_block(header: dict[str, Any] | None) -> Triple | None:
     return as_triple(header["block_shape"], "the ledger's block_shape")
 
 
+def _graph_choice(job: SegmentJob, model: OnnxModel, header: dict[str, Any] | None,
+                  budget: int, region: Box, volume: InputVolume, form: OutputForm
+                  ) -> tuple[GraphChoice, Settled | None]:
+    """The window and its plan at the job's precision; int8 and auto settled on the job's
+    own windows first (engine/precision_run.py: ValueError above --max-error)."""
+    if job.precision not in CPU_ONLY_PRECISIONS:
+        return _window_for(job, model, header, budget, region, job.precision), None
+    return settle_for_job(
+        job.precision, model, lambda p: _window_for(job, model, header, budget, region, p),
+        volume.read, region, mask=form.mask, where=str(job.input_path),
+        max_error=job.max_error, labels=form.labels)
+
+
 def _window_for(
-    job: SegmentJob, model: OnnxModel, header: dict[str, Any] | None, budget: int, region: Box
+    job: SegmentJob, model: OnnxModel, header: dict[str, Any] | None, budget: int, region: Box,
+    precision: str,
 ) -> GraphChoice:
     """--window, else the window the output's ledger recorded for this model (windowed), else
-    the planner's best within the budget; planned and checked before anything is written."""
+    the planner's best within the budget at `precision`; planned and checked before anything
+    is written."""
     recorded = (header or {}).get("parts", {})
     pass_budget = int(budget * PLAN_FRACTION)
     if job.window is not None:
@@ -201,11 +223,11 @@ def _window_for(
             and recorded.get("network") == model.digest:
         window = as_triple(recorded["window"], "the ledger's window")
     else:
-        where = graph_pass_device(job.device, job.precision, job.memory_limit_bytes)
+        where = graph_pass_device(job.device, precision, job.memory_limit_bytes)
         return choose(model, pass_budget, region.shape, job.overlap, **where,
                       flips=flip_count(job.tta))
     return plan_window(model, window, pass_budget, region.shape, job.overlap,
-                       **graph_pass_device(job.device, job.precision, job.memory_limit_bytes),
+                       **graph_pass_device(job.device, precision, job.memory_limit_bytes),
                        flips=flip_count(job.tta))
 
 
@@ -253,8 +275,10 @@ def segment(
         assert prep.form is not None  # prepare_run decides it
         plan = prep.plan
         plan_dict = plan.to_dict() if plan is not None else run_summary(
-            job, prep.choice, prep.volume.shape, prep.block_shape, prep.region.shape,
+            prep.job, prep.choice, prep.volume.shape, prep.block_shape, prep.region.shape,
             prep.volume.dtype.itemsize, (prep.form.channels, prep.form.dtype))
+        if prep.settled is not None:  # int8 and auto: the measured errors, the choice
+            plan_dict.update(prep.settled.records)
         run = _set_up(prep.job, prep, plan_dict, backend, timer)
     (on_plan or _ignore)(dict(plan_dict))  # the server stores a graph run's summary
     worker = run.worker
@@ -347,6 +371,7 @@ def _blocks_and_spec(job: SegmentJob, prep: PreparedRun) -> tuple[list[Block], K
             "primitives": tuple(sorted(plan.primitives.items())),
             "spectra_bytes": plan.spectra_bytes, "input_cache_bytes": cached,
             "store": job.store, "precision": plan.precision, "compiled": plan.compiled,
+            "compiled_path": prep.settled.compiled_path or "" if prep.settled else "",
             "device_bytes": graph_device_cap(job.device, job.memory_limit_bytes),
             "flips": FlipSpec.parse(job.tta)}
         if net.mode == "exact":

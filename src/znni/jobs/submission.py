@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from znni.engine.compute.tta import canonical
 from znni.engine.context import StoreContext
-from znni.engine.job import OUTPUT_FORMATS, SegmentJob
+from znni.engine.job import MAX_ERROR, OUTPUT_FORMATS, SegmentJob
 from znni.engine.location import TENSORSTORE_DRIVERS, Location
 from znni.engine.scheduler import Scheduler
 from znni.jobs.catalogue import Model, ModelOptions, NetworkCatalogue, model_mode
@@ -31,7 +31,7 @@ FLAG_FIELDS = {f"--{f.replace('_', '-')}": f for f in (*WINDOW_FIELDS, "scale", 
                                                         "output_name", *OME_FIELDS,
                                                         "precision", "device", "tta",
                                                         "labels", "mask", "skip_empty",
-                                                        "dtype")}
+                                                        "dtype", "max_error")}
 
 
 def segment_job(
@@ -62,6 +62,7 @@ def segment_job(
         block=_triple(params.get("block")),
         device=params.get("device", "auto"),
         precision=params.get("precision", "fp32"),
+        max_error=params.get("max_error", MAX_ERROR),  # int8 and auto
         memory_limit_bytes=params.get("memory_limit_bytes"),
         scheduler=Scheduler.of(scheduler),
         overwrite=bool(params.get("overwrite", False)) if overwrite is None else overwrite,

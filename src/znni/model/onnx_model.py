@@ -15,6 +15,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from znni.model.carried import Files, read_files, write_files
 from znni.model.graph import Graph, aligned_axes, downsampling, window_dependence
 from znni.model.onnx_import import load_onnx
@@ -85,6 +87,21 @@ class OnnxModel:
                 f"window {tuple(window)} is not on the grid of model {self.name!r}: each axis "
                 f"must be {self.min_window} plus a multiple of {self.size_factor}"
             )
+
+    def network_input(self, raw: np.ndarray) -> np.ndarray:
+        """(C, Z, Y, X) voxels as the network takes them: float32, times the input scale plus
+        the shift, then a bioimage.io package's preprocessing (its statistics resolved).
+        What every worker feeds its windows or tiles, and int8's calibration windows."""
+        from znni.model.processing import apply_chain
+
+        x = raw.astype(np.float32)  # a new array: scaled in place below
+        if self.input_scale != 1.0:
+            x *= np.float32(self.input_scale)
+        if self.input_shift != 0.0:
+            x += np.float32(self.input_shift)
+        if self.preprocessing:
+            x = apply_chain(self.preprocessing, x)
+        return x
 
     def graph(self, window: Triple) -> Graph:
         """The model's graph for `window` (cached per process)."""

@@ -5,6 +5,11 @@ with 10-bit mantissas, accumulating in fp32); `bf16` and `fp16` store 2-byte ten
 and accumulate in fp32. Blending and the written output stay float32 whatever the
 precision (docs/design.md). bfloat16 is `ml_dtypes.bfloat16`, the numpy dtype CuPy 14
 also takes (it comes with onnx, a core dependency).
+
+`int8` lives inside OpenVINO's compiled network only (NNCF's quantized model, on the
+CPU: primitives/cpu/openvino_int8.py): the tensors between our own ops (windows in,
+outputs out, blending) stay float32, so its storage dtype is float32 and its storage
+bytes 4.
 """
 
 from __future__ import annotations
@@ -13,8 +18,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-Precision = Literal["fp32", "tf32", "bf16", "fp16"]
-PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16")
+Precision = Literal["fp32", "tf32", "bf16", "fp16", "int8"]
+PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "int8")
 
 
 def check_precision(precision: str) -> str:

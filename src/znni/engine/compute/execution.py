@@ -26,6 +26,9 @@ if TYPE_CHECKING:  # the planner is imported when a plan is made, not with the e
 
 STANDIN_ENV = "ZNNI_GPU_STANDIN"  # "1": GPU work runs on the numpy stand-in device
 BACKEND_ENV = "ZNNI_BACKEND"  # overrides the CPU backend's name (e.g. "reference")
+# precisions only the CPU runs: NNCF's int8 network compiled by OpenVINO, and auto (the
+# fastest of fp32, bf16 and int8 within --max-error, engine/compute/precision_error.py)
+CPU_ONLY_PRECISIONS = ("int8", "auto")
 STANDIN_MEMORY_BYTES = 2**30  # the stand-in device's memory cap when no plan sets one
 PLAN_BUDGET_QUANTUM_BYTES = 64 * 2**20  # budgets are planned in whole 64 MiB steps
 PLAN_CACHE_ENTRIES = 64  # plans are small frozen values; bounded by count
@@ -72,13 +75,20 @@ def check_device(device: str) -> None:
 
 def check_precision(device: str, precision: str) -> None:
     """One sentence where `precision` cannot run on `device`: a name not in
-    primitives/precision.PRECISIONS; on the CPU anything but fp32 and bf16 (bf16 runs in
-    OpenVINO's compiled networks; a CPU without bf16 units computes it in fp32, with a
-    warning); on the GPU (gpu, or cpu-gpu and auto where a graph network runs there), a
-    precision its compute capability lacks (tf32 and bf16 need 8.0, fp16 5.3). The
-    stand-in takes all."""
+    primitives/precision.PRECISIONS (or "auto"); on the CPU anything but fp32, bf16, int8
+    and auto (bf16 and int8 run in OpenVINO's compiled networks; a CPU without bf16 units
+    computes bf16 in fp32, with a warning); int8 and auto anywhere but the CPU (--device
+    auto runs them there: `cpu_precision_device`); on the GPU (gpu, or cpu-gpu and auto
+    where a graph network runs there), a precision its compute capability lacks (tf32 and
+    bf16 need 8.0, fp16 5.3). The stand-in takes the GPU's four."""
     from znni.primitives.precision import check_precision as check_name
 
+    if precision in CPU_ONLY_PRECISIONS:
+        if device in ("gpu", "cpu-gpu"):
+            raise ValueError(f"--precision {precision} runs on the CPU (NNCF's int8 network "
+                             f"compiled by OpenVINO), not --device {device}; the GPU takes "
+                             "fp32, tf32, bf16 or fp16")
+        return
     check_name(precision)
     if precision == "fp32":
         return
@@ -86,8 +96,8 @@ def check_precision(device: str, precision: str) -> None:
     if not on_gpu:  # the CPU: bf16 in OpenVINO's compiled networks, nothing else
         if precision == "bf16":
             return
-        raise ValueError(f"--precision {precision} needs --device gpu; the CPU runs fp32 "
-                         "or bf16")
+        raise ValueError(f"--precision {precision} needs --device gpu; the CPU runs fp32, "
+                         "bf16, int8 or auto")
     if standin_requested():
         return
     check_device(device)
@@ -98,6 +108,12 @@ def check_precision(device: str, precision: str) -> None:
         shown = "unknown" if have is None else f"{have[0]}.{have[1]}"
         raise ValueError(f"--precision {precision} needs a GPU of compute capability "
                          f"{need[0]}.{need[1]} or more; device 0 has {shown}")
+
+
+def cpu_precision_device(device: str, precision: str) -> str:
+    """The device a job runs on: int8 and auto run on the CPU, so --device auto is the CPU
+    for them whatever GPU is visible; `device` otherwise."""
+    return "cpu" if precision in CPU_ONLY_PRECISIONS and device == "auto" else device
 
 
 def planning_machine() -> MachineProfile:

@@ -39,7 +39,8 @@ def provenance(
         "border": job.border,
         "dtype": job.dtype if job.labels is None else stored_dtype(
             job.labels, job.dtype, job.network.out_channels),  # --labels: uint8 or uint16
-        "precision": job.precision,  # the arithmetic's (the output's dtype is `dtype`)
+        # the arithmetic's (the output's dtype is `dtype`): what ran (auto: what it chose)
+        "precision": plan.get("precision") or job.precision,
         "tta": job.tta,  # test-time flips (engine/compute/tta.py), as the CLI/API canonicalise
         "roi": None if whole else [[a, b] for a, b in zip(region.lo, region.hi, strict=True)],
         "plan": plan,
@@ -53,6 +54,9 @@ def provenance(
         "mask": None if job.mask_path is None else str(job.mask_path.resolved()),
         "skip_empty": job.skip_empty,
     }
+    for key in ("int8", "precision_auto"):  # the measured error and auto's choice
+        if plan.get(key) is not None:
+            record[key] = plan[key]
     if mode == "windowed":
         record["window"] = {"window": plan.get("window"), "overlap": plan.get("overlap"),
                             "blend": plan.get("blend")}

@@ -68,6 +68,8 @@ class GraphSpec(VolumeSpec, Protocol):
     @property
     def compiled(self) -> str: ...  # "openvino-network": the whole window on OpenVINO
     @property
+    def compiled_path(self) -> str: ...  # what it compiles: "" the model; int8 the IR
+    @property
     def flips(self) -> FlipSpec | None: ...
 
 
@@ -124,8 +126,9 @@ class GraphWorker(VolumeWorker):
     the window) with the planner's primitives: the exact-graph and windowed workers' shared
     set-up. `spec` also has `model`, `backend_name`, `spectra_bytes`, `primitives`,
     `precision`, `device_bytes` (a GPU backend's memory cap; 0: the device's own), `batch`,
-    `compiled` ("openvino-network": the whole window on OpenVINO) and `flips` (test-time
-    flips, engine/compute/tta.py, or None)."""
+    `compiled` ("openvino-network": the whole window on OpenVINO), `compiled_path` (the
+    file it compiles: int8's quantized IR; "" the model's) and `flips` (test-time flips,
+    engine/compute/tta.py, or None)."""
 
     spec: GraphSpec
 
@@ -140,8 +143,9 @@ class GraphWorker(VolumeWorker):
         self.device_ops = None if spec.compiled else device_graph_ops(self.backend,
                                                                       spec.precision)
         # the planner's "openvino-network": the whole window compiled (begins compiling now)
-        self.compiled = CompiledForward(spec.model.path, self.graph, spec.batch,
-                                        spec.precision) if spec.compiled else None
+        # (int8: NNCF's quantized IR, made before the sweep, engine/precision_run.py)
+        self.compiled = CompiledForward(spec.compiled_path or spec.model.path, self.graph,
+                                        spec.batch, spec.precision) if spec.compiled else None
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """(N, C, *size) windows or tiles -> their outputs, on the host: the compiled
@@ -150,6 +154,9 @@ class GraphWorker(VolumeWorker):
             try:
                 return self.compiled(x)
             except Exception as e:  # noqa: BLE001 - OpenVINO's own errors: our kernels run
+                if self.spec.precision == "int8":  # only the quantized network is int8
+                    raise ValueError(f"the int8 network {self.spec.compiled_path} could not "
+                                     f"be compiled or run here ({e})") from e
                 log.warning("OpenVINO could not compile or run %s (%s); our own kernels run "
                             "it instead", self.spec.model.name, e)
                 self.compiled = None

@@ -52,6 +52,7 @@ class ExactGraphSpec(InferenceStage):
     precision: str = "fp32"  # tensors' storage between ops (primitives/precision.py)
     device_bytes: int = 0  # a GPU backend's memory cap (0: the device's own)
     compiled: str = ""  # "openvino-network": the planner compiles the whole window
+    compiled_path: str = ""  # the network it compiles: "" the model's file; int8 its IR
     flips: FlipSpec | None = None  # test-time flips of every tile (compute/tta.py)
 
     def build(self, backend: Backend | None = None,
@@ -94,13 +95,7 @@ class ExactGraphWorker(GraphWorker):
     def compute(self, block: Block, raw: np.ndarray) -> np.ndarray:
         """Encoded (Cout, *block.write.shape) output of the block."""
         model, tile, out = self.spec.model, self.spec.tile, self.out
-        x = raw.astype(np.float32)  # (C, RZ, RY, RX), read box origin at tile 0's input
-        if model.input_scale != 1.0:
-            x *= np.float32(model.input_scale)
-        if model.input_shift != 0.0:
-            x += np.float32(model.input_shift)
-        if model.preprocessing:  # a bioimage.io package's, its statistics resolved
-            x = apply_chain(model.preprocessing, x)
+        x = model.network_input(raw)  # (C, RZ, RY, RX) from tile 0's input, preprocessed
         starts = self._starts(block)
         origin = [s[0] for s in starts]
         if self.on_device is not None:  # tiles batched and placed on the GPU

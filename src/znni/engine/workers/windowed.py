@@ -66,6 +66,7 @@ class WindowedSpec(InferenceStage):
     precision: str = "fp32"  # tensors' storage between ops (primitives/precision.py)
     device_bytes: int = 0  # a GPU backend's memory cap (0: the device's own)
     compiled: str = ""  # "openvino-network": the planner compiles the whole window
+    compiled_path: str = ""  # the network it compiles: "" the model's file; int8 its IR
     flips: FlipSpec | None = None  # test-time flips of every window (compute/tta.py)
 
     def build(self, backend: Backend | None = None,
@@ -105,13 +106,7 @@ class WindowedWorker(GraphWorker):
     def compute(self, block: Block, raw: np.ndarray) -> np.ndarray:
         """Encoded (Cout, *block.write.shape) blended output of the block."""
         model, grid = self.spec.model, self.spec.grid
-        x = raw.astype(np.float32)  # (C, RZ, RY, RX)
-        if model.input_scale != 1.0:
-            x *= np.float32(model.input_scale)
-        if model.input_shift != 0.0:
-            x += np.float32(model.input_shift)
-        if model.preprocessing:  # a bioimage.io package's, its statistics resolved
-            x = apply_chain(model.preprocessing, x)
+        x = model.network_input(raw)  # (C, RZ, RY, RX): float32, scaled, preprocessed
         origin = self.read_box(block).lo
         if self.on_device is not None:  # windows batched, run and blended on the GPU
             out = self.on_device.block(x, origin, block.write.lo, block.write.hi)

@@ -13,7 +13,10 @@ worker is made and overlap the first block's read (`CompiledNetworks.start`); co
 networks are kept per (model file, input shape, output, precision, threads), bounded by
 count. `precision` "bf16" asks OpenVINO's CPU plugin for bfloat16 inference (fp32
 accumulation in its kernels) where the CPU has bf16 units; everywhere else it computes
-in fp32 ("f32" forced: the plugin's default may be bf16 on such CPUs).
+in fp32 ("f32" forced: the plugin's default may be bf16 on such CPUs). `precision`
+"int8" compiles a quantized IR (`model_path` the `.xml` NNCF's quantization saved,
+openvino_int8.py) with the f32 hint: its convs between FakeQuantize nodes run on int8
+kernels, the rest in fp32; the key holds that path, so it keys the quantized network.
 """
 
 from __future__ import annotations
@@ -44,15 +47,16 @@ def cpu_has_bf16() -> bool:
 
 
 class OpenVinoNetwork:
-    """An ONNX file compiled for inputs of `input_shape` (B, C, Z, Y, X)."""
+    """An ONNX file (int8: a quantized OpenVINO IR) compiled for inputs of `input_shape`
+    (B, C, Z, Y, X)."""
 
     def __init__(self, onnx_path: str, input_shape: tuple[int, ...], output: str,
                  precision: str = "fp32", threads: int | None = None) -> None:
         t0 = time.perf_counter()
         import openvino as ov  # the fast path's dependency, imported when first compiled
 
-        if precision not in ("fp32", "bf16"):
-            raise ValueError(f"OpenVINO networks run in fp32 or bf16, not {precision!r}")
+        if precision not in ("fp32", "bf16", "int8"):
+            raise ValueError(f"OpenVINO networks run in fp32, bf16 or int8, not {precision!r}")
         core = ov.Core()
         model = core.read_model(onnx_path)
         if len(model.inputs) != 1:
@@ -69,7 +73,7 @@ class OpenVinoNetwork:
         self.compiled = core.compile_model(model, "CPU", config)
         self.output_index = index[0]
         self.input_shape = tuple(input_shape)
-        self.inference_precision = hint
+        self.inference_precision = "int8" if precision == "int8" else hint
         self._request = self.compiled.create_infer_request()
         self.compile_s = time.perf_counter() - t0  # OpenVINO's import, read and compile
         self._lock = threading.Lock()  # one request: calls from several threads take turns

@@ -1,0 +1,154 @@
+"""A reduced precision's error, measured before a run: int8 quantized and checked against
+--max-error, and --precision auto's choice (docs/design.md, "Precision").
+
+The held-out windows (int8_calibration.py) run through the fp32 network compiled by
+OpenVINO and through the candidate (NNCF's int8 network, or the bf16 one); the error is
+max |candidate - fp32| and mean |candidate - fp32| over the fp32 outputs' range on those
+windows, and with --labels the fraction of voxels whose label differs (the same label
+function on both). int8 above the allowed error is quantized again with the first and
+last conv nodes kept in float (NNCF's ignored scope: the usual sensitive layers, the raw
+input and the final logits) and refused with one sentence if still above. An int8
+measurement is kept beside its quantized network (keyed by the held-out windows and the
+labels), so a rerun or resume neither quantizes nor measures again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from znni.engine.compute.int8_calibration import CalibrationSet
+from znni.model.onnx_model import OnnxModel
+from znni.triple import Triple
+
+Labels = Callable[[np.ndarray], np.ndarray]  # (C, Z, Y, X) output -> (Z, Y, X) labels
+# auto: the precisions tried after their predicted speed ties, fastest kernels first
+AUTO_ORDER = ("int8", "bf16", "fp32")
+
+
+def relative_error(ref: np.ndarray, got: np.ndarray, labels: Labels | None = None
+                   ) -> dict[str, Any]:
+    """max and mean |got - ref| over ref's range (its max minus its min over all windows;
+    1 where ref is constant), and with `labels` the fraction of voxels whose label
+    changes; `ref` and `got` are (N, C, ...) outputs of the same windows."""
+    if ref.shape != got.shape:
+        raise ValueError(f"outputs of shape {ref.shape} and {got.shape} cannot be compared")
+    span = float(ref.max()) - float(ref.min())
+    diff = np.abs(got.astype(np.float64) - ref.astype(np.float64))
+    scale = span if span > 0 else 1.0
+    out: dict[str, Any] = {"max_error": float(diff.max()) / scale,
+                           "mean_error": float(diff.mean()) / scale, "fp32_range": span,
+                           "labels_changed": None}
+    if labels is not None:
+        changed = sum(int(np.count_nonzero(labels(r) != labels(g)))
+                      for r, g in zip(ref, got, strict=True))
+        out["labels_changed"] = changed / max(1, ref.shape[0] * int(np.prod(ref.shape[2:])))
+    return out
+
+
+def run_windows(path: str, windows: np.ndarray, output: str, precision: str) -> np.ndarray:
+    """Each (C, *W) window of `windows` through the network at `path` compiled by OpenVINO
+    at `precision` (batch 1): their outputs, (N, Cout, ...) float32."""
+    from znni.primitives.cpu.openvino_network import NETWORKS
+
+    net = NETWORKS.get(path, (1, *windows.shape[1:]), output, precision)
+    return np.concatenate([net.run(windows[i:i + 1]) for i in range(windows.shape[0])])
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A candidate precision's measured error, and for int8 its quantized network."""
+
+    precision: str
+    error: dict[str, Any]
+    compiled_path: str | None = None  # int8: the quantized IR the run compiles
+    record: dict[str, Any] = field(default_factory=dict)  # int8: provenance's record
+
+    def within(self, max_error: float) -> bool:
+        return bool(self.error["max_error"] <= max_error)
+
+
+def _fp32_reference(model: OnnxModel, output: str, sample: CalibrationSet) -> np.ndarray:
+    return run_windows(model.path, sample.held_out, output, "fp32")
+
+
+def _note_key(sample: CalibrationSet, labels_text: str | None) -> str:
+    h = hashlib.sha256(np.ascontiguousarray(sample.held_out).tobytes())
+    h.update(f"|{sample.held_out.shape}|{labels_text}".encode())
+    return "error-" + h.hexdigest()[:16]
+
+
+def quantize_and_measure(model: OnnxModel, output: str, sample: CalibrationSet,
+                         keep_float: Sequence[str] = (), *, labels: Labels | None = None,
+                         labels_text: str | None = None,
+                         reference: Callable[[], np.ndarray] | None = None) -> Measured:
+    """NNCF's int8 network of `model` calibrated on `sample` (from the cache or made now)
+    and its error on the held-out windows (kept beside it, so found there next time)."""
+    from znni.primitives.cpu.openvino_int8 import quantized_network, read_note, write_note
+
+    q = quantized_network(model.path, model.digest, sample.calibration, output, keep_float)
+    key = _note_key(sample, labels_text)
+    error = read_note(q, key)
+    if error is None:
+        ref = reference() if reference is not None else _fp32_reference(model, output, sample)
+        error = relative_error(ref, run_windows(q.xml, sample.held_out, output, "int8"),
+                               labels)
+        write_note(q, key, error)
+    record = {**sample.record(), **error, "kept_float": list(q.keep_float),
+              "digest": q.digest, "cached": q.cached, "quantize_s": q.seconds}
+    return Measured("int8", error, q.xml, record)
+
+
+def int8_measured(model: OnnxModel, output: str, window: Triple, sample: CalibrationSet, *,
+                  max_error: float, labels: Labels | None = None,
+                  labels_text: str | None = None) -> Measured:
+    """int8 as quantize_and_measure makes it; where its error is above `max_error`, again
+    with the first and last conv kept in float (the record says so and keeps the first
+    try's errors). The caller refuses or passes over a result still above."""
+    from znni.primitives.cpu.openvino_int8 import conv_names
+
+    refs: dict[str, np.ndarray] = {}
+
+    def reference() -> np.ndarray:  # the fp32 outputs, run once for both tries
+        if "ref" not in refs:
+            refs["ref"] = _fp32_reference(model, output, sample)
+        return refs["ref"]
+
+    first = quantize_and_measure(model, output, sample, labels=labels,
+                                 labels_text=labels_text, reference=reference)
+    if first.within(max_error):
+        return first
+    names = conv_names(model.path, (1, model.in_channels, *window))
+    keep = tuple(dict.fromkeys((names[0], names[-1]))) if names else ()
+    if not keep:
+        return first
+    second = quantize_and_measure(model, output, sample, keep, labels=labels,
+                                  labels_text=labels_text, reference=reference)
+    tried = {k: first.error[k] for k in ("max_error", "mean_error", "labels_changed")}
+    both = {"quantize_s": first.record["quantize_s"] + second.record["quantize_s"],
+            "cached": first.record["cached"] and second.record["cached"]}
+    return Measured("int8", second.error, second.compiled_path,
+                    {**second.record, **both, "first_try": tried})
+
+
+def refusal(measured: Measured, max_error: float) -> str:
+    """The one sentence refusing an int8 run whose error is above `max_error`."""
+    r = measured.record
+    kept = (f" even with the first and last conv kept in fp32 (first try "
+            f"{r['first_try']['max_error']:.2%})" if r.get("kept_float") else "")
+    return (f"int8's largest error is {measured.error['max_error']:.2%} of the fp32 "
+            f"output's range on {r['held_out_windows']} held-out windows{kept}, above "
+            f"--max-error {max_error:g} ({max_error:.2%}); run --precision fp32 (or auto), "
+            "or allow more with --max-error")
+
+
+def bf16_measured(model: OnnxModel, output: str, sample: CalibrationSet, *,
+                  labels: Labels | None = None) -> Measured:
+    """The bf16 network's error on the held-out windows (auto's bf16 candidate)."""
+    ref = _fp32_reference(model, output, sample)
+    got = run_windows(model.path, sample.held_out, output, "bf16")
+    return Measured("bf16", relative_error(ref, got, labels))

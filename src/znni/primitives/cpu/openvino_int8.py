@@ -1,0 +1,250 @@
+"""int8 networks: a window's network quantized by NNCF's post-training quantization and
+kept on disk, so resumes and reruns of a job do not quantize again (docs/design.md,
+"Precision").
+
+`quantized_network` reads the ONNX file with OpenVINO, fixes its input to the window's
+shape (1, C, Z, Y, X), calibrates NNCF on the given windows (float32, as the network's
+input after znni's preprocessing) and saves the quantized model as OpenVINO IR (fp32
+weights beside the FakeQuantize nodes: `compress_to_fp16=False`) under
+`$XDG_CACHE_HOME/znni/int8/<digest>/`. The digest covers everything that shapes the
+result: the model's digest, the calibration windows' bytes, the input shape, the output,
+the nodes kept in float, the preset and NNCF's and OpenVINO's versions. An entry is made
+in a private folder and renamed into place whole (a rename is atomic), so processes
+quantizing the same network at once never see half an entry; the loser of the race keeps
+the winner's. The cache is bounded in bytes (CACHE_LIMIT_BYTES): the least recently used
+entries go first. `OpenVinoNetwork` (openvino_network.py) compiles the `.xml` at precision
+"int8".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from znni.primitives.cpu.fftw_plans import cache_dir
+
+log = logging.getLogger("znni.primitives")
+# Quantized models kept on disk. A 64^3 BasicUNet (features 32..512) is ~27 MiB of fp32
+# IR; 512 MiB keeps a dozen networks and windows, the most a user runs between cleanups.
+CACHE_LIMIT_BYTES = 512 * 2**20
+# NNCF's preset: PERFORMANCE quantizes activations symmetrically, MIXED asymmetrically.
+# On issue 53's trained U-Net (benchmarks/networks/trained_unet.onnx, 64^3, 16 calibration
+# windows of synthetic EM) PERFORMANCE's held-out errors were no larger than MIXED's
+# (docs/design.md, "Precision"), and its kernels are the ones OpenVINO's int8 path is
+# fastest with.
+PRESET = "performance"
+NNCF_MISSING = ("--precision int8 needs NNCF (post-training quantization), which is not "
+                "installed here: pip install nncf")
+CONV_TYPES = ("Convolution", "GroupConvolution", "ConvolutionBackpropData",
+              "GroupConvolutionBackpropData")
+
+
+@dataclass(frozen=True)
+class QuantizedNetwork:
+    """A quantized network on disk: its IR, its cache digest, and whether this call found
+    it there (True) or quantized it (False, taking `seconds`)."""
+
+    xml: str
+    digest: str
+    cached: bool
+    seconds: float
+    keep_float: tuple[str, ...] = ()  # OpenVINO node names left in float
+
+    @property
+    def folder(self) -> Path:
+        return Path(self.xml).parent
+
+
+def nncf_available() -> bool:
+    """Whether NNCF can be imported (found; not imported here: it takes ~1.3 s)."""
+    try:
+        return find_spec("nncf") is not None
+    except (ImportError, ValueError):  # a broken or blocked installation
+        return False
+
+
+def _import_nncf() -> Any:
+    """NNCF itself, quiet (its log lines and progress bars go nowhere), or ValueError of
+    one sentence naming the install when it is missing."""
+    try:
+        import nncf
+    except ImportError:
+        raise ValueError(NNCF_MISSING) from None
+    from nncf.common.logging.logger import set_log_level
+
+    set_log_level(logging.ERROR)
+    return nncf
+
+
+def int8_cache_dir() -> Path:
+    """$XDG_CACHE_HOME/znni/int8: the quantized networks."""
+    return cache_dir() / "int8"
+
+
+def conv_names(onnx_path: str, input_shape: Sequence[int]) -> tuple[str, ...]:
+    """The OpenVINO names of the network's conv nodes in execution order (the first and
+    last are the usual sensitive layers an int8 retry keeps in float)."""
+    model = _read(onnx_path, input_shape)
+    return tuple(op.get_friendly_name() for op in model.get_ordered_ops()
+                 if op.get_type_name() in CONV_TYPES)
+
+
+def _read(onnx_path: str, input_shape: Sequence[int]) -> Any:
+    import openvino as ov
+
+    model = ov.Core().read_model(onnx_path)
+    if len(model.inputs) != 1:
+        raise ValueError(f"{onnx_path}: a network with {len(model.inputs)} inputs")
+    model.reshape({model.inputs[0]: ov.PartialShape([int(n) for n in input_shape])})
+    return model
+
+
+def cache_digest(model_digest: str, windows: np.ndarray, output: str,
+                 keep_float: Sequence[str] = ()) -> str:
+    """The cache key of a quantization: sha256 over the model's digest, the calibration
+    windows (dtype, shape and bytes; the shape is the input's), the output, the nodes kept
+    in float, the preset and NNCF's and OpenVINO's versions."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "missing"
+
+    h = hashlib.sha256()
+    for part in (model_digest, output, "|".join(sorted(keep_float)), PRESET,
+                 installed("nncf"), installed("openvino"), str(windows.dtype),
+                 str(tuple(windows.shape))):
+        h.update(part.encode())
+        h.update(b"\0")
+    h.update(np.ascontiguousarray(windows).tobytes())
+    return h.hexdigest()[:32]
+
+
+def quantized_network(onnx_path: str, model_digest: str, windows: np.ndarray, output: str,
+                      keep_float: Sequence[str] = (), *,
+                      cache: Path | None = None) -> QuantizedNetwork:
+    """The network at `onnx_path` quantized on `windows` (N, C, Z, Y, X) float32, each a
+    calibration input of shape (1, C, Z, Y, X), from the cache or made now (module
+    docstring); `keep_float`: node names NNCF leaves in float (its ignored scope)."""
+    if windows.ndim != 5 or windows.shape[0] < 1 or windows.dtype != np.float32:
+        raise ValueError(f"calibration windows must be float32 (N, C, Z, Y, X) with N >= 1, "
+                         f"got {windows.dtype} {tuple(windows.shape)}")
+    folder = cache or int8_cache_dir()
+    digest = cache_digest(model_digest, windows, output, keep_float)
+    entry = folder / digest
+    if (entry / "model.xml").is_file():
+        _touch(entry)
+        return QuantizedNetwork(str(entry / "model.xml"), digest, True, 0.0, tuple(keep_float))
+    nncf = _import_nncf()  # ValueError naming the install, before anything is made
+    t0 = time.perf_counter()
+    shape = (1, *windows.shape[1:])
+    model = _read(onnx_path, shape)
+    if not any(output in o.get_names() for o in model.outputs):
+        raise ValueError(f"{onnx_path}: no output {output!r} for OpenVINO")
+    quantized = _quantize(nncf, model, windows, keep_float)
+    _install(quantized, folder, digest, {"onnx": str(onnx_path), "model_digest": model_digest,
+                                         "input_shape": list(shape), "output": output,
+                                         "windows": int(windows.shape[0]),
+                                         "keep_float": list(keep_float), "preset": PRESET})
+    seconds = time.perf_counter() - t0
+    log.debug("quantized %s to int8 on %d windows in %.1f s", onnx_path, len(windows), seconds)
+    evict(folder, CACHE_LIMIT_BYTES, keep=digest)
+    return QuantizedNetwork(str(entry / "model.xml"), digest, False, seconds, tuple(keep_float))
+
+
+def _quantize(nncf: Any, model: Any, windows: np.ndarray, keep_float: Sequence[str]) -> Any:
+    """NNCF's post-training quantization of `model` on every window, its console quiet."""
+    items = [windows[i:i + 1] for i in range(windows.shape[0])]  # (1, C, Z, Y, X) each
+    scope = nncf.IgnoredScope(names=list(keep_float)) if keep_float else None
+    preset = getattr(nncf.QuantizationPreset, PRESET.upper())
+    with contextlib.redirect_stdout(io.StringIO()):  # NNCF's progress bars
+        return nncf.quantize(model, nncf.Dataset(items), subset_size=len(items),
+                             preset=preset, ignored_scope=scope)
+
+
+def _install(quantized: Any, folder: Path, digest: str, meta: dict[str, Any]) -> None:
+    """Save the quantized model as `folder/digest/` atomically: written in a private folder
+    beside it, then renamed into place; another process's entry, renamed first, is kept."""
+    import openvino as ov
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{digest}-", dir=folder))
+    try:
+        ov.save_model(quantized, str(tmp / "model.xml"), compress_to_fp16=False)
+        (tmp / "entry.json").write_text(json.dumps(meta, indent=1))
+        try:
+            os.rename(tmp, folder / digest)
+        except OSError:  # another process installed it first: theirs is the same network
+            if not (folder / digest / "model.xml").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _touch(entry: Path) -> None:
+    """Mark an entry used now (eviction takes the least recently used first)."""
+    with contextlib.suppress(OSError):
+        os.utime(entry / "entry.json")
+
+
+def _entry_bytes(entry: Path) -> int:
+    return sum(f.stat().st_size for f in entry.iterdir() if f.is_file())
+
+
+def evict(folder: Path, limit_bytes: int, keep: str = "") -> list[str]:
+    """Remove the least recently used entries until the cache holds at most `limit_bytes`
+    (`keep`, the entry just made, stays whatever its size); the digests removed."""
+    entries = []
+    for entry in folder.iterdir() if folder.is_dir() else ():
+        if entry.is_dir() and not entry.name.startswith(".") and entry.name != keep:
+            with contextlib.suppress(OSError):
+                entries.append(((entry / "entry.json").stat().st_mtime, entry,
+                                _entry_bytes(entry)))
+    total = sum(n for _, _, n in entries) + (_entry_bytes(folder / keep) if keep else 0)
+    removed = []
+    for _, entry, size in sorted(entries):
+        if total <= limit_bytes:
+            break
+        gone = entry.with_name(f".gone-{entry.name}-{os.getpid()}")
+        with contextlib.suppress(OSError):  # renamed away first: never half an entry seen
+            os.rename(entry, gone)
+            shutil.rmtree(gone, ignore_errors=True)
+            total -= size
+            removed.append(entry.name)
+    return removed
+
+
+def read_note(network: QuantizedNetwork, name: str) -> dict[str, Any] | None:
+    """A JSON note kept beside a quantized network (e.g. its measured error), or None."""
+    try:
+        value = json.loads((network.folder / f"{name}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def write_note(network: QuantizedNetwork, name: str, value: dict[str, Any]) -> None:
+    """Keep `value` as JSON beside the network (tmp + rename: readers see all or none)."""
+    path = network.folder / f"{name}.json"
+    tmp = path.with_name(f".{name}-{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(value))
+        os.replace(tmp, path)
+    except OSError as e:  # a cache we cannot write: measured again next time
+        log.warning("could not keep %s beside %s: %s", name, network.xml, e)
