@@ -116,13 +116,13 @@ def _graph_summary(
     other = _machine(settings) if settings.machine is not None else None
     if job.precision in ("int8", "auto"):  # the CPU's; measured when a job runs on the input
         from znni.engine.compute.execution import check_precision
-        from znni.engine.precision_run import plan_candidates, unmeasured_summary
+        from znni.engine.precision_run import JOB_MEASURES, plan_candidates, unmeasured_summary
 
         check_precision(device, job.precision)  # not on a GPU
         summary = unmeasured_summary(job.precision, plan_candidates(
             job.precision, lambda p: graph_plan(model, memory_limit_bytes, region, overlap,
                                                 other, window, device="cpu", precision=p,
-                                                flips=job.flips)))
+                                                flips=job.flips)), JOB_MEASURES)
     else:
         summary = graph_plan(model, memory_limit_bytes, region, overlap, other, window,
                              device=graph_plan_device(device, other),

@@ -28,6 +28,8 @@ from znni.triple import Triple
 T = TypeVar("T")
 NOT_MEASURED = ("int8: its error against fp32 is measured on the input's own windows once "
                 "--input is given")
+JOB_MEASURES = ("int8: its error against fp32 is measured on the input's own windows when "
+                "a job is submitted, before it writes")
 
 
 @dataclass(frozen=True)
@@ -233,11 +235,12 @@ def plan_candidates(asked: str, plan_for: Callable[[str], T]) -> dict[str, T]:
     return plans
 
 
-def unmeasured_summary(asked: str, plans: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
+def unmeasured_summary(asked: str, plans: Mapping[str, dict[str, Any]],
+                       note: str = NOT_MEASURED) -> dict[str, Any]:
     """A graph plan summary for int8 or auto without the input to measure on (`znni plan`
     without --input, POST /v1/plan): the fastest predicted candidate's, with each
     candidate's predicted rate and the note that the error is measured on the input."""
     best = max(plans.values(), key=lambda s: float(s["predicted_voxels_per_second"]))
-    return {**best, "precision_asked": asked, "precision_note": NOT_MEASURED,
+    return {**best, "precision_asked": asked, "precision_note": note,
             "precision_candidates": {p: s["predicted_voxels_per_second"]
                                      for p, s in plans.items()}}
