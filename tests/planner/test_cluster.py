@@ -14,8 +14,8 @@ import pytest
 from znni.model.network import network_shapes_only
 from znni.planner.block_costs import BlockClass, BlockCosts, block_costs, uniform_costs
 from znni.planner.cluster import (
-    SCHEDULER_START_S,
-    WORKER_START_S,
+    CLUSTER_START_S,
+    HOST_WORKER_START_S,
     Cluster,
     JobFixed,
     cluster_seconds,
@@ -23,6 +23,7 @@ from znni.planner.cluster import (
     makespan_s,
     parse_bandwidth,
     parse_duration,
+    residence_s,
     smallest_workers,
 )
 
@@ -86,18 +87,19 @@ def test_whole_job_and_bottleneck_on_nodes() -> None:
     moved = costs.total("read_bytes") + costs.total("write_bytes")
     free = cluster_seconds(costs, FIXED, Cluster(4, store_bandwidth=None, queue_wait_s=30))
     makespan, _ = compute_makespan(costs, 4, FIXED.worker_first_s)
-    start = FIXED.client_s + SCHEDULER_START_S + WORKER_START_S
+    start = FIXED.client_s + CLUSTER_START_S
     assert free["total_s"] == pytest.approx(start + 30 + makespan)
     assert free["bottleneck"] == "compute" and free["store_io_s"] is None
     assert free["node_hours"] == pytest.approx(4 * (free["total_s"] - 1.0 - 30) / 3600)
-    # a slow store: its bytes over the bandwidth plus one block's compute
+    # a slow store: every block waits its share of the store (residence_s), and the job
+    # takes at least its bytes over the bandwidth
     slow = cluster_seconds(costs, FIXED, Cluster(4, store_bandwidth=moved / 100))
-    mean_compute = costs.total("compute_s") / costs.blocks
+    r_cpu, r_store = residence_s(costs.total("seconds") / 30, 100 / 30, 4, False)
     assert slow["store_io_s"] == pytest.approx(100.0)
-    assert slow["total_s"] == pytest.approx(start + 100.0 + mean_compute)
-    assert slow["bottleneck"] == "store bandwidth"
-    assert free["bandwidth_to_stay_compute_bound"] == pytest.approx(
-        moved / (makespan - mean_compute))
+    assert slow["total_s"] == pytest.approx(start + makespan + 30 * r_store / 4)
+    assert start + 100 < slow["total_s"] < start + 100 + 2 * costs.longest_s()
+    assert slow["bottleneck"] == "store bandwidth" and r_store > r_cpu
+    assert free["bandwidth_to_stay_compute_bound"] == pytest.approx(moved / makespan)
     # tiny blocks behind a day's queue: start-up
     tiny = uniform_costs(3, 0.1, 0.0, 0.0, 1, 1)
     assert cluster_seconds(tiny, FIXED, Cluster(2, queue_wait_s=86400))["bottleneck"] == \
@@ -113,21 +115,51 @@ def test_workers_on_one_host_share_its_cores() -> None:
     a, b = cluster_seconds(costs, FIXED, one), cluster_seconds(costs, FIXED, four)
     assert a["compute_makespan_s"] == pytest.approx(costs.total("seconds") + 2.0)
     assert b["compute_makespan_s"] == pytest.approx(costs.total("seconds") + 4 * 2.0)
-    assert b["total_s"] - a["total_s"] == pytest.approx(3 * (WORKER_START_S + 2.0))
+    assert b["total_s"] - a["total_s"] == pytest.approx(3 * (HOST_WORKER_START_S + 2.0))
     assert (a["memory_fits"], b["memory_fits"]) == (True, False)
     assert b["peak_bytes"] == 4 * 2**30 and b["node_hours"] == pytest.approx(
         (b["total_s"] - 1.0) / 3600)
 
 
 def test_deadline_gives_the_fewest_workers_a_linear_scan_finds() -> None:
-    costs = _two_classes(40, 20, True)
-    cluster = Cluster(1, store_bandwidth=2e6)
-    totals = {n: cluster_seconds(costs, FIXED, Cluster(n, store_bandwidth=2e6))["total_s"]
-              for n in range(1, costs.blocks + 1)}
-    for deadline in (totals[1] + 1, totals[3], totals[7] + 0.01, min(totals.values())):
+    """Alike blocks and an unbounded store: the whole job never lengthens with more
+    workers, and the search gives what a scan from 1 up gives. With mixed blocks and a
+    store, the found N meets the deadline and N - 1 does not."""
+    costs = uniform_costs(60, 7.0, 0.5, 0.5, 10**6, 4 * 10**6)
+    totals = {n: cluster_seconds(costs, FIXED, Cluster(n))["total_s"] for n in range(1, 61)}
+    assert all(totals[n + 1] <= totals[n] for n in range(1, 60))
+    for deadline in (totals[1] + 1, totals[3], totals[7] + 0.01, totals[60]):
         want = min(n for n, t in totals.items() if t <= deadline)
-        found = smallest_workers(costs, FIXED, cluster, deadline)
+        found = smallest_workers(costs, FIXED, Cluster(1), deadline)
         assert found["deadline_workers"] == want and found["workers"] == want
+    mixed, cluster = _two_classes(40, 20, True), Cluster(1, store_bandwidth=4e6)
+    for deadline in (200.0, 120.0, 90.0):
+        n = smallest_workers(mixed, FIXED, cluster, deadline)["deadline_workers"]
+        assert n is not None
+        at = [cluster_seconds(mixed, FIXED, Cluster(k, store_bandwidth=4e6))["total_s"]
+              for k in (n - 1, n)]
+        assert at[1] <= deadline and (n == 1 or at[0] > deadline)
+
+
+def test_store_queue_by_hand() -> None:
+    """residence_s against mean value analysis worked by hand (a worker computing Z s a
+    block, the store D s a block): one worker never queues; two: the second finds the
+    first at the store with probability D / (Z + D); many: the store's throughput, 1 / D,
+    bounds them; Schweitzer's approximation beyond EXACT_MVA_WORKERS stays close."""
+    from znni.planner.cluster import EXACT_MVA_WORKERS
+
+    z, d = 3.0, 1.0
+    assert residence_s(z, d, 1, False) == (3.0, 1.0)
+    q1 = d / (z + d)
+    assert residence_s(z, d, 2, False) == pytest.approx((3.0, d * (1 + q1)))
+    r_cpu, r_store = residence_s(z, d, 400, False)
+    assert 400 / (r_cpu + r_store) == pytest.approx(1 / d, rel=1e-6)
+    big = EXACT_MVA_WORKERS + 1
+    exact = sum(residence_s(z, d, EXACT_MVA_WORKERS, False))
+    approx = sum(residence_s(z, d, big, False))
+    assert approx == pytest.approx(exact * big / EXACT_MVA_WORKERS, rel=0.02)
+    # processes of one host queue at its cores too: N of them, each D at the cores
+    assert sum(residence_s(2.0, 0.0, 3, True)) == pytest.approx(6.0)
 
 
 def test_unreachable_deadline_is_one_sentence_naming_the_bound() -> None:

@@ -15,16 +15,19 @@ Where the workers run:
   worker is busy the machine runs at its calibrated rate, and the blocks take the sum of
   their seconds, whatever N. Each worker adds its own process start, FFTW planning and
   first pass; memory is N workers' peaks.
-The store: its aggregate read + write bandwidth B (bytes/s; None: unbounded) makes the
-bytes of every block take (read + write) / B in all. The store is busy from the first
-reads on (every worker reads at once), but after the last block's read its compute cannot
-overlap any transfer but other workers' last writes, so an I/O-bound job takes the bytes
-over B plus one block's compute (the mean). The whole job: the submitting process's
-start-up and search, the cluster's start, the batch queue's wait, then the larger of the
-compute makespan and the store's time. The bottleneck is the largest of those parts:
-"start-up" (with the queue's wait), "compute" (the workers' blocks; "worker reads/writes"
-where their local reads, decodes, encodes and writes outweigh their compute) or "store
-bandwidth".
+The store: its aggregate read + write bandwidth B (bytes/s; None: unbounded) is shared by
+whichever workers transfer at once. A worker's block is a cycle of its work (compute and
+local reads and writes) and its transfer (its bytes over B, if alone); mean value analysis
+of that closed network (residence_s: the store a processor-sharing queue; on one host the
+cores one too) gives each block's mean wait at the store, queueing included. One worker
+never overlaps its transfer with its compute; many saturate the store, whose throughput,
+1 / (bytes per block / B), then bounds the job. The workers' makespan is the blocks as
+scheduled plus each worker's share of those waits. The whole job: the submitting
+process's start-up and search, the cluster's start, the batch queue's wait, then that
+makespan. The bottleneck: "start-up" (with the queue's wait) where it is the largest part,
+else "store bandwidth" where a block waits longer at the store than it works, else
+"compute" ("worker reads/writes" where the blocks' local reads, decodes, encodes and
+writes outweigh their compute).
 """
 
 from __future__ import annotations
@@ -40,13 +43,19 @@ Placement = Literal["host", "nodes"]
 
 # LocalCluster(n_workers=N, threads_per_worker=1, processes=True) started, a client
 # connected, and a first task run on every worker that imports what run_block_task imports
-# (znni's engine, zarr, the CPU backend): `benchmarks/cluster.py startup --workers 1,2,4
-# --reps 3`, 2-core AMD EPYC VM (lscpu: "AMD EPYC"), 2026-11-28. Median wall seconds:
-# see docs/benchmarks.md "Clusters (issue 54)"; fitted as SCHEDULER_START_S + N *
-# WORKER_START_S on one host (the worker processes import on shared cores). On nodes the
-# workers start in parallel, each on its own machine: SCHEDULER_START_S + WORKER_START_S.
-SCHEDULER_START_S = 1.5
-WORKER_START_S = 2.0
+# (znni's engine, zarr, the CPU backend), wall seconds from before the interpreter starts:
+# `nice -n -10 benchmarks/cluster.py startup --workers 1,2,4 --reps 3` (niced above other
+# sessions' tests, load 4-6), 2-core AMD EPYC VM (lscpu "AMD EPYC"), 2026-11-28 17:29 UTC:
+# medians 2.70 s (1 worker), 3.09 s (2), 5.23 s (4). Nodes start their one worker each in
+# parallel: CLUSTER_START_S, the one-worker figure. On one host the workers import on the
+# shared cores: SCHEDULER_START_S + N * HOST_WORKER_START_S, the least-squares line over
+# the three (2.5, 3.4, 5.1 s).
+# beyond this many workers the mean value analysis (residence_s) is Schweitzer's fixed point
+EXACT_MVA_WORKERS = 2000
+SCHWEITZER_STEPS = 200
+CLUSTER_START_S = 2.7
+SCHEDULER_START_S = 1.6
+HOST_WORKER_START_S = 0.9
 
 
 @dataclass(frozen=True)
@@ -123,24 +132,60 @@ def store_read_bytes(costs: BlockCosts, fixed: JobFixed, busy: int) -> float:
     return halos
 
 
+def residence_s(d_cpu: float, d_store: float, workers: int, shared_cpu: bool
+                ) -> tuple[float, float]:
+    """(seconds at the cores, seconds at the store) of a block in the steady state of
+    `workers` workers cycling through their block's work (`d_cpu` seconds: its compute and
+    local reads and writes) and its transfer (`d_store` seconds at the store's whole
+    bandwidth), the store shared by whoever transfers at once (processor sharing) and the
+    cores shared too where the workers are processes of one host: mean value analysis of
+    that closed network, exact up to EXACT_MVA_WORKERS, Schweitzer's approximation beyond."""
+    if workers <= EXACT_MVA_WORKERS:
+        q_cpu = q_store = 0.0
+        r_cpu, r_store = d_cpu, d_store
+        for n in range(1, workers + 1):
+            r_cpu = d_cpu * (1 + q_cpu) if shared_cpu else d_cpu
+            r_store = d_store * (1 + q_store)
+            x = n / max(r_cpu + r_store, 1e-300)
+            q_cpu, q_store = x * r_cpu, x * r_store
+        return r_cpu, r_store
+    n, q_cpu, q_store = workers, workers / 2, workers / 2
+    for _ in range(SCHWEITZER_STEPS):
+        r_cpu = d_cpu * (1 + (n - 1) / n * q_cpu) if shared_cpu else d_cpu
+        r_store = d_store * (1 + (n - 1) / n * q_store)
+        x = n / max(r_cpu + r_store, 1e-300)
+        q_cpu, q_store = (q_cpu + x * r_cpu) / 2, (q_store + x * r_store) / 2  # damped
+    return r_cpu, r_store
+
+
 def cluster_seconds(costs: BlockCosts, fixed: JobFixed, cluster: Cluster) -> dict[str, Any]:
     """The whole job on `cluster` (module docstring), as a JSON-ready record."""
     n, workers = costs.blocks, cluster.workers
     busy = max(1, min(workers, n))  # a worker beyond the blocks gets none
-    if cluster.placement == "host":
-        start_s = SCHEDULER_START_S + workers * WORKER_START_S
-        makespan = costs.total("seconds") + busy * fixed.worker_first_s
-        how, peak = "shared cores", workers * fixed.worker_peak_bytes
-    else:
-        start_s = SCHEDULER_START_S + WORKER_START_S
-        makespan, how = compute_makespan(costs, busy, fixed.worker_first_s)
-        peak = fixed.worker_peak_bytes
-    balanced = (costs.total("seconds") + busy * fixed.worker_first_s) / busy
+    host = cluster.placement == "host"
     read = store_read_bytes(costs, fixed, busy)
     moved = read + costs.total("write_bytes")
+    mean_block = costs.total("seconds") / max(1, n)
+    bandwidth = cluster.store_bandwidth
+    io_s = None if bandwidth is None else moved / bandwidth
+    d_store = 0.0 if bandwidth is None else moved / max(1, n) / bandwidth
+    r_cpu, r_store = residence_s(mean_block, d_store, busy, host)
+    if host:  # the blocks at the shared cores' and store's pace (n / throughput)
+        start_s = SCHEDULER_START_S + workers * HOST_WORKER_START_S
+        makespan = n * (r_cpu + r_store) / busy + busy * fixed.worker_first_s
+        how, peak = "shared cores", workers * fixed.worker_peak_bytes
+    else:
+        start_s = CLUSTER_START_S
+        # the blocks as scheduled (their tail included), each worker's share of the
+        # blocks' waits at the store added: first + n / throughput + the tail
+        compute_only, how = compute_makespan(costs, busy, fixed.worker_first_s)
+        makespan = compute_only + n * r_store / busy
+        peak = fixed.worker_peak_bytes
+    if host:
+        compute_only = costs.total("seconds") + busy * fixed.worker_first_s
+    balanced = (costs.total("seconds") + n * r_store + busy * fixed.worker_first_s) / busy
     mean_compute = costs.total("compute_s") / max(1, n)
-    io_s = None if cluster.store_bandwidth is None else moved / cluster.store_bandwidth
-    store_s = 0.0 if io_s is None else io_s + mean_compute
+    store_s = makespan if r_store > r_cpu else 0.0
     startup = fixed.client_s + start_s
     # the workers' block time is their compute, or where their reads and writes (decode,
     # encode at the local zarr rates) take longer, those
@@ -148,7 +193,9 @@ def cluster_seconds(costs: BlockCosts, fixed: JobFixed, cluster: Cluster) -> dic
     busy_name = "compute" if costs.total("compute_s") >= local_io else "worker reads/writes"
     parts = {"start-up": startup + cluster.queue_wait_s, busy_name: makespan,
              "store bandwidth": store_s}
-    total = startup + cluster.queue_wait_s + max(makespan, store_s)
+    if store_s:
+        parts[busy_name] = 0.0
+    total = startup + cluster.queue_wait_s + makespan
     held_s = total - fixed.client_s - cluster.queue_wait_s  # nodes held from their start
     nodes = workers if cluster.placement == "nodes" else 1
     return {
@@ -159,11 +206,12 @@ def cluster_seconds(costs: BlockCosts, fixed: JobFixed, cluster: Cluster) -> dic
         "block_compute_s_mean": mean_compute, "block_local_io_s_mean": local_io / max(1, n),
         "worker_first_s": fixed.worker_first_s,
         "compute_makespan_s": makespan, "makespan_method": how,
-        "tail_s": makespan - balanced if cluster.placement == "nodes" else 0.0,
+        "tail_s": max(0.0, makespan - balanced) if not host else 0.0,
+        "store_wait_s": r_store,  # a block's mean seconds at the store, queueing included
         "read_bytes": int(read),
         "write_bytes": int(costs.total("write_bytes")),
         "store_bandwidth_bytes_per_s": cluster.store_bandwidth, "store_io_s": io_s,
-        "bandwidth_to_stay_compute_bound": moved / max(makespan - mean_compute, 1e-9),
+        "bandwidth_to_stay_compute_bound": moved / max(compute_only, 1e-9),
         "client_s": fixed.client_s, "cluster_start_s": start_s,
         "queue_wait_s": cluster.queue_wait_s, "startup_s": startup,
         "total_s": total, "node_hours": nodes * held_s / 3600,
