@@ -44,8 +44,9 @@ Placement = Literal["host", "nodes"]
 # LocalCluster(n_workers=N, threads_per_worker=1, processes=True) started, a client
 # connected, and a first task run on every worker that imports what run_block_task imports
 # (znni's engine, zarr, the CPU backend), wall seconds from before the interpreter starts:
-# `nice -n -10 benchmarks/cluster.py startup --workers 1,2,4 --reps 3` (niced above other
-# sessions' tests, load 4-6), 2-core AMD EPYC VM (lscpu "AMD EPYC"), 2026-11-28 17:29 UTC:
+# `benchmarks/cluster.py startup --workers 1,2,4 --reps 3` (under nice -10, which the
+# kernel's autogroups keep from lifting it above other sessions' work: load 4-6 from
+# their tests), 2-core AMD EPYC VM (lscpu "AMD EPYC"), 2026-11-28 17:29 UTC:
 # medians 2.70 s (1 worker), 3.09 s (2), 5.23 s (4). Nodes start their one worker each in
 # parallel: CLUSTER_START_S, the one-worker figure. On one host the workers import on the
 # shared cores: SCHEDULER_START_S + N * HOST_WORKER_START_S, the least-squares line over
