@@ -41,21 +41,21 @@ def timed(cmd: list[str]) -> dict:
 
 
 def znni_command(folder: Path, out: Path, window: int | None, overlap: float, limit: str,
-                 precision: str) -> list[str]:
+                 precision: str, extra: tuple[str, ...] = ()) -> list[str]:
     """`znni segment` as a user types it (the console script beside this Python)."""
     exe = Path(sys.executable).with_name("znni")
     head = [str(exe)] if exe.exists() else [shutil.which("znni") or "znni"]
     cmd = [*head, "segment", str(folder / "basicunet.onnx"), str(folder / "in.zarr"),
            str(out), "--scale", repr(1 / 255), "--overlap", str(overlap), "--overwrite",
-           "--memory-limit", limit, "--precision", precision]
+           "--memory-limit", limit, "--precision", precision, *extra]
     return cmd + (["--window", f"{window},{window},{window}"] if window else [])
 
 
 def run_znni(folder: Path, tag: str, window: int | None, overlap: float, limit: str,
-             precision: str) -> dict:
+             precision: str, extra: tuple[str, ...] = ()) -> dict:
     """The whole process, and the job's own seconds from its report line."""
     out = folder / f"{tag}.zarr"
-    result = timed(znni_command(folder, out, window, overlap, limit, precision))
+    result = timed(znni_command(folder, out, window, overlap, limit, precision, extra))
     job = re.search(r"the blocks in ([0-9.]+) s", result["stderr"])  # its report line
     return {"seconds": result["seconds"], "rss_bytes": result["rss_bytes"],
             "inner_seconds": float(job.group(1)) if job else float("nan"), "output": str(out)}

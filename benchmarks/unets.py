@@ -16,11 +16,12 @@ sw_batch_size=1, overlap, mode="gaussian", sigma_scale=0.125)` driving torch,
 onnxruntime or OpenVINO f32; OpenVINO bf16 and znni bf16 where the CPU has bf16 units).
 int8 (issue 53): znni `--precision int8` (NNCF calibrated on the job's own windows) against
 a MONAI user quantizing the same ONNX model with NNCF as its documentation shows, on the
-same number of windows (16). `--onnx PATH` runs a given model instead (no torch run; the
-errors are then against MONAI + OpenVINO f32), and `--em` feeds it the demo's synthetic EM
-(`synthetic_em`, seed 3, cells as dense as the demo's) instead of noise, as the trained
-test U-Net (benchmarks/train_unet.py) needs: its errors mean something, and the share of
-voxels whose label at 0.5 differs from the reference's is shown.
+same number of windows (16); on random weights znni's int8 runs take `--max-error 1` (the
+error of a random network means nothing). `--onnx PATH` runs a given model instead (no
+torch run; the errors are then against MONAI + OpenVINO f32), and `--em` feeds it the
+demo's synthetic EM (`synthetic_em`, seed 3, cells as dense as the demo's), not noise,
+as the trained test U-Net (benchmarks/train_unet.py) needs: its errors mean something,
+and the share of voxels whose label at 0.5 differs from the reference's is shown.
 Runs alternate, medians of `--reps`; each reports its own peak RSS. Beside the whole
 process, each run's inner loop is shown (MONAI's sliding window alone; znni's job from
 its plan to its last write): the stricter comparison, which leaves out MONAI's imports.
@@ -192,7 +193,10 @@ def run_one(name: str, folder: Path, args: argparse.Namespace) -> dict:
     _, runtime, precision, which = RUNS[name]
     window = args.window if which == "same" else None
     if runtime == "znni":
-        return run_znni(folder, name, window, args.overlap, args.memory_limit, precision)
+        # random weights: int8's error means nothing there (its refusal is not the point)
+        extra = ("--max-error", "1") if precision == "int8" and args.onnx is None else ()
+        return run_znni(folder, name, window, args.overlap, args.memory_limit, precision,
+                        extra)
     return run_user(folder, name, runtime, precision, args.window, args.overlap, args.model,
                     args.features)
 
