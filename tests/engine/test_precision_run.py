@@ -80,6 +80,22 @@ def test_int8_above_the_error_is_refused_in_one_sentence(unet) -> None:
     assert "\n" not in str(e.value) and "above --max-error 0" in str(e.value)
 
 
+def test_int8_tries_the_presets_then_the_ends_in_float(unet) -> None:
+    from znni.engine.compute.precision_error import int8_measured
+
+    model, sample, _, _ = unet
+    output = model.graph(WINDOW).output
+    above = int8_measured(model, output, WINDOW, sample(WINDOW), max_error=0.0)
+    tries = above.record["tries"]
+    assert [(t["preset"], bool(t["kept_float"])) for t in tries] == [
+        ("performance", False), ("mixed", False), ("mixed", True)]
+    assert above.record["preset"] == "mixed" and len(above.record["kept_float"]) == 2
+    assert above.error["max_error"] == tries[-1]["max_error"] > 0
+    within = int8_measured(model, output, WINDOW, sample(WINDOW), max_error=1.0)
+    assert [t["preset"] for t in within.record["tries"]] == ["performance"]
+    assert within.record["kept_float"] == [] and within.record["cached"]  # made above
+
+
 def test_segment_auto_chooses_and_records_it(unet) -> None:
     model, _, vol, tmp = unet
     inp = write_volume(tmp / "in.zarr", vol, 3, (16, 32, 32))

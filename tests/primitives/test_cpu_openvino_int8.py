@@ -63,12 +63,16 @@ def test_other_calibration_windows_are_another_entry(unet) -> None:
     assert (cache / first.digest / "model.xml").is_file()  # both kept (within the limit)
 
 
-def test_the_first_and_last_conv_kept_in_float(unet) -> None:
+def test_the_first_and_last_conv_kept_in_float_and_the_mixed_preset(unet) -> None:
     path, digest, output, windows, cache, first = unet
     names = conv_names(path, (1, 1, *WINDOW))
     assert len(names) > 2 and len(set(names)) == len(names)
     kept = quantized_network(path, digest, windows, output, (names[0], names[-1]), cache=cache)
     assert kept.digest != first.digest and kept.keep_float == (names[0], names[-1])
+    mixed = quantized_network(path, digest, windows, output, preset="mixed", cache=cache)
+    assert mixed.preset == "mixed" and mixed.digest not in (first.digest, kept.digest)
+    with pytest.raises(ValueError, match="preset 'fast' is not one of performance, mixed"):
+        quantized_network(path, digest, windows, output, preset="fast", cache=cache)
     n_quantized = _fake_quantize_inputs(kept.xml)
     assert names[0] not in n_quantized and names[-1] not in n_quantized
     assert names[1] in _fake_quantize_inputs(first.xml)

@@ -34,7 +34,7 @@ PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "int8")
 # predicted precision whose measured error is within max_error, engine/compute/precision_error)
 PRECISION_CHOICES: tuple[str, ...] = (*PRECISIONS, "auto")
 # int8 and auto: the largest error against fp32 a run accepts, as a fraction of the fp32
-# output's range over the held-out windows (docs/design.md, "Precision": a probability
+# output's range over the held-out windows (docs/design.md, "int8 and auto": a probability
 # moving by less than 0.02 rarely crosses a 0.5 threshold; issue 53's target)
 MAX_ERROR = 0.02
 BLEND_MODES: tuple[str, ...] = ("gaussian", "constant")

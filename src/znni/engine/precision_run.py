@@ -181,6 +181,8 @@ def int8_line(records: dict[str, Any]) -> str | None:
                 f"{'s' * (r['held_out_windows'] != 1)}")
         if r.get("labels_changed") is not None:
             line += f", labels changed {r['labels_changed']:.2%}"
+        if r.get("preset") == "mixed":  # the faster preset was above --max-error
+            line += ", NNCF's mixed preset"
         if r.get("kept_float"):
             line += ", first and last conv kept in fp32"
         parts.append(line + (" (quantized network from the cache)" if r.get("cached") else

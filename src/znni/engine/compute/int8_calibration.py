@@ -1,5 +1,5 @@
 """Calibration and held-out windows for int8 (and auto) runs, sampled from the job's own
-input (docs/design.md, "Precision").
+input (docs/design.md, "int8 and auto").
 
 Windows of the run's window size are taken over the region, spread: candidate origins on
 a coarse grid of the region (a few per axis), then on a finer one (half a window apart),

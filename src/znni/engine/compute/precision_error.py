@@ -1,13 +1,14 @@
 """A reduced precision's error, measured before a run: int8 quantized and checked against
---max-error, and --precision auto's choice (docs/design.md, "Precision").
+--max-error, and --precision auto's choice (docs/design.md, "int8 and auto").
 
 The held-out windows (int8_calibration.py) run through the fp32 network compiled by
 OpenVINO and through the candidate (NNCF's int8 network, or the bf16 one); the error is
 max |candidate - fp32| and mean |candidate - fp32| over the fp32 outputs' range on those
 windows, and with --labels the fraction of voxels whose label differs (the same label
-function on both). int8 above the allowed error is quantized again with the first and
-last conv nodes kept in float (NNCF's ignored scope: the usual sensitive layers, the raw
-input and the final logits) and refused with one sentence if still above. An int8
+function on both). int8 above the allowed error is quantized again with NNCF's mixed
+preset (asymmetric activations), then also with the first and last conv nodes kept in
+float (NNCF's ignored scope: the usual sensitive layers, reading the raw input and
+writing the logits), and refused with one sentence if still above. An int8
 measurement is kept beside its quantized network (keyed by the held-out windows and the
 labels), so a rerun or resume neither quantizes nor measures again.
 """
@@ -83,14 +84,15 @@ def _note_key(sample: CalibrationSet, labels_text: str | None) -> str:
 
 
 def quantize_and_measure(model: OnnxModel, output: str, sample: CalibrationSet,
-                         keep_float: Sequence[str] = (), *, labels: Labels | None = None,
-                         labels_text: str | None = None,
+                         keep_float: Sequence[str] = (), preset: str = "performance", *,
+                         labels: Labels | None = None, labels_text: str | None = None,
                          reference: Callable[[], np.ndarray] | None = None) -> Measured:
     """NNCF's int8 network of `model` calibrated on `sample` (from the cache or made now)
     and its error on the held-out windows (kept beside it, so found there next time)."""
     from znni.primitives.cpu.openvino_int8 import quantized_network, read_note, write_note
 
-    q = quantized_network(model.path, model.digest, sample.calibration, output, keep_float)
+    q = quantized_network(model.path, model.digest, sample.calibration, output, keep_float,
+                          preset)
     key = _note_key(sample, labels_text)
     error = read_note(q, key)
     if error is None:
@@ -98,7 +100,7 @@ def quantize_and_measure(model: OnnxModel, output: str, sample: CalibrationSet,
         error = relative_error(ref, run_windows(q.xml, sample.held_out, output, "int8"),
                                labels)
         write_note(q, key, error)
-    record = {**sample.record(), **error, "kept_float": list(q.keep_float),
+    record = {**sample.record(), **error, "preset": q.preset, "kept_float": list(q.keep_float),
               "digest": q.digest, "cached": q.cached, "quantize_s": q.seconds}
     return Measured("int8", error, q.xml, record)
 
@@ -106,44 +108,50 @@ def quantize_and_measure(model: OnnxModel, output: str, sample: CalibrationSet,
 def int8_measured(model: OnnxModel, output: str, window: Triple, sample: CalibrationSet, *,
                   max_error: float, labels: Labels | None = None,
                   labels_text: str | None = None) -> Measured:
-    """int8 as quantize_and_measure makes it; where its error is above `max_error`, again
-    with the first and last conv kept in float (the record says so and keeps the first
-    try's errors). The caller refuses or passes over a result still above."""
+    """int8 as quantize_and_measure makes it, NNCF's quantizations tried in turn until one
+    is within `max_error`: the performance preset (the fastest), the mixed preset
+    (asymmetric activations), then mixed with the first and last conv kept in float. The
+    record names the one taken and lists every try; the caller refuses or passes over a
+    result still above."""
     from znni.primitives.cpu.openvino_int8 import conv_names
 
     refs: dict[str, np.ndarray] = {}
 
-    def reference() -> np.ndarray:  # the fp32 outputs, run once for both tries
+    def reference() -> np.ndarray:  # the fp32 outputs, run once for every try
         if "ref" not in refs:
             refs["ref"] = _fp32_reference(model, output, sample)
         return refs["ref"]
 
-    first = quantize_and_measure(model, output, sample, labels=labels,
+    def ends() -> tuple[str, ...]:
+        names = conv_names(model.path, (1, model.in_channels, *window))
+        return tuple(dict.fromkeys((names[0], names[-1]))) if names else ()
+
+    tries: list[dict[str, Any]] = []
+    seconds, cached = 0.0, True
+    for preset, keep in (("performance", None), ("mixed", None), ("mixed", ends)):
+        kept = keep() if keep is not None else ()
+        if keep is not None and not kept:
+            break  # no conv to keep
+        m = quantize_and_measure(model, output, sample, kept, preset, labels=labels,
                                  labels_text=labels_text, reference=reference)
-    if first.within(max_error):
-        return first
-    names = conv_names(model.path, (1, model.in_channels, *window))
-    keep = tuple(dict.fromkeys((names[0], names[-1]))) if names else ()
-    if not keep:
-        return first
-    second = quantize_and_measure(model, output, sample, keep, labels=labels,
-                                  labels_text=labels_text, reference=reference)
-    tried = {k: first.error[k] for k in ("max_error", "mean_error", "labels_changed")}
-    both = {"quantize_s": first.record["quantize_s"] + second.record["quantize_s"],
-            "cached": first.record["cached"] and second.record["cached"]}
-    return Measured("int8", second.error, second.compiled_path,
-                    {**second.record, **both, "first_try": tried})
+        seconds, cached = seconds + m.record["quantize_s"], cached and m.record["cached"]
+        tries.append({k: m.record[k] for k in ("preset", "kept_float", "max_error",
+                                               "mean_error", "labels_changed")})
+        if m.within(max_error):
+            break
+    return Measured("int8", m.error, m.compiled_path,
+                    {**m.record, "quantize_s": seconds, "cached": cached, "tries": tries})
 
 
 def refusal(measured: Measured, max_error: float) -> str:
     """The one sentence refusing an int8 run whose error is above `max_error`."""
     r = measured.record
-    kept = (f" even with the first and last conv kept in fp32 (first try "
-            f"{r['first_try']['max_error']:.2%})" if r.get("kept_float") else "")
+    tried = ", ".join(f"{t['max_error']:.2%}" for t in r.get("tries", ()))
     return (f"int8's largest error is {measured.error['max_error']:.2%} of the fp32 "
-            f"output's range on {r['held_out_windows']} held-out windows{kept}, above "
-            f"--max-error {max_error:g} ({max_error:.2%}); run --precision fp32 (or auto), "
-            "or allow more with --max-error")
+            f"output's range on {r['held_out_windows']} held-out windows (NNCF's "
+            f"performance and mixed presets, then the first and last conv kept in fp32: "
+            f"{tried}), above --max-error {max_error:g} ({max_error:.2%}); run --precision "
+            "fp32 (or auto), or allow more with --max-error")
 
 
 def bf16_measured(model: OnnxModel, output: str, sample: CalibrationSet, *,

@@ -1,6 +1,6 @@
 """int8 networks: a window's network quantized by NNCF's post-training quantization and
 kept on disk, so resumes and reruns of a job do not quantize again (docs/design.md,
-"Precision").
+"int8 and auto").
 
 `quantized_network` reads the ONNX file with OpenVINO, fixes its input to the window's
 shape (1, C, Z, Y, X), calibrates NNCF on the given windows (float32, as the network's
@@ -41,12 +41,16 @@ log = logging.getLogger("znni.primitives")
 # Quantized models kept on disk. A 64^3 BasicUNet (features 32..512) is ~27 MiB of fp32
 # IR; 512 MiB keeps a dozen networks and windows, the most a user runs between cleanups.
 CACHE_LIMIT_BYTES = 512 * 2**20
-# NNCF's preset: PERFORMANCE quantizes activations symmetrically, MIXED asymmetrically.
-# On issue 53's trained U-Net (benchmarks/networks/trained_unet.onnx, 64^3, 16 calibration
-# windows of synthetic EM) PERFORMANCE's held-out errors were no larger than MIXED's
-# (docs/design.md, "Precision"), and its kernels are the ones OpenVINO's int8 path is
-# fastest with.
-PRESET = "performance"
+# NNCF's presets: "performance" quantizes activations symmetrically, "mixed" asymmetrically
+# (a zero point: U-Nets' LeakyReLU and normalised activations are not centred on 0).
+# Measured on a BasicUNet (8..32 features, instance norm, LeakyReLU, sigmoid) trained on
+# the demo's synthetic EM, 64^3 windows, 16 calibration and 4 held-out windows, two
+# volumes: performance's largest error 10.7-16.5% of the fp32 range (mean 0.4%, labels
+# changed 0.13-0.15%), mixed's 4.0% (mean 0.2%, labels 0.05%); per window 0.100 s and
+# 0.124 s against fp32's 0.167 s (AVX2, 2 threads, 2026-11-28). So the faster one is
+# tried first and the more exact one where its error is above --max-error
+# (engine/compute/precision_error.py).
+PRESETS = ("performance", "mixed")
 NNCF_MISSING = ("--precision int8 needs NNCF (post-training quantization), which is not "
                 "installed here: pip install nncf")
 CONV_TYPES = ("Convolution", "GroupConvolution", "ConvolutionBackpropData",
@@ -63,6 +67,7 @@ class QuantizedNetwork:
     cached: bool
     seconds: float
     keep_float: tuple[str, ...] = ()  # OpenVINO node names left in float
+    preset: str = PRESETS[0]  # NNCF's preset (PRESETS)
 
     @property
     def folder(self) -> Path:
@@ -114,7 +119,7 @@ def _read(onnx_path: str, input_shape: Sequence[int]) -> Any:
 
 
 def cache_digest(model_digest: str, windows: np.ndarray, output: str,
-                 keep_float: Sequence[str] = ()) -> str:
+                 keep_float: Sequence[str] = (), preset: str = PRESETS[0]) -> str:
     """The cache key of a quantization: sha256 over the model's digest, the calibration
     windows (dtype, shape and bytes; the shape is the input's), the output, the nodes kept
     in float, the preset and NNCF's and OpenVINO's versions."""
@@ -127,7 +132,7 @@ def cache_digest(model_digest: str, windows: np.ndarray, output: str,
             return "missing"
 
     h = hashlib.sha256()
-    for part in (model_digest, output, "|".join(sorted(keep_float)), PRESET,
+    for part in (model_digest, output, "|".join(sorted(keep_float)), preset,
                  installed("nncf"), installed("openvino"), str(windows.dtype),
                  str(tuple(windows.shape))):
         h.update(part.encode())
@@ -137,42 +142,48 @@ def cache_digest(model_digest: str, windows: np.ndarray, output: str,
 
 
 def quantized_network(onnx_path: str, model_digest: str, windows: np.ndarray, output: str,
-                      keep_float: Sequence[str] = (), *,
+                      keep_float: Sequence[str] = (), preset: str = PRESETS[0], *,
                       cache: Path | None = None) -> QuantizedNetwork:
     """The network at `onnx_path` quantized on `windows` (N, C, Z, Y, X) float32, each a
     calibration input of shape (1, C, Z, Y, X), from the cache or made now (module
-    docstring); `keep_float`: node names NNCF leaves in float (its ignored scope)."""
+    docstring); `keep_float`: node names NNCF leaves in float (its ignored scope);
+    `preset`: one of PRESETS."""
+    if preset not in PRESETS:
+        raise ValueError(f"NNCF preset {preset!r} is not one of {', '.join(PRESETS)}")
     if windows.ndim != 5 or windows.shape[0] < 1 or windows.dtype != np.float32:
         raise ValueError(f"calibration windows must be float32 (N, C, Z, Y, X) with N >= 1, "
                          f"got {windows.dtype} {tuple(windows.shape)}")
     folder = cache or int8_cache_dir()
-    digest = cache_digest(model_digest, windows, output, keep_float)
+    digest = cache_digest(model_digest, windows, output, keep_float, preset)
     entry = folder / digest
     if (entry / "model.xml").is_file():
         _touch(entry)
-        return QuantizedNetwork(str(entry / "model.xml"), digest, True, 0.0, tuple(keep_float))
+        return QuantizedNetwork(str(entry / "model.xml"), digest, True, 0.0, tuple(keep_float),
+                                preset)
     nncf = _import_nncf()  # ValueError naming the install, before anything is made
     t0 = time.perf_counter()
     shape = (1, *windows.shape[1:])
     model = _read(onnx_path, shape)
     if not any(output in o.get_names() for o in model.outputs):
         raise ValueError(f"{onnx_path}: no output {output!r} for OpenVINO")
-    quantized = _quantize(nncf, model, windows, keep_float)
+    quantized = _quantize(nncf, model, windows, keep_float, preset)
     _install(quantized, folder, digest, {"onnx": str(onnx_path), "model_digest": model_digest,
                                          "input_shape": list(shape), "output": output,
                                          "windows": int(windows.shape[0]),
-                                         "keep_float": list(keep_float), "preset": PRESET})
+                                         "keep_float": list(keep_float), "preset": preset})
     seconds = time.perf_counter() - t0
     log.debug("quantized %s to int8 on %d windows in %.1f s", onnx_path, len(windows), seconds)
     evict(folder, CACHE_LIMIT_BYTES, keep=digest)
-    return QuantizedNetwork(str(entry / "model.xml"), digest, False, seconds, tuple(keep_float))
+    return QuantizedNetwork(str(entry / "model.xml"), digest, False, seconds, tuple(keep_float),
+                            preset)
 
 
-def _quantize(nncf: Any, model: Any, windows: np.ndarray, keep_float: Sequence[str]) -> Any:
+def _quantize(nncf: Any, model: Any, windows: np.ndarray, keep_float: Sequence[str],
+              preset_name: str) -> Any:
     """NNCF's post-training quantization of `model` on every window, its console quiet."""
     items = [windows[i:i + 1] for i in range(windows.shape[0])]  # (1, C, Z, Y, X) each
     scope = nncf.IgnoredScope(names=list(keep_float)) if keep_float else None
-    preset = getattr(nncf.QuantizationPreset, PRESET.upper())
+    preset = getattr(nncf.QuantizationPreset, preset_name.upper())
     with contextlib.redirect_stdout(io.StringIO()):  # NNCF's progress bars
         return nncf.quantize(model, nncf.Dataset(items), subset_size=len(items),
                              preset=preset, ignored_scope=scope)
