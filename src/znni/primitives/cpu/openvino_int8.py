@@ -43,13 +43,14 @@ log = logging.getLogger("znni.primitives")
 CACHE_LIMIT_BYTES = 512 * 2**20
 # NNCF's presets: "performance" quantizes activations symmetrically, "mixed" asymmetrically
 # (a zero point: U-Nets' LeakyReLU and normalised activations are not centred on 0).
-# Measured on a BasicUNet (8..32 features, instance norm, LeakyReLU, sigmoid) trained on
-# the demo's synthetic EM, 64^3 windows, 16 calibration and 4 held-out windows, two
-# volumes: performance's largest error 10.7-16.5% of the fp32 range (mean 0.4%, labels
-# changed 0.13-0.15%), mixed's 4.0% (mean 0.2%, labels 0.05%); per window 0.100 s and
-# 0.124 s against fp32's 0.167 s (AVX2, 2 threads, 2026-11-28). So the faster one is
-# tried first and the more exact one where its error is above --max-error
-# (engine/compute/precision_error.py).
+# Measured on benchmarks/train_unet.py's BasicUNet (8..32 features, instance norm,
+# LeakyReLU, sigmoid; 300 steps, validation F1 0.977), 64^3 windows, 16 calibration and 4
+# held-out windows of two synthetic EM volumes: performance's largest error 18-25% of the
+# fp32 range (mean 0.25%, labels at 0.5 changed 0.08-0.09%), mixed's 9-15% (mean 0.13%,
+# labels 0.04-0.05%), mixed with the first and last conv in float 7-13%; a 64^3 window
+# took 0.100 s (performance) and 0.124 s (mixed) against fp32's 0.167 s (AVX2, 2 threads,
+# 2026-11-28). So the faster one is tried first and the more exact one where its error is
+# above --max-error (engine/compute/precision_error.py).
 PRESETS = ("performance", "mixed")
 NNCF_MISSING = ("--precision int8 needs NNCF (post-training quantization), which is not "
                 "installed here: pip install nncf")
