@@ -106,13 +106,13 @@ def prepare_run(job: SegmentJob, plan: Plan | None = None) -> PreparedRun:
     """Open and check the input, the output and its ledger, plan, choose blocks (each store
     answer asked once: the job's context remembers them, `io/memo.py`)."""
     with job.store.remembering() as ctx:  # batch workers sized first (engine/cluster.py)
-        return _prepare_run(replace(sized_for_cluster(job), store=ctx), plan)
+        job = sized_for_cluster(job)
+        cpu = job.precision in CPU_ONLY_PRECISIONS and job.device == "auto"  # int8, auto
+        return _prepare_run(replace(job, store=ctx, device="cpu" if cpu else job.device), plan)
 
 
 def _prepare_run(job: SegmentJob, plan: Plan | None) -> PreparedRun:
     check_options(job)  # engine/options.py
-    if job.precision in CPU_ONLY_PRECISIONS:  # int8, auto: --device auto is the CPU
-        job = replace(job, device="cpu" if job.device == "auto" else job.device)
     net = job.network
     ctx = job.store
     volume = open_input(job.input_path, net.in_channels, ctx=ctx)
@@ -139,10 +139,7 @@ def _prepare_run(job: SegmentJob, plan: Plan | None) -> PreparedRun:
     if isinstance(net, OnnxModel):  # int8, auto: quantized and measured before any write
         choice, settled = _graph_choice(job, net, header, budget, region, volume, form)
         window = choice.window
-        parts = _windowed_parts(parts, window, job) if net.mode == "windowed" else {
-            **parts, "mode": "exact"}
-        if choice.precision == "int8":  # its output differs from fp32's: no mixed resume
-            parts = {**parts, "precision": "int8"}
+        parts = _graph_parts(parts, choice, job, net.mode)
     resume = header is not None and header.get("fingerprint") == fingerprint(parts)
     if header is not None and not resume and not job.overwrite:
         raise ValueError(mismatch_sentence(job.output_path, header, parts))
@@ -231,9 +228,13 @@ def _window_for(
                        flips=flip_count(job.tta))
 
 
-def _windowed_parts(parts: dict[str, Any], window: Triple, job: SegmentJob) -> dict[str, Any]:
-    return {**parts, "mode": "windowed", "window": list(window), "overlap": job.overlap,
-            "blend": job.blend}
+def _graph_parts(parts: dict[str, Any], choice: GraphChoice, job: SegmentJob,
+                 mode: str) -> dict[str, Any]:
+    """A graph run's fingerprint parts: its mode (windowed: window, overlap, blend) and an
+    int8 run's precision (its output differs from fp32's: no mixed resume)."""
+    kind = {"mode": "windowed", "window": list(choice.window), "overlap": job.overlap,
+            "blend": job.blend} if mode == "windowed" else {"mode": "exact"}
+    return {**parts, **kind, **({"precision": "int8"} if choice.precision == "int8" else {})}
 
 
 def _sequential(net: Network | OnnxModel) -> Network:
