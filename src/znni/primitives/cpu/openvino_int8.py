@@ -43,12 +43,12 @@ log = logging.getLogger("znni.primitives")
 CACHE_LIMIT_BYTES = 512 * 2**20
 # NNCF's presets: "performance" quantizes activations symmetrically, "mixed" asymmetrically
 # (a zero point: U-Nets' LeakyReLU and normalised activations are not centred on 0).
-# Measured on benchmarks/train_unet.py's BasicUNet (8..32 features, instance norm,
-# LeakyReLU, sigmoid; 300 steps, validation F1 0.977), 64^3 windows, 16 calibration and 4
-# held-out windows of two synthetic EM volumes: performance's largest error 18-25% of the
-# fp32 range (mean 0.25%, labels at 0.5 changed 0.08-0.09%), mixed's 9-15% (mean 0.13%,
-# labels 0.04-0.05%), mixed with the first and last conv in float 7-13%; a 64^3 window
-# took 0.100 s (performance) and 0.124 s (mixed) against fp32's 0.167 s (AVX2, 2 threads,
+# Measured on benchmarks/networks/trained_unet.onnx (BasicUNet 8..32 features, instance
+# norm, LeakyReLU, sigmoid; validation F1 0.964), 64^3 windows, 16 calibration and 4
+# held-out windows of two synthetic EM volumes: performance's largest error 20-25% of the
+# fp32 range (mean 0.37-0.40%, labels at 0.5 changed 0.12%), mixed's 6-8% (mean 0.18%,
+# labels 0.05%), mixed with the first and last conv in float 4.7-6.8%; a 64^3 window took
+# 0.100 s (performance) and 0.124 s (mixed) against fp32's 0.167 s (AVX2, 2 threads,
 # 2026-11-28). So the faster one is tried first and the more exact one where its error is
 # above --max-error (engine/compute/precision_error.py).
 PRESETS = ("performance", "mixed")
