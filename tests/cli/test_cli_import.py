@@ -25,10 +25,10 @@ def test_importing_the_cli_loads_nothing_heavy() -> None:
 def test_building_the_parser_loads_only_the_job_vocabulary() -> None:
     loaded = _loaded_after("import znni.cli\nznni.cli.build_parser()")
     heavy = [m for m in loaded if any(m == h or m.startswith(h + ".") for h in HEAVY)]
-    # the job, the store context and the locations it carries: plain values, no numpy, zarr
-    # or stores
+    # the job, the store context, the locations and the scheduler it carries: plain values,
+    # no numpy, zarr or stores
     assert heavy == ["znni.engine", "znni.engine.context", "znni.engine.job",
-                     "znni.engine.location"]
+                     "znni.engine.location", "znni.engine.scheduler"]
 
 
 def test_every_subcommand_is_registered() -> None:
