@@ -198,6 +198,8 @@ def cluster_lines(c: dict[str, Any]) -> str:
         f"and write; each worker's first pass +{c['worker_first_s']:,.1f} s)",
         f"  compute makespan          {c['compute_makespan_s']:>12,.1f} s  "
         f"({c['makespan_method']}; tail of the last blocks {c['tail_s']:,.1f} s)",
+        f"  with the store's waits    {c['makespan_s']:>12,.1f} s  (a block waits "
+        f"{c['store_wait_s']:,.2f} s at the store, its queue included)",
         f"  store I/O                 {io}: {c['read_bytes'] / 1e9:,.2f} GB read, "
         f"{c['write_bytes'] / 1e9:,.2f} GB written; compute-bound above "
         f"{bandwidth_text(c['bandwidth_to_stay_compute_bound'])}",

@@ -206,7 +206,8 @@ def cluster_seconds(costs: BlockCosts, fixed: JobFixed, cluster: Cluster) -> dic
         "block_s_mean": costs.total("seconds") / max(1, n), "block_s_max": costs.longest_s(),
         "block_compute_s_mean": mean_compute, "block_local_io_s_mean": local_io / max(1, n),
         "worker_first_s": fixed.worker_first_s,
-        "compute_makespan_s": makespan, "makespan_method": how,
+        "compute_makespan_s": compute_only, "makespan_method": how,
+        "makespan_s": makespan,  # the blocks with their waits at the store
         "tail_s": max(0.0, makespan - balanced) if not host else 0.0,
         "store_wait_s": r_store,  # a block's mean seconds at the store, queueing included
         "read_bytes": int(read),
