@@ -237,6 +237,9 @@ class PlanRequest(BaseModel):
     window: tuple[PositiveSize, PositiveSize, PositiveSize] | None = None  # ONNX: not chosen
     # as a job takes them: what its whole run's time (predicted_job_seconds) depends on
     precision: Literal["fp32", "tf32", "bf16", "fp16", "int8", "auto"] = "fp32"
+    # as a job takes it; a plan does not quantize: int8's error is measured when the job is
+    # submitted (the plan says so)
+    max_error: Annotated[float, Field(ge=0.0, le=1e3, allow_inf_nan=False)] = MAX_ERROR
     dtype: Literal["float32", "uint8"] = "float32"  # the output's: its writes are timed
     chunks: tuple[PositiveSize, PositiveSize, PositiveSize] | None = None  # with input
     tta: Annotated[str, Field(pattern=r"^flips(:[zyx]{1,3})?$", max_length=9)] | None = None
