@@ -13,7 +13,8 @@ import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "unets.py"
 ROW = re.compile(r"^(?P<label>.+?)\s+(?P<s>[0-9.]+)\s+(?P<loop>[0-9.]+)\s+[0-9,]+\s+[0-9.]+Gi"
-                 r"\s+[0-9.]+x\s+(?P<max>[0-9.e+-]+) / (?P<mean>[0-9.e+-]+)$")
+                 r"\s+[0-9.]+x\s+(?P<max>[0-9.e+-]+) / (?P<mean>[0-9.e+-]+), "
+                 r"(?P<labels>[0-9.]+)%$")
 
 
 @pytest.mark.slow
@@ -22,7 +23,7 @@ def test_unets_benchmark_whole_processes(tmp_path: Path) -> None:
         pytest.importorskip(module)
     done = subprocess.run(
         [sys.executable, str(BENCH), "--size", "40", "--window", "32", "--reps", "1",
-         "--features", "4,4,8,8,16,4", "--no-auto", "--no-bf16"],
+         "--features", "4,4,8,8,16,4", "--no-auto", "--no-bf16", "--no-int8"],
         capture_output=True, text=True, timeout=240, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = {m["label"].strip(): m for line in done.stdout.splitlines()
