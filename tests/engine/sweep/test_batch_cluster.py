@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -95,6 +96,19 @@ def _all_cancelled(state: Path, jobs: list[str]) -> None:
         assert fake_batch.live_pids(fake_batch.pgid(state, job)) == [], job
 
 
+
+def _wait_while_running(run: subprocess.Popen, done: Callable[[], bool],
+                        limit_s: float = 120.0) -> None:
+    """Poll `done` until it holds; the run ending first is the failure (its stderr shown),
+    and `limit_s` only keeps a hung run from hanging the suite."""
+    deadline = time.monotonic() + limit_s
+    while not done():
+        if run.poll() is not None:
+            pytest.fail(f"the run ended first: {run.stderr.read() if run.stderr else ''}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"nothing after {limit_s} s; the run is hung")
+        time.sleep(0.02)
+
 def test_two_batch_workers_equal_the_local_run(job, tmp_path: Path) -> None:
     spec, inp, expected = job
     env, state = _cluster(tmp_path)
@@ -132,18 +146,14 @@ def test_a_killed_batch_job_loses_no_block(job, tmp_path: Path) -> None:
     try:
         gate.wait_for(run, 1)
         gate.hold()  # the workers stop at their next block's trace
-        deadline = time.monotonic() + 120
-        while not (out / "znni-ledger.jsonl").exists() or not _ledger_blocks(out):
-            assert run.poll() is None and time.monotonic() < deadline, run.stderr
-            time.sleep(0.02)
+        _wait_while_running(run, lambda: (out / "znni-ledger.jsonl").exists()
+                            and bool(_ledger_blocks(out)))
         pid = int(gate.text.decode().split()[0])  # the worker of the first block
         group = os.getpgid(pid)
         jobs = fake_batch.job_ids(state)
         assert group in [fake_batch.pgid(state, j) for j in jobs]
         os.killpg(group, signal.SIGKILL)
-        while not (state / "job-3.pgid").exists():  # the replacement, still held
-            assert run.poll() is None and time.monotonic() < deadline, run.stderr
-            time.sleep(0.02)
+        _wait_while_running(run, (state / "job-3.pgid").exists)  # the replacement, held
         gate.release()
         _, err = run.communicate(timeout=300)
         traced = gate.keys()  # every block computed, the killed job's last one again
