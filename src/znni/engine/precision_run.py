@@ -11,7 +11,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from znni.engine.compute.int8_calibration import CalibrationSet, Reader, sample_windows
+from znni.engine.compute.int8_calibration import (
+    CalibrationSet,
+    Reader,
+    calibration_window,
+    sample_windows,
+)
 from znni.engine.compute.precision_error import (
     AUTO_ORDER,
     Measured,
@@ -69,6 +74,8 @@ class Sampler:
         return self._opened.coverage(box) != OUTSIDE
 
     def __call__(self, window: Triple) -> CalibrationSet:
+        """The sample for a run at `window`, at its capped calibration window."""
+        window = calibration_window(self.model, window)
         if window not in self._sets:
             self._sets[window] = sample_windows(
                 self.read, self.region, window, self.model, where=self.where,
@@ -91,7 +98,7 @@ def settle(asked: str, model: OnnxModel, candidates: Mapping[str, Candidate],
     text = None if labels is None else labels.text()
     if asked == "int8":
         c = candidates["int8"]
-        measured = _int8(model, c.window, sample(c.window), max_error, apply, text)
+        measured = _int8(model, sample(c.window), max_error, apply, text)
         if not measured.within(max_error):
             raise ValueError(refusal(measured, max_error))
         return Settled("int8", measured.compiled_path,
@@ -99,10 +106,11 @@ def settle(asked: str, model: OnnxModel, candidates: Mapping[str, Candidate],
     return _auto(model, candidates, sample, max_error, apply, text)
 
 
-def _int8(model: OnnxModel, window: Triple, sample: CalibrationSet, max_error: float,
+def _int8(model: OnnxModel, sample: CalibrationSet, max_error: float,
           labels: Callable[[Any], Any] | None, text: str | None) -> Measured:
+    """int8 quantized and measured at the sample's (calibration) window."""
     try:
-        return int8_measured(model, graph_output(model, window), window, sample,
+        return int8_measured(model, graph_output(model, sample.window), sample.window, sample,
                              max_error=max_error, labels=labels, labels_text=text)
     except ValueError:
         raise
@@ -151,8 +159,8 @@ def _slower(c: Candidate) -> dict[str, Any]:
 def _measure(model: OnnxModel, c: Candidate, sample: CalibrationSet, max_error: float,
              labels: Callable[[Any], Any] | None, text: str | None) -> Measured:
     if c.precision == "int8":
-        return _int8(model, c.window, sample, max_error, labels, text)
-    return bf16_measured(model, graph_output(model, c.window), sample, labels=labels)
+        return _int8(model, sample, max_error, labels, text)
+    return bf16_measured(model, graph_output(model, sample.window), sample, labels=labels)
 
 
 def _auto_record(chosen: str, tried: list[dict[str, Any]], max_error: float) -> dict[str, Any]:

@@ -144,3 +144,24 @@ def test_labels_changed_counts_voxels_whose_label_differs() -> None:
                             np.stack([got[:, 0], 1 - got[:, 0]], 1),
                             parse_labels("argmax").apply)
     assert argmax["labels_changed"] == pytest.approx(1 / 16)
+
+
+class GridModel:
+    """What calibration_window reads of a model: its window grid."""
+
+    def __init__(self, least: tuple[int, int, int], step: tuple[int, int, int],
+                 fixed: tuple[int, int, int] | None = None) -> None:
+        self.min_window, self.size_factor, self.fixed_window = least, step, fixed
+
+
+def test_calibration_windows_are_capped_on_the_models_grid() -> None:
+    from znni.engine.compute.int8_calibration import CALIBRATION_SIDE, calibration_window
+
+    assert CALIBRATION_SIDE == 64
+    u = GridModel((16, 16, 16), (16, 16, 16))
+    assert calibration_window(u, (256, 48, 128)) == (64, 48, 64)  # a short axis kept
+    assert calibration_window(u, (32, 32, 32)) == (32, 32, 32)  # under the cap: the window
+    odd = GridModel((20, 20, 100), (8, 8, 8))  # 20 + 5 * 8 = 60 <= 64; 100 is the least
+    assert calibration_window(odd, (100, 36, 300)) == (60, 36, 100)
+    fixed = GridModel((16, 16, 16), (16, 16, 16), fixed=(128, 128, 128))
+    assert calibration_window(fixed, (128, 128, 128)) == (128, 128, 128)

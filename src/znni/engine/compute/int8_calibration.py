@@ -33,6 +33,12 @@ CALIBRATION_WINDOWS = 16
 # compare 1M voxels per channel, a second of fp32 and int8 runs on 2 cores
 HELDOUT_WINDOWS = 4
 SEED = 53  # the sample's fixed seed (issue 53)
+# the calibration and held-out windows are at most this many voxels per axis (on the
+# model's window grid): NNCF's statistics and the held-out runs then cost the same for a
+# planner's 256^3 window as for a 64^3 one (at 256^3 they took 65 s and 8.8 GiB on the
+# trained test U-Net); the quantized network is compiled at the run's window, OpenVINO
+# reshaping it (its quantization ranges are per tensor or per channel, not per voxel)
+CALIBRATION_SIDE = 64
 # candidate windows read before giving up on a mostly empty volume (512 of 64^3 uint8:
 # 128 MiB read)
 MAX_PROBES = 512
@@ -56,7 +62,29 @@ class CalibrationSet:
         return {"calibration_windows": int(self.calibration.shape[0]),
                 "held_out_windows": int(self.held_out.shape[0]),
                 "held_out_disjoint": self.disjoint, "windows_read": self.probed,
-                "seed": SEED}
+                "seed": SEED, "calibration_window": list(self.window)}
+
+    @property
+    def window(self) -> Triple:
+        """The windows' spatial size (the run's window, capped by calibration_window)."""
+        z, y, x = self.held_out.shape[2:]
+        return (int(z), int(y), int(x))
+
+
+def calibration_window(model: OnnxModel, window: Triple,
+                       side: int = CALIBRATION_SIDE) -> Triple:
+    """The window int8 is calibrated and measured at for a run at `window`: each axis at
+    most `side` voxels (or the model's least window), on the model's window grid; a model
+    exported for one window size keeps it."""
+    if model.fixed_window is not None:
+        return (int(window[0]), int(window[1]), int(window[2]))
+    out = []
+    for w, least, step in zip(window, model.min_window, model.size_factor, strict=True):
+        if w <= side:
+            out.append(int(w))
+        else:
+            out.append(int(least + max(0, (side - least) // step) * step))
+    return (out[0], out[1], out[2])
 
 
 def axis_origins(lo: int, hi: int, size: int, count: int) -> list[int]:
