@@ -286,3 +286,21 @@ def test_a_plan_for_another_machine_never_calibrates(tmp_path, monkeypatch, caps
     assert main(["plan", str(net), "--machine", "ci-2core", "--json"]) == 0
     assert '"machine": "ci-2core"' in capsys.readouterr().out
     assert not list(tmp_path.rglob("machine-*.json"))
+
+
+ZEN4 = "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse avx avx2 fma avx512f avx512bw avx512_bf16 avx512_vnni\n"
+AVX2_ONLY = "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse avx avx2 fma\n"
+
+
+def test_a_cpu_with_other_instruction_sets_gets_its_own_calibration(tmp_path,
+                                                                    monkeypatch) -> None:
+    """The same host name on another CPU (a VM moved from an AVX-512 Zen 4 to an AVX2-only
+    one): another signature, so the other's cached rates are not used."""
+    assert calibrate.cpu_signature(ZEN4) != calibrate.cpu_signature(AVX2_ONLY)
+    reordered = AVX2_ONLY.replace("avx avx2 fma", "fma avx2 avx sse4_2")  # order, other flags
+    assert calibrate.cpu_signature(reordered) == calibrate.cpu_signature(AVX2_ONLY)
+    assert calibrate.cpu_signature(AVX2_ONLY.replace("AMD EPYC", "Intel Xeon")) != \
+        calibrate.cpu_signature(AVX2_ONLY)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("OPENBLAS_CORETYPE", raising=False)
+    assert f"-cpu{calibrate.cpu_signature()}" in calibrate.cache_path(2).name

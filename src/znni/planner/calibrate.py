@@ -17,6 +17,7 @@ calibration resumes), so a machine calibrates once.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -78,13 +79,40 @@ PARTS = ("cpu", "graph", "openvino", "int8")
 GRAPH_ESTIMATE_S, OPENVINO_ESTIMATE_S, INT8_ESTIMATE_S = 4.0, 2.0, 3.0  # progress estimates
 
 
+# the instruction sets that change which kernels FFTW, OpenBLAS and OpenVINO run
+RATE_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
+              "avx_vnni", "amx_bf16", "amx_int8", "amx_tile", "asimddp", "sve", "i8mm")
+
+
+def cpu_signature(cpuinfo: str | None = None) -> str:
+    """8 hex digits of the CPU's model name and RATE_FLAGS (from /proc/cpuinfo, or
+    `cpuinfo`): a host whose VM lands on another CPU under the same name (an AVX-512 Zen 4
+    one day, an AVX2-only one the next) gets its own calibration."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
+        except OSError:
+            cpuinfo = ""
+    model, flags = "", set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("model name", "CPU part") and not model:
+            model = value.strip()
+        elif key.strip() in ("flags", "Features") and not flags:
+            flags = set(value.split())
+    text = model + "|" + ",".join(f for f in RATE_FLAGS if f in flags)
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
 def cache_path(cores: int) -> Path:
-    """Per host and core count; an OPENBLAS_CORETYPE override gets its own file, since it
-    changes which GEMM kernels (and so the direct-conv rate) this process gets."""
+    """Per host, CPU (cpu_signature) and core count; an OPENBLAS_CORETYPE override gets its
+    own file, since it changes which GEMM kernels (and so the direct-conv rate) this
+    process gets."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     blas = os.environ.get("OPENBLAS_CORETYPE", "").strip().lower()
     suffix = f"-blas-{''.join(c for c in blas if c.isalnum())}" if blas else ""
-    return Path(base) / "znni" / f"machine-{os.uname().nodename}-{cores}cores{suffix}.json"
+    name = f"machine-{os.uname().nodename}-{cores}cores-cpu{cpu_signature()}{suffix}.json"
+    return Path(base) / "znni" / name
 
 
 def calibrated_profile(
