@@ -93,7 +93,7 @@ def cpu_signature(cpuinfo: str | None = None) -> str:
             cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
         except OSError:
             cpuinfo = ""
-    model, flags = "", set()
+    model, flags = "", set[str]()
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
         if key.strip() in ("model name", "CPU part") and not model:
