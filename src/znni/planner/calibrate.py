@@ -17,6 +17,7 @@ calibration resumes), so a machine calibrates once.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -89,10 +90,7 @@ def cpu_signature(cpuinfo: str | None = None) -> str:
     `cpuinfo`): a host whose VM lands on another CPU under the same name (an AVX-512 Zen 4
     one day, an AVX2-only one the next) gets its own calibration."""
     if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
-        except OSError:
-            cpuinfo = ""
+        cpuinfo = _cpuinfo()
     model, flags = "", set[str]()
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
@@ -102,6 +100,15 @@ def cpu_signature(cpuinfo: str | None = None) -> str:
             flags = set(value.split())
     text = model + "|" + ",".join(f for f in RATE_FLAGS if f in flags)
     return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+@functools.cache
+def _cpuinfo() -> str:
+    """/proc/cpuinfo, read once per process ("" where there is none)."""
+    try:
+        return Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return ""
 
 
 def cache_path(cores: int) -> Path:

@@ -102,12 +102,14 @@ def _wait_while_running(run: subprocess.Popen, done: Callable[[], bool],
     """Poll `done` until it holds; the run ending first is the failure (its stderr shown),
     and `limit_s` only keeps a hung run from hanging the suite."""
     deadline = time.monotonic() + limit_s
-    while not done():
+    while time.monotonic() < deadline:
+        if done():
+            return
         if run.poll() is not None:
             pytest.fail(f"the run ended first: {run.stderr.read() if run.stderr else ''}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"nothing after {limit_s} s; the run is hung")
         time.sleep(0.02)
+    raise TimeoutError(f"nothing after {limit_s} s; the run is hung")
+
 
 def test_two_batch_workers_equal_the_local_run(job, tmp_path: Path) -> None:
     spec, inp, expected = job
