@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from math import prod
 
 from znni.model.network import LayerShape
@@ -26,14 +26,32 @@ from znni.planner.costs import (
 )
 from znni.planner.tiles import fft_tiles, recompute_width, tiled_layer
 from znni.primitives.cpu.direct_conv import block_columns, block_shape, worker_bytes
+from znni.primitives.cpu.heap import SEQUENTIAL_MMAP_THRESHOLD_BYTES
 from znni.primitives.fft_sizes import padded_shape, spectrum_points
+
+# glibc maps every allocation at or above the sequential pass's mmap threshold afresh
+# (primitives/cpu/heap.py) and unmaps it on free, so each pass faults those pages in again
+FRESH_ABOVE_BYTES = SEQUENTIAL_MMAP_THRESHOLD_BYTES
+
+
+@dataclass(frozen=True)
+class PassReplay:
+    """A replayed pass: the peak, each layer's peak and each layer's bytes of fresh
+    mappings (allocations of at least FRESH_ABOVE_BYTES), of the last patch."""
+
+    peak_bytes: int
+    layer_peaks: list[int]
+    layer_fresh_bytes: list[int]
 
 
 class HostSim:
     """Live arrays + free workspaces (LRU, bounded) + kept spectra (LRU, bounded); tracks peak."""
 
-    def __init__(self, workspace_bytes: int, spectra_bytes: int, base_bytes: int = 0) -> None:
+    def __init__(self, workspace_bytes: int, spectra_bytes: int, base_bytes: int = 0,
+                 fresh_above_bytes: int = FRESH_ABOVE_BYTES) -> None:
         self.ws_bound = workspace_bytes
+        self.fresh_above = fresh_above_bytes
+        self.fresh_bytes = 0  # allocated by fresh mmaps (see FRESH_ABOVE_BYTES)
         self.sp_bound = spectra_bytes
         self.live = base_bytes
         self.free: OrderedDict[Hashable, list[int]] = OrderedDict()
@@ -46,6 +64,8 @@ class HostSim:
         return self.live + self.free_bytes + self.spectra_bytes
 
     def alloc(self, nbytes: int) -> None:
+        if nbytes >= self.fresh_above:
+            self.fresh_bytes += nbytes
         self.live += nbytes
         self.peak = max(self.peak, self.total())
 
@@ -224,9 +244,10 @@ def direct_bytes(sh: LayerShape, threads: int, slab_bytes: int = SLAB_BYTES) -> 
 
 def direct_conv(sim: HostSim, sh: LayerShape, threads: int) -> None:
     """direct_conv3d: the output stays live, the per-worker buffers are freed."""
-    total = direct_bytes(sh, threads)
-    sim.alloc(total)
-    sim.release(total - sh.out_bytes)
+    workers = direct_bytes(sh, threads) - sh.out_bytes
+    sim.alloc(sh.out_bytes)
+    sim.alloc(workers)
+    sim.release(workers)
 
 
 def mpf(sim: HostSim, sh: LayerShape) -> None:
@@ -245,7 +266,25 @@ def simulate_pass(
     spectra_bytes: int | None = None,
     patches: int = 2,
 ) -> tuple[int, list[int]]:
-    """(peak, per-layer peaks of the last patch) of `patches` dense_forward calls in a row.
+    """(peak, per-layer peaks of the last patch) of `patches` dense_forward calls in a row
+    (replay_pass)."""
+    replay = replay_pass(shapes, primitives, threads=threads, base_bytes=base_bytes,
+                         workspace_bytes=workspace_bytes, spectra_bytes=spectra_bytes,
+                         patches=patches)
+    return replay.peak_bytes, replay.layer_peaks
+
+
+def replay_pass(
+    shapes: list[LayerShape],
+    primitives: list[str | None],
+    *,
+    threads: int,
+    base_bytes: int = 0,
+    workspace_bytes: int = 2**30,
+    spectra_bytes: int | None = None,
+    patches: int = 2,
+) -> PassReplay:
+    """`patches` dense_forward calls in a row, replayed.
 
     The caller holds each patch input for the whole pass; the dense output is
     recombined by one copy. spectra_bytes: the backend's spectra cache bound
@@ -260,11 +299,13 @@ def simulate_pass(
         )
     sim = HostSim(workspace_bytes, spectra_bytes, base_bytes)
     per_layer: list[int] = []
+    fresh: list[int] = []
     for _ in range(patches):
         sim.alloc(shapes[0].in_bytes)
-        per_layer = []
+        per_layer, fresh = [], []
         for i, (sh, prim) in enumerate(zip(shapes, primitives, strict=True)):
             sim.peak, overall = sim.total(), sim.peak
+            fresh0 = sim.fresh_bytes
             produced = sh.kind in ("conv", "maxpool")
             if sh.kind == "conv":
                 if prim == "direct":
@@ -276,8 +317,9 @@ def simulate_pass(
             if produced and i > 0:
                 sim.release(sh.in_bytes)  # the previous layer's output is dropped
             per_layer.append(sim.peak)
+            fresh.append(sim.fresh_bytes - fresh0)
             sim.peak = max(sim.peak, overall)
         final = shapes[-1].out_bytes
         sim.alloc(final)  # recombine's transposed copy
         sim.release(final + shapes[-1].out_bytes + shapes[0].in_bytes)
-    return sim.peak, per_layer
+    return PassReplay(sim.peak, per_layer, fresh)

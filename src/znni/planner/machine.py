@@ -58,6 +58,14 @@ DEFAULT_CPU_RATES: dict[str, float] = {
     "pack_bytes_per_s": 5e9,  # multiply-add: input spectra gathered per output-channel chunk
     "product_overhead_s": 1e-6,  # one small per-frequency GEMM in the multiply-add
     "layer_overhead_s": 2e-4,  # fixed cost per layer call (Python, planning lookups)
+    # pages of a fresh mapping, faulted in and zeroed: a sequential pass maps each tensor
+    # of 64 MiB or more afresh (planner.hostsim.FRESH_ABOVE_BYTES), and a VM whose host
+    # takes freed pages back pays its hypervisor for each again. n337 w22 over 135x234x71
+    # (one 220x324x156 patch, 2-core AVX2 AMD EPYC VM, 2026-11-29): the layers mapping 0.7-
+    # 2.4 GB each ran 0.3-3.1 s over their predicted compute, 11.7 s over the 11.6 GB the
+    # pass maps (1 ns/byte); a fresh 0.5-1 GiB array touched in 0.6-4 s (0.25-0.86 GiB/s),
+    # one freed within the last second in 0.1 s
+    "fresh_page_bytes_per_s": 1.0e9,
 }
 
 

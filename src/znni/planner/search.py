@@ -17,10 +17,10 @@ from znni.model.network import LayerShape, Network
 from znni.planner.costs import FIRST_PASS_S_PER_PEAK_BYTE
 from znni.planner.costs import transfer_seconds as xfer_s
 from znni.planner.detect import detect_machine
+from znni.planner.hostsim import PassReplay, replay_pass
 from znni.planner.machine import MachineProfile
 from znni.planner.memory import (
     layer_memory,
-    pass_peak_bytes,
     weights_bytes,
     workspace_cache_bytes,
 )
@@ -238,9 +238,9 @@ def evaluate(
         budget = host_bytes - fixed - 2 * final
         stage = cpu_stage(shapes, machine, budget)
         if stage is not None:
-            peak, _ = pass_peak_bytes(shapes, list(stage.primitives), threads=machine.cores,
-                                      fixed_bytes=fixed,
-                                      workspace_bytes=workspace_cache_bytes(budget))
+            replay = replay_pass(shapes, list(stage.primitives), threads=machine.cores,
+                                 base_bytes=fixed, workspace_bytes=workspace_cache_bytes(budget))
+            stage, peak = with_fresh_pages(stage, replay, machine), replay.peak_bytes
             if peak <= host_bytes:
                 plans.append(build(network, machine, alg, shapes, split_op=None,
                                    stages=[stage], patch_s=stage.seconds, peak=peak,
@@ -296,9 +296,10 @@ def evaluate_split(
         front = cpu_stage(head, machine, budget)
         if front is None:
             return None
-        peak, _ = pass_peak_bytes(head, list(front.primitives), threads=machine.cores,
-                                  fixed_bytes=fixed, workspace_bytes=workspace_cache_bytes(budget))
-        peak += extra
+        replay = replay_pass(head, list(front.primitives), threads=machine.cores,
+                             base_bytes=fixed, workspace_bytes=workspace_cache_bytes(budget))
+        front = with_fresh_pages(front, replay, machine)
+        peak = replay.peak_bytes + extra
         patch_s = max(front.seconds, back_s)  # pipelined: the slower stage sets the pace
     else:
         front = streamed_stage(head, machine, gpu_bytes)
@@ -313,6 +314,14 @@ def evaluate_split(
     return build(network, machine, alg, shapes, split_op=p, stages=[front, back],
                  patch_s=patch_s, peak=peak, gpu_peak=gpu_peak, out_voxels=out_voxels,
                  host_bytes=host_bytes, gpu_bytes=gpu_bytes)
+
+
+def with_fresh_pages(stage: Stage, replay: PassReplay, machine: MachineProfile) -> Stage:
+    """`stage` (on the CPU) with each layer's fresh mappings (`replay`) faulted in at the
+    machine's fresh_page_bytes_per_s, every pass: glibc unmaps them on free."""
+    rate = machine.rate("fresh_page_bytes_per_s")
+    return replace(stage, layer_seconds=tuple(
+        t + f / rate for t, f in zip(stage.layer_seconds, replay.layer_fresh_bytes, strict=True)))
 
 
 def _voxels(shape: LayerShape) -> int:
