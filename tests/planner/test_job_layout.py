@@ -4,6 +4,7 @@ per block, remainders merged where they cost whole patches, halos, and no drift.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from math import prod
 from pathlib import Path
@@ -165,6 +166,16 @@ def test_job_seconds_counts_every_stage(tmp_path: Path, monkeypatch) -> None:
     points = sum(ws.points for ws in listed if ws.images)
     assert points == (11 + 11 * 24 + 5 + 5 * 24) * prod(padded_shape((75, 75, 75)))
     assert job.fftw_planning_s == pytest.approx(COLD_S_PER_POINT["FFTW_MEASURE"] * points)
+    # where this machine's calibration measured FFTW's planning, its rate counts
+    from znni.planner.calibrate import CACHE_VERSION, cache_path
+
+    cached = cache_path(os.cpu_count() or 1)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    cached.write_text(json.dumps({"version": CACHE_VERSION,
+                                  "cpu_rates": {"fftw_measure_s_per_point": 150e-9}}))
+    measured = job_seconds(plan, net, edges, in_bytes=1, out_dtype="uint8")
+    assert measured.fftw_planning_s == pytest.approx(150e-9 * points)
+    cached.unlink()
     direct = replace(plan, primitives=("direct",) + prims[1:])
     assert job_seconds(direct, net, edges, in_bytes=1, out_dtype="uint8").cold_shapes == 0
     assert job.total_s == pytest.approx(STARTUP_S + job.fftw_planning_s + job.first_pass_s

@@ -42,6 +42,7 @@ from znni.planner.cpu_measure import (
     Row,
     cpu_rows,
     cpu_steps,
+    fftw_s_per_point,
 )
 from znni.planner.fitting import relative_multipliers
 from znni.planner.machine import DEFAULT_CPU_RATES, MachineProfile
@@ -72,7 +73,7 @@ QUICK_SHAPES: tuple[ConvShape, ...] = (
 # (S, C, n) of MPF with 2^3 windows, small to large
 FULL_POOLS: tuple[PoolShape, ...] = ((1, 8, 63), (8, 16, 31), (8, 80, 51), (1, 80, 143))
 QUICK_POOLS: tuple[PoolShape, ...] = ((1, 4, 31), (8, 4, 15))
-CACHE_VERSION = 17  # bump when the calibration changes meaning; older caches are re-measured
+CACHE_VERSION = 18  # bump when the calibration changes meaning; older caches are re-measured
 # what a calibration measures: "cpu" (the layer primitives: every plan), "graph" (graph
 # models' primitives), "openvino" (its conv, where installed; with "graph"), "int8" (its
 # int8 conv's speed-up: only where an int8 run is planned)
@@ -165,6 +166,12 @@ def wanted_parts(parts: Sequence[str]) -> list[str]:
     return [p for p in PARTS if p in asked]
 
 
+def cached_cpu_rate(key: str, cores: int) -> float | None:
+    """Rate `key` of this machine's calibration cache (for `cores`), if it holds one."""
+    value = _read_cache(cache_path(cores)).get("cpu_rates", {}).get(key)
+    return float(value) if isinstance(value, (int, float)) else None
+
+
 def _read_cache(path: Path) -> dict[str, Any]:
     """The cache file's contents if it is of this version, else {}."""
     if not path.is_file():
@@ -228,6 +235,9 @@ def _measure_part(part: str, profile: MachineProfile, state: dict[str, Any], pat
     if part == "cpu":
         rows = cpu_rows(measured, FULL_SHAPES, FULL_POOLS, FFT_SHAPES)
         rates = fit_rates([(w, t) for _, w, t, _ in rows], dict(DEFAULT_CPU_RATES))
+        planning = fftw_s_per_point(measured)
+        if planning is not None:
+            rates["fftw_measure_s_per_point"] = planning
         state.update(cpu_rates=rates, cpu_scaling=fit_scaling(rows, rates),
                      base_rss_bytes=baseline_rss_bytes())
     else:

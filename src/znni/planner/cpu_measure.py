@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import partial
 from math import prod
 from typing import Any
@@ -138,6 +139,44 @@ def conv_step(backends: Backends, shape: ConvShape, prim: str,
                 once * (1 + REPEATS + planning) + STEP_OVERHEAD_S, run)
 
 
+def planning_step(shape: ConvShape, prim: str, estimate_s: float) -> Step:
+    """FFTW_MEASURE's planning of the workspaces conv `prim` checks out at `shape` (as the
+    calibration's backend has them), timed with the process's wisdom forgotten and the
+    saved wisdom imported again after: what a first run on this CPU pays, per point of
+    its image transforms (jobtime.cold_fft's unit; kernel spectra folded in). The conv
+    step after it finds these plans in the wisdom, so the calibration plans them once."""
+    def run() -> list[float]:
+        from znni.primitives.cpu.backend import usable_cores
+        from znni.primitives.cpu.fft_workspaces import FftSettings, layer_workspaces
+        from znni.primitives.cpu.fftw_plans import PlanCache, fftw, refresh_wisdom
+
+        s, f, g, k, n = shape
+        spaces = layer_workspaces(prim == "fft-keep", (s, f, n, n, n), (g, f, k, k, k),
+                                  FftSettings(spectra_budget=SPECTRA_BYTES))
+        cache = PlanCache(usable_cores(), "FFTW_MEASURE", max_bytes=0)
+        fftw().forget_wisdom()
+        try:
+            t0 = time.perf_counter()
+            for ws in spaces:
+                ws.build(cache)
+            seconds = time.perf_counter() - t0
+        finally:
+            refresh_wisdom()
+        return [seconds, float(sum(ws.points for ws in spaces if ws.images))]
+
+    s, f, g, k, n = shape
+    return Step(step_key(f"fftw-plan {prim}", shape),
+                f"FFTW planning for {prim} {s}x{f}->{g} {k}^3 at {n}^3", estimate_s, run)
+
+
+def fftw_s_per_point(measured: dict[str, Any]) -> float | None:
+    """FFTW_MEASURE's planning seconds per image-transform point over the planning steps in
+    `measured` (None where none planned anything)."""
+    plans = [v for key, v in measured.items() if key.startswith("fftw-plan ")]
+    points = sum(float(p[1]) for p in plans)
+    return sum(float(p[0]) for p in plans) / points if points else None
+
+
 def pool_step(backends: Backends, shape: PoolShape, profile: MachineProfile) -> Step:
     s, c, n = shape
 
@@ -155,10 +194,17 @@ def cpu_steps(backends: Backends, profile: MachineProfile, shapes: Sequence[Conv
               pools: Sequence[PoolShape], fft_shapes: Sequence[ConvShape] = ()) -> list[Step]:
     """Every primitive at every conv shape, the FFT ones at every `fft_shapes` shape, MPF
     at every pool shape; `profile`'s rates give their estimates."""
-    steps = [conv_step(backends, shape, prim, profile)
-             for shape in shapes for prim in CONV_PRIMITIVES]
-    steps += [conv_step(backends, shape, prim, profile)
-              for shape in fft_shapes for prim in FFT_PRIMITIVES]
+    runs = [(shape, prim) for shape in shapes for prim in CONV_PRIMITIVES]
+    runs += [(shape, prim) for shape in fft_shapes for prim in FFT_PRIMITIVES]
+    steps: list[Step] = []
+    for shape, prim in runs:
+        step = conv_step(backends, shape, prim, profile)
+        if prim != "direct" and backends.effort(conv_layer(shape)) == "FFTW_MEASURE":
+            planning = PLANNING_FACTOR.get(prim, 0.0)  # the conv step's share moves here
+            share = step.estimate_s * planning / (1 + REPEATS + planning)
+            steps.append(planning_step(shape, prim, share))
+            step = replace(step, estimate_s=step.estimate_s - share)
+        steps.append(step)
     return steps + [pool_step(backends, shape, profile) for shape in pools]
 
 

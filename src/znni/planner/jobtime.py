@@ -41,7 +41,9 @@ STARTUP_S = 0.8
 # 55, 66, 70, 101 and 226 ns): 70 ns is their median, and that set is now the tuning set
 # (docs/benchmarks.md's held-out section reports the next seed's draws). The discount
 # once given where wisdom of other shapes exists (15 ns) did not show in any first run
-# measured since, and is gone. FFTW_ESTIMATE plans without timing.
+# measured since, and is gone. FFTW_ESTIMATE plans without timing. Planning speed is the
+# CPU's (138-171 ns on the AVX2 AMD EPYC of 2026-11-29): the calibration now times it
+# (cpu_measure.planning_step) and this constant stands only where none has.
 COLD_S_PER_POINT = {"FFTW_ESTIMATE": 0.0, "FFTW_MEASURE": 70e-9}
 # the first pass's page faults in a whole run: 1.8 s over a 2.55 GiB pass (n337 w24 at
 # 180^3, 7.3 s against 5.5 predicted, warm, CI VM), 0.66 ns/byte; the planner's own
@@ -132,6 +134,7 @@ def job_seconds(
     stored = out_channels or network.out_channels
     settings = _fft_settings(plan)
     per_block, cold, seen, held, cold_sets = [], 0.0, set[Hashable](), 0, 0
+    per_point_s = cold_s_per_point() if known_machine else 0.0
     if known_machine and effort() != "FFTW_ESTIMATE":
         _refresh_wisdom()  # once per prediction, not per block
     for i, ((count, clipped), (lo, hi)) in enumerate(zip(layout_patches(edges, patch, pool),
@@ -144,7 +147,7 @@ def job_seconds(
             sets, points = cold_fft(network, size_in, min(batch, count), plan.primitives,
                                     settings, seen)
             cold_sets += sets
-            cold += _cold_s_per_point() * points
+            cold += per_point_s * points
         write = prod(h - a for a, h in zip(lo, hi, strict=True))
         read = prod(h - a + f - 1 for a, h, f in zip(lo, hi, fov, strict=True))
         read_s = read * network.in_channels * in_bytes / READ_BYTES_PER_S if count else 0.0
@@ -219,9 +222,18 @@ def _refresh_wisdom() -> None:
     refresh_wisdom()
 
 
-def _cold_s_per_point() -> float:
-    """FFTW's planning seconds per point of a new FFT layer's transforms."""
-    return COLD_S_PER_POINT.get(effort(), COLD_S_PER_POINT["FFTW_MEASURE"])
+def cold_s_per_point() -> float:
+    """FFTW's planning seconds per point of a new FFT layer's transforms on this machine:
+    measured by its calibration (cpu_measure.planning_step) where the cache holds it, else
+    COLD_S_PER_POINT."""
+    how = effort()
+    if how == "FFTW_MEASURE":
+        from znni.planner.calibrate import cached_cpu_rate
+
+        measured = cached_cpu_rate("fftw_measure_s_per_point", os.cpu_count() or 1)
+        if measured is not None:
+            return measured
+    return COLD_S_PER_POINT.get(how, COLD_S_PER_POINT["FFTW_MEASURE"])
 
 
 def _exposed_io(blocks: list[tuple[float, float, float, int, int]]) -> float:
