@@ -308,9 +308,10 @@ def test_a_cpu_with_other_instruction_sets_gets_its_own_calibration(tmp_path,
 
 def test_fftw_planning_is_measured_per_point_and_left_in_the_wisdom(tmp_path,
                                                                     monkeypatch) -> None:
-    """The planning step plans a conv's workspaces, counts the image transforms' points as
-    jobtime.cold_fft does, and leaves the plans in the wisdom for the conv step; the rate
-    is seconds over points of all planning steps."""
+    """The planning step plans a conv's workspaces from no wisdom, counts the image
+    transforms' points as jobtime.cold_fft does, and leaves the plans in the wisdom for
+    the conv step, with what the wisdom held before; the rate is seconds over points of
+    all planning steps."""
     pytest.importorskip("pyfftw")
     from znni.planner.cpu_measure import fftw_s_per_point, planning_step
     from znni.primitives.cpu.backend import usable_cores
@@ -321,9 +322,19 @@ def test_fftw_planning_is_measured_per_point_and_left_in_the_wisdom(tmp_path,
     shape = (2, 3, 4, 3, 13)  # (S, Cin, Cout, k, n): odd sizes, several channels
     spaces = layer_workspaces(False, (2, 3, 13, 13, 13), (4, 3, 3, 3, 3),
                               FftSettings(spectra_budget=calibrate.SPECTRA_BYTES))
-    seconds, points = planning_step(shape, "fft-recompute", 1.0).run()
+    backends = calibrate.Backends(quick=False)
+    seconds, points = planning_step(backends, shape, "fft-recompute", 1.0).run()
     assert seconds > 0 and points == sum(ws.points for ws in spaces if ws.images) > 0
     assert all(in_wisdom(ws.build, usable_cores(), "FFTW_MEASURE") for ws in spaces)
+    # what an earlier step planned is not planned (nor counted) again, as cold_fft counts
+    assert planning_step(backends, shape, "fft-recompute", 1.0).run()[1] == 0
+    keep = layer_workspaces(True, (2, 3, 13, 13, 13), (4, 3, 3, 3, 3),
+                            FftSettings(spectra_budget=calibrate.SPECTRA_BYTES))
+    new = [ws for ws in keep if ws.key not in {w.key for w in spaces}]
+    assert planning_step(backends, shape, "fft-keep", 1.0).run()[1] == sum(
+        ws.points for ws in new if ws.images)
+    assert all(in_wisdom(ws.build, usable_cores(), "FFTW_MEASURE") for ws in keep)
+    backends.close()
     measured = {"fftw-plan fft-keep 1,2,3,3,9": [2.0, 1e7], "fft-keep 1,2,3,3,9": 0.5,
                 "fftw-plan fft-recompute 1,2,3,3,9": [1.0, 2e7]}
     assert fftw_s_per_point(measured) == pytest.approx(3.0 / 3e7)

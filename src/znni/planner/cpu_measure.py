@@ -14,7 +14,7 @@ is small against it), else the best of REPEATS.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import replace
 from functools import partial
 from math import prod
@@ -92,6 +92,7 @@ class Backends:
         self.quick = quick
         self._backends: dict[str, Any] = {}
         self._inputs: tuple[tuple[int, ...], tuple[np.ndarray, ...]] | None = None
+        self.planned: set[Hashable] = set()  # workspaces planning_step has planned
 
     def effort(self, layer: LayerShape) -> str:
         small = working_set_bytes(layer) < CACHE_RESIDENT_BYTES
@@ -139,21 +140,24 @@ def conv_step(backends: Backends, shape: ConvShape, prim: str,
                 once * (1 + REPEATS + planning) + STEP_OVERHEAD_S, run)
 
 
-def planning_step(shape: ConvShape, prim: str, estimate_s: float) -> Step:
+def planning_step(backends: Backends, shape: ConvShape, prim: str, estimate_s: float) -> Step:
     """FFTW_MEASURE's planning of the workspaces conv `prim` checks out at `shape` (as the
-    calibration's backend has them), timed with the process's wisdom forgotten and the
-    saved wisdom imported again after: what a first run on this CPU pays, per point of
-    its image transforms (jobtime.cold_fft's unit; kernel spectra folded in). The conv
-    step after it finds these plans in the wisdom, so the calibration plans them once."""
+    calibration's backend has them) that no earlier step planned, timed from no wisdom
+    (the process's wisdom set aside, then merged back with the new plans): what a first
+    run on this CPU pays per point of its image transforms (jobtime.cold_fft's unit and
+    rule; kernel spectra folded in). The conv step after it finds these plans in the
+    wisdom, so the calibration plans them once."""
     def run() -> list[float]:
         from znni.primitives.cpu.backend import usable_cores
         from znni.primitives.cpu.fft_workspaces import FftSettings, layer_workspaces
-        from znni.primitives.cpu.fftw_plans import PlanCache, fftw, refresh_wisdom
+        from znni.primitives.cpu.fftw_plans import PlanCache, fftw
 
         s, f, g, k, n = shape
-        spaces = layer_workspaces(prim == "fft-keep", (s, f, n, n, n), (g, f, k, k, k),
-                                  FftSettings(spectra_budget=SPECTRA_BYTES))
-        cache = PlanCache(usable_cores(), "FFTW_MEASURE", max_bytes=0)
+        spaces = [ws for ws in layer_workspaces(
+            prim == "fft-keep", (s, f, n, n, n), (g, f, k, k, k),
+            FftSettings(spectra_budget=SPECTRA_BYTES)) if ws.key not in backends.planned]
+        cache = PlanCache(usable_cores(), "FFTW_MEASURE", max_bytes=0)  # loads the saved
+        wisdom = fftw().export_wisdom()
         fftw().forget_wisdom()
         try:
             t0 = time.perf_counter()
@@ -161,7 +165,8 @@ def planning_step(shape: ConvShape, prim: str, estimate_s: float) -> Step:
                 ws.build(cache)
             seconds = time.perf_counter() - t0
         finally:
-            refresh_wisdom()
+            fftw().import_wisdom(wisdom)  # merged with what was just planned
+        backends.planned.update(ws.key for ws in spaces)
         return [seconds, float(sum(ws.points for ws in spaces if ws.images))]
 
     s, f, g, k, n = shape
@@ -202,7 +207,7 @@ def cpu_steps(backends: Backends, profile: MachineProfile, shapes: Sequence[Conv
         if prim != "direct" and backends.effort(conv_layer(shape)) == "FFTW_MEASURE":
             planning = PLANNING_FACTOR.get(prim, 0.0)  # the conv step's share moves here
             share = step.estimate_s * planning / (1 + REPEATS + planning)
-            steps.append(planning_step(shape, prim, share))
+            steps.append(planning_step(backends, shape, prim, share))
             step = replace(step, estimate_s=step.estimate_s - share)
         steps.append(step)
     return steps + [pool_step(backends, shape, profile) for shape in pools]
