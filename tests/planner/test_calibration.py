@@ -339,3 +339,7 @@ def test_fftw_planning_is_measured_per_point_and_left_in_the_wisdom(tmp_path,
                 "fftw-plan fft-recompute 1,2,3,3,9": [1.0, 2e7]}
     assert fftw_s_per_point(measured) == pytest.approx(3.0 / 3e7)
     assert fftw_s_per_point({"fft-keep 1,2,3,3,9": 0.5}) is None
+    # a calibrated profile holding the rate reads back (the cache is not thrown away)
+    profile = MachineProfile.from_dict({**_profile().to_dict(), "cpu_rates": {
+        **DEFAULT_CPU_RATES, "fftw_measure_s_per_point": 1.5e-7}})
+    assert profile.rate("fftw_measure_s_per_point") == 1.5e-7

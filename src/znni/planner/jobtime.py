@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from znni.model.network import Network
 from znni.planner.blocks import Edges, edges_blocks, layout_patches
+from znni.planner.machine import DEFAULT_CPU_RATES
 from znni.planner.plan import Plan
 from znni.triple import as_triple
 
@@ -44,7 +45,8 @@ STARTUP_S = 0.8
 # measured since, and is gone. FFTW_ESTIMATE plans without timing. Planning speed is the
 # CPU's (138-171 ns on the AVX2 AMD EPYC of 2026-11-29): the calibration now times it
 # (cpu_measure.planning_step) and this constant stands only where none has.
-COLD_S_PER_POINT = {"FFTW_ESTIMATE": 0.0, "FFTW_MEASURE": 70e-9}
+COLD_S_PER_POINT = {"FFTW_ESTIMATE": 0.0,
+                    "FFTW_MEASURE": DEFAULT_CPU_RATES["fftw_measure_s_per_point"]}
 # the first pass's page faults in a whole run: 1.8 s over a 2.55 GiB pass (n337 w24 at
 # 180^3, 7.3 s against 5.5 predicted, warm, CI VM), 0.66 ns/byte; the planner's own
 # FIRST_PASS_S_PER_PEAK_BYTE (2 ns) is the top of a range it only compares plans with

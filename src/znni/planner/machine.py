@@ -66,6 +66,10 @@ DEFAULT_CPU_RATES: dict[str, float] = {
     # pass maps (1 ns/byte); a fresh 0.5-1 GiB array touched in 0.6-4 s (0.25-0.86 GiB/s),
     # one freed within the last second in 0.1 s
     "fresh_page_bytes_per_s": 1.0e9,
+    # FFTW_MEASURE's planning per point of a new FFT workspace's image transforms (a first
+    # run's; planner/jobtime.py): the median of five first runs on an AVX-512 Zen 4, 2-core
+    # VM (2026-11-28); timed per machine by its calibration (cpu_measure.planning_step)
+    "fftw_measure_s_per_point": 70e-9,
 }
 
 
