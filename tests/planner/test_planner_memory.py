@@ -7,7 +7,7 @@ import pytest
 from support.planner_nets import traced_peak_bytes
 
 from znni.model.network import network_shapes_only
-from znni.planner.hostsim import simulate_pass
+from znni.planner.hostsim import replay_pass
 from znni.planner.memory import layer_memory
 
 pytest.importorskip("pyfftw")
@@ -43,7 +43,7 @@ def test_replayed_peak_matches_tracemalloc(choice: tuple[str, ...], workspace_by
         prims[i] = p
     shapes = net.layer_shapes(size)
     # one thread: concurrent task temporaries would make the measured peak timing-dependent
-    predicted, _ = simulate_pass(shapes, prims, threads=1, workspace_bytes=workspace_bytes)
+    predicted = replay_pass(shapes, prims, threads=1, workspace_bytes=workspace_bytes).peak_bytes
     # spectra bound: exactly what the keep layers need (the simulation's default)
     spectra_bytes = sum(layer_memory(sh, p).kept_bytes for sh, p in zip(shapes, prims,
                                                                       strict=True))

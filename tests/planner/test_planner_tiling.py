@@ -11,7 +11,7 @@ from support.planner_nets import traced_peak_bytes
 
 from znni.model.network import LayerShape, network_shapes_only
 from znni.planner.costs import conv_work, cpu_conv_work
-from znni.planner.hostsim import simulate_pass
+from znni.planner.hostsim import replay_pass
 from znni.planner.memory import layer_memory
 from znni.planner.tiles import fft_tiles, tile_geometry, tiled_layer
 
@@ -53,8 +53,8 @@ def test_tiled_fft_peak_matches_tracemalloc(prim: str) -> None:
     # the case under test really is tiled, with a zero-padded split
     assert all(fft_tiles(sh, prim, spectra) > 1 for sh in convs)
     assert all(padded_input_bytes(sh, fft_tiles(sh, prim, spectra)) > 0 for sh in convs)
-    predicted, _ = simulate_pass(shapes, prims, threads=1, workspace_bytes=2**30,
-                                 spectra_bytes=spectra)
+    predicted = replay_pass(shapes, prims, threads=1, workspace_bytes=2**30,
+                            spectra_bytes=spectra).peak_bytes
     untiled = sum(sh.in_bytes + sh.out_bytes for sh in shapes)
     backend = CpuBackend(threads=1, fft_effort="FFTW_ESTIMATE", spectra_cache_bytes=spectra,
                          workspace_bytes=2**30, persist_choices=False)

@@ -256,24 +256,6 @@ def mpf(sim: HostSim, sh: LayerShape) -> None:
     sim.alloc(sh.out_bytes)
 
 
-def simulate_pass(
-    shapes: list[LayerShape],
-    primitives: list[str | None],
-    *,
-    threads: int,
-    base_bytes: int = 0,
-    workspace_bytes: int = 2**30,
-    spectra_bytes: int | None = None,
-    patches: int = 2,
-) -> tuple[int, list[int]]:
-    """(peak, per-layer peaks of the last patch) of `patches` dense_forward calls in a row
-    (replay_pass)."""
-    replay = replay_pass(shapes, primitives, threads=threads, base_bytes=base_bytes,
-                         workspace_bytes=workspace_bytes, spectra_bytes=spectra_bytes,
-                         patches=patches)
-    return replay.peak_bytes, replay.layer_peaks
-
-
 def replay_pass(
     shapes: list[LayerShape],
     primitives: list[str | None],

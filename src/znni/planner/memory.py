@@ -13,7 +13,7 @@ from math import prod
 
 from znni.model.network import LayerShape
 from znni.planner.costs import COMPLEX_BYTES, FLOAT_BYTES, RECOMPUTE_BYTES, WORK_BYTES
-from znni.planner.hostsim import simulate_pass
+from znni.planner.hostsim import replay_pass
 from znni.primitives.fft_sizes import padded_shape, spectrum_points
 
 
@@ -86,8 +86,9 @@ def pass_peak_bytes(
     temporaries, the recombination copy. `fixed_bytes`: process baseline plus weights."""
     if not layers:
         return fixed_bytes, []
-    return simulate_pass(layers, primitives, threads=threads, base_bytes=fixed_bytes,
+    replay = replay_pass(layers, primitives, threads=threads, base_bytes=fixed_bytes,
                          workspace_bytes=workspace_bytes)
+    return replay.peak_bytes, replay.layer_peaks
 
 
 def workspace_cache_bytes(host_bytes: int) -> int:
