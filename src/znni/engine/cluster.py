@@ -9,7 +9,8 @@ sized from the run, and everything they need sent as values, before anything is 
   assumes (this machine's, `compute/execution.planning_machine`).
 - `for_workers`: what a Dask worker on another host receives: local paths absolute (a batch
   job may start in another directory) and, on a batch or tcp:// cluster, an ONNX model's
-  files as bytes (`OnnxModel.carried`); a sequential network's weights are arrays already.
+  files as bytes (`OnnxModel.carried`), and with them int8's quantized IR (`carried_ir`:
+  its cache folder is this host's); a sequential network's weights are arrays already.
   Input, output and mask stay locations: every node must reach the same volumes (a shared
   file system or an object store, whose options travel in the job's `StoreContext`).
 """
@@ -24,6 +25,7 @@ from znni.engine.location import Location
 from znni.engine.output.form import OutputForm
 from znni.engine.scheduler import LOCAL
 from znni.engine.sweep.batch import size_workers
+from znni.model.carried import CarriedFiles, openvino_ir_files
 from znni.model.onnx_model import OnnxModel
 
 
@@ -52,6 +54,14 @@ def for_workers(job: SegmentJob, form: OutputForm | None
     if form is not None and form.mask is not None:
         form = replace(form, mask=replace(form.mask, path=_absolute(form.mask.path)))
     return job, form
+
+
+def carried_ir(net: OnnxModel, compiled_path: str) -> CarriedFiles | None:
+    """The IR a compiled worker runs (`compiled_path`, int8's) as bytes where the model
+    travels as bytes (`for_workers`), else None: the workers read it where it is."""
+    if not net.files or not compiled_path:
+        return None
+    return CarriedFiles(openvino_ir_files(compiled_path))
 
 
 def _absolute(location: Location) -> Location:

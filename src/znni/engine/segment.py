@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from znni.engine.cluster import for_workers, sized_for_cluster
+from znni.engine.cluster import carried_ir, for_workers, sized_for_cluster
 from znni.engine.compute.compiled_forward import prefetch_compile
 from znni.engine.compute.execution import (
     CPU_ONLY_PRECISIONS,
@@ -367,12 +367,13 @@ def _blocks_and_spec(job: SegmentJob, prep: PreparedRun) -> tuple[list[Block], K
         blocks = split_blocks(prep.region, prep.block_shape, prep.chunks, Halo(none, none),
                               (1, 1, 1))
         plan = prep.choice.plan
+        compiled_path = prep.settled.compiled_path or "" if prep.settled else ""
         planned: dict[str, Any] = {
             "backend_name": graph_backend_name(job.device),
             "primitives": tuple(sorted(plan.primitives.items())),
             "spectra_bytes": plan.spectra_bytes, "input_cache_bytes": cached,
             "store": job.store, "precision": plan.precision, "compiled": plan.compiled,
-            "compiled_path": prep.settled.compiled_path or "" if prep.settled else "",
+            "compiled_path": compiled_path, "compiled_files": carried_ir(net, compiled_path),
             "device_bytes": graph_device_cap(job.device, job.memory_limit_bytes),
             "flips": FlipSpec.parse(job.tta)}
         if net.mode == "exact":

@@ -5,6 +5,8 @@ export keeps weights in a `.onnx.data` beside it) as (name relative to the model
 bytes). `write_files`, on the worker, writes them once per content into this host's
 temporary folder (`znni-models/<sha256>/`, each file renamed into place, so workers of
 one node sharing the folder see whole files) and gives the model file's path there.
+`CarriedFiles` does the same for a file the run made on the submitting host (int8's
+quantized OpenVINO IR: `openvino_ir_files`), written on a worker when it asks for `path()`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from znni.model.onnx_import import external_data_files
@@ -47,3 +50,27 @@ def write_files(files: Files, root: Path | None = None) -> str:
         tmp.write_bytes(body)
         os.replace(tmp, target)
     return str(folder / files[0][0])
+
+
+def openvino_ir_files(xml_path: str | Path) -> Files:
+    """An OpenVINO IR as files: its `.xml`, then the `.bin` of its weights beside it."""
+    xml = Path(xml_path)
+    weights = xml.with_suffix(".bin")
+    if not xml.is_file() or not weights.is_file():
+        raise ValueError(f"the OpenVINO network {xml} (with {weights.name} beside it) is not "
+                         "on this host to be sent to the workers")
+    return ((xml.name, xml.read_bytes()), (weights.name, weights.read_bytes()))
+
+
+@dataclass(frozen=True)
+class CarriedFiles:
+    """Files sent to workers as values (`Files`); `path()` is the first file's path in
+    this host's copy, written on first use (write_files: once per content and node)."""
+
+    files: Files
+
+    def path(self) -> str:
+        return write_files(self.files)
+
+    def __repr__(self) -> str:  # never the bytes
+        return f"CarriedFiles({[name for name, _ in self.files]})"

@@ -220,6 +220,35 @@ def test_more_workers_than_blocks_asks_for_the_blocks(tmp_path: Path, job) -> No
     assert sorted(p.name for p in carried) == ["m.onnx", "w.data"]
 
 
+def test_int8_workers_get_the_quantized_network_as_bytes(tmp_path: Path, job) -> None:
+    """--precision int8 on a batch worker: the quantized IR made on the submitting host (in
+    its int8 cache) travels with the job and is written in the worker's own temporary
+    folder beside the model; the labels equal a local int8 run's."""
+    pytest.importorskip("nncf")
+    _, inp, _ = job
+    model = external_conv(tmp_path / "model")
+    env, state = _cluster(tmp_path)
+    env["TMPDIR"] = str(tmp_path / "worker-tmp")
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")  # the int8 cache of this run only
+    (tmp_path / "worker-tmp").mkdir()
+    runs = {}
+    for name, extra in (("local", ()), ("slurm", ("--scheduler", "slurm:1"))):
+        out = tmp_path / f"{name}.zarr"
+        run = subprocess.run(_cmd(model, inp, out, "--memory-limit", MEMORY, "--window",
+                                  "8,8,8", "--scale", str(1 / 255), "--precision", "int8",
+                                  "--max-error", "1", *extra, block=SHAPE),
+                             env=env, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr
+        assert zarr.open_array(str(out)).attrs["znni"]["precision"] == "int8"
+        runs[name] = _values(out)
+    assert np.array_equal(runs["slurm"], runs["local"])
+    made = [p.parent for p in (tmp_path / "cache").rglob("model.xml")]
+    assert len(made) == 1  # quantized once: the second run found it in the cache
+    sent = {p.name: p.read_bytes()
+            for p in (tmp_path / "worker-tmp" / "znni-models").glob("*/model.*")}
+    assert sent == {n: (made[0] / n).read_bytes() for n in ("model.xml", "model.bin")}
+
+
 @pytest.mark.parametrize("case", ["no sbatch", "no memory", "no dask-jobqueue"])
 def test_refused_before_anything_is_written(job, tmp_path: Path, case: str) -> None:
     spec, inp, _ = job

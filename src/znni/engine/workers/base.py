@@ -28,6 +28,7 @@ from znni.engine.geometry import Block, Triple
 from znni.engine.io.volume import open_input, open_output_array, write_block
 from znni.engine.location import Location
 from znni.engine.sweep.stage import BlockWork, Stage
+from znni.model.carried import CarriedFiles
 from znni.model.onnx_model import OnnxModel
 from znni.primitives.base import Backend
 
@@ -69,6 +70,8 @@ class GraphSpec(VolumeSpec, Protocol):
     def compiled(self) -> str: ...  # "openvino-network": the whole window on OpenVINO
     @property
     def compiled_path(self) -> str: ...  # what it compiles: "" the model; int8 the IR
+    @property
+    def compiled_files(self) -> CarriedFiles | None: ...  # that IR, sent as bytes
     @property
     def flips(self) -> FlipSpec | None: ...
 
@@ -127,7 +130,8 @@ class GraphWorker(VolumeWorker):
     set-up. `spec` also has `model`, `backend_name`, `spectra_bytes`, `primitives`,
     `precision`, `device_bytes` (a GPU backend's memory cap; 0: the device's own), `batch`,
     `compiled` ("openvino-network": the whole window on OpenVINO), `compiled_path` (the
-    file it compiles: int8's quantized IR; "" the model's) and `flips` (test-time flips,
+    file it compiles: int8's quantized IR; "" the model's; `compiled_files`: that IR sent to
+    a worker on another host, written there) and `flips` (test-time flips,
     engine/compute/tta.py, or None)."""
 
     spec: GraphSpec
@@ -144,8 +148,8 @@ class GraphWorker(VolumeWorker):
                                                                       spec.precision)
         # the planner's "openvino-network": the whole window compiled (begins compiling now)
         # (int8: NNCF's quantized IR, made before the sweep, engine/precision_run.py)
-        self.compiled = CompiledForward(spec.compiled_path or spec.model.path, self.graph,
-                                        spec.batch, spec.precision) if spec.compiled else None
+        self.compiled = CompiledForward(compiled_network(spec), self.graph, spec.batch,
+                                        spec.precision) if spec.compiled else None
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """(N, C, *size) windows or tiles -> their outputs, on the host: the compiled
@@ -181,6 +185,14 @@ class GraphWorker(VolumeWorker):
             return {}
         runner = getattr(self, "on_device", None)
         return device_run_report(self.device_ops, getattr(runner, "shrinks", []))
+
+
+def compiled_network(spec: GraphSpec) -> str:
+    """The file a compiled worker compiles on this host: int8's IR (this host's copy where
+    it was carried), else the model's."""
+    if spec.compiled_files is not None:
+        return spec.compiled_files.path()
+    return spec.compiled_path or spec.model.path
 
 
 def trace_block(block: Block) -> None:

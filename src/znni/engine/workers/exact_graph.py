@@ -26,6 +26,7 @@ from znni.engine.io.borders import read_with_border
 from znni.engine.io.volume import encode_output
 from znni.engine.location import Location
 from znni.engine.workers.base import GraphWorker, InferenceStage, trace_block
+from znni.model.carried import CarriedFiles
 from znni.model.onnx_model import OnnxModel
 from znni.model.processing import apply_chain
 from znni.primitives.base import Backend
@@ -53,6 +54,8 @@ class ExactGraphSpec(InferenceStage):
     device_bytes: int = 0  # a GPU backend's memory cap (0: the device's own)
     compiled: str = ""  # "openvino-network": the planner compiles the whole window
     compiled_path: str = ""  # the network it compiles: "" the model's file; int8 its IR
+    # int8's IR as bytes, for workers on other hosts (engine/cluster.py); None: the path
+    compiled_files: CarriedFiles | None = None
     flips: FlipSpec | None = None  # test-time flips of every tile (compute/tta.py)
 
     def build(self, backend: Backend | None = None,
