@@ -67,6 +67,13 @@ def test_int8_writes_its_output_and_its_error(job, capsys) -> None:
     assert "OpenVINO network at int8" in err
     out = zarr.open_array(str(job["out"]), mode="r")
     assert out.shape == (1, *job["vol"].shape) and out.dtype == np.uint8  # argmax labels
+    # the whole-run prediction holds the settlement (sampling, NNCF, errors), as measured
+    t = record["plan"]["job_seconds"]
+    assert t["total_s"] == pytest.approx(t["startup_s"] + t["windows_s"] + t["io_s"]
+                                         + t["settling_s"])
+    assert record["plan"]["predicted_job_seconds"] == t["total_s"]
+    whole = next(n for n in err.splitlines() if n.startswith("whole run: predicted"))
+    assert f"{t['settling_s']:.1f} s of it measured before the sweep" in whole
 
 
 def test_the_error_equals_an_independent_computation(job, capsys) -> None:

@@ -7,8 +7,9 @@ input and the mask are opened by them and read here through values.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from znni.engine.compute.int8_calibration import (
@@ -55,6 +56,7 @@ class Settled:
     precision: str
     compiled_path: str | None = None
     records: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0  # the settlement's own time, measured: sampling, NNCF, errors
 
 
 class Sampler:
@@ -227,8 +229,9 @@ def settle_for_job(asked: str, model: OnnxModel, plan_for: Callable[[str], Any],
     candidates = {p: Candidate(p, c.window, c.predicted_voxels_per_second)
                   for p, c in plans.items()}
     sample = Sampler(model, read, region, mask, where)
+    t0 = time.perf_counter()
     settled = settle(asked, model, candidates, sample, max_error=max_error, labels=labels)
-    return plans[settled.precision], settled
+    return plans[settled.precision], replace(settled, seconds=time.perf_counter() - t0)
 
 
 def plan_candidates(asked: str, plan_for: Callable[[str], T]) -> dict[str, T]:

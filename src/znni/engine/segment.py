@@ -23,7 +23,7 @@ from znni.engine.compute.execution import (
     graph_pass_device,
 )
 from znni.engine.compute.graph_choice import GraphChoice, choose, plan_window
-from znni.engine.compute.graph_plan import default_block_shape, run_summary
+from znni.engine.compute.graph_plan import default_block_shape, run_summary, with_settling_time
 from znni.engine.compute.layout import (
     PLAN_FRACTION,
     input_cache_bytes,
@@ -280,6 +280,7 @@ def segment(
             prep.volume.dtype.itemsize, (prep.form.channels, prep.form.dtype))
         if prep.settled is not None:  # int8 and auto: the measured errors, the choice
             plan_dict.update(prep.settled.records)
+            plan_dict = with_settling_time(plan_dict, prep.settled.seconds)
         run = _set_up(prep.job, prep, plan_dict, backend, timer)
     (on_plan or _ignore)(dict(plan_dict))  # the server stores a graph run's summary
     worker = run.worker

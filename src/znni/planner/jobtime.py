@@ -176,6 +176,14 @@ def with_planning(job: dict[str, Any], planning_s: float) -> dict[str, Any]:
     return {**job, "planning_s": planning_s, "total_s": total}
 
 
+def with_settling(job: dict[str, Any], settling_s: float) -> dict[str, Any]:
+    """`job` (graph_job_seconds' dict) with int8's or auto's settlement before the sweep
+    (sampling the calibration windows, NNCF's quantization unless cached, the error on the
+    held-out windows), as measured in this process at `settling_s`."""
+    total = job["total_s"] - job.get("settling_s", 0.0) + settling_s
+    return {**job, "settling_s": settling_s, "total_s": total}
+
+
 def graph_job_seconds(
     region_s: float, region: Sequence[int], block: Sequence[int], margin: Sequence[int], *,
     in_channels: int, out_channels: int, in_bytes: int, out_dtype: str,
@@ -281,7 +289,9 @@ def predicted_line(plan: dict[str, Any] | None, voxels: int = 0,
     ratio = "" if measured is None else f", {measured / predicted:.2f}x"
     head = f"whole run: predicted {timed(predicted)}, measured {shown}{ratio}; "
     if "patches" not in job:  # a graph model's run (graph_job_seconds): windows, not patches
-        return head + f"{job['blocks']} block{'s' * (job['blocks'] != 1)}"
+        settled = (f"; {job['settling_s']:.1f} s of it measured before the sweep (int8's "
+                   "calibration, quantization and error)" if job.get("settling_s") else "")
+        return head + f"{job['blocks']} block{'s' * (job['blocks'] != 1)}" + settled
     return (head + f"{job['blocks']} blocks, {job['patches']} patches, computed "
             f"{job['computed_voxels'] / max(job['ideal_voxels'], 1):.2f}x the ideal tiling's "
             "output voxels")

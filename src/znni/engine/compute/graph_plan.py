@@ -195,6 +195,17 @@ def with_job_time(summary: dict[str, Any], model: OnnxModel, chunks: Triple | No
     return {**summary, "predicted_job_seconds": job["total_s"], "job_seconds": job}
 
 
+def with_settling_time(summary: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """A run's summary with int8's or auto's settlement (measured, `seconds`) in its
+    whole-run time (planner.jobtime.with_settling); a summary without one as it is."""
+    from znni.planner.jobtime import with_settling
+
+    if not summary.get("job_seconds"):
+        return summary
+    job = with_settling(summary["job_seconds"], seconds)
+    return {**summary, "job_seconds": job, "predicted_job_seconds": job["total_s"]}
+
+
 def default_block_shape(model: OnnxModel, window: Triple, chunks: Triple, region: Box) -> Triple:
     """`segment`'s block for a graph job without --block: about two windows wide (windows
     straddling blocks are kept, computed once), or for exact tiles the extent that runs the
