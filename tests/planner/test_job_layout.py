@@ -302,3 +302,31 @@ def test_fftw_planning_is_predicted_from_the_wisdom_a_run_leaves(tmp_path: Path,
     warm = job_seconds(plan, net, edges, in_bytes=1, out_dtype="float32")
     assert warm.cold_shapes == 0 and warm.fftw_planning_s == 0
     assert (tmp_path / "znni" / "fftw-wisdom-single.dat").stat().st_size > 0
+
+
+def test_a_one_patch_run_is_charged_one_patch_peak() -> None:
+    """A job of a single patch peaks as one pass (jobtime.one_patch_peak_bytes); with two
+    patches the second meets the workspaces the first left cached (the plan's peak)."""
+    from znni.planner.hostsim import replay_pass
+    from znni.planner.jobtime import job_seconds, one_patch_peak_bytes
+    from znni.planner.machine import MachineProfile
+    from znni.planner.search import make_plan
+    from znni.primitives.cpu.backend import usable_cores
+
+    net = n537_width24()
+    plan = make_plan(net, machine=MachineProfile.load("znni-paper"), device="cpu",
+                     memory_limit_bytes=8 * 2**30, max_output=(48, 48, 48))
+    shapes = net.layer_shapes(plan.input_size, plan.batch)
+    one, two = (replay_pass(shapes, list(plan.primitives), threads=usable_cores(), patches=n,
+                            workspace_bytes=plan.workspace_cache_bytes).peak_bytes
+                for n in (1, 2))
+    assert one < two  # its FFT layers follow a direct one: the cache carries over
+    assert one_patch_peak_bytes(plan, net) == plan.peak_bytes - (two - one)
+    z = plan.output_size[0]
+    single = job_seconds(plan, net, ((0, z), (0, z), (0, z)), in_bytes=1, out_dtype="uint8",
+                         known_machine=False)
+    double = job_seconds(plan, net, ((0, z), (0, z), (0, 2 * z)), in_bytes=1,
+                         out_dtype="uint8", known_machine=False)
+    assert (single.patches, double.patches) == (1, 2)
+    held = single.peak_bytes - one_patch_peak_bytes(plan, net)
+    assert held > 0 and double.peak_bytes >= plan.peak_bytes + held

@@ -53,3 +53,26 @@ def test_replayed_peak_matches_tracemalloc(choice: tuple[str, ...], workspace_by
     # At these tiny shapes (a few MB) cached FFT workspaces weigh more than at patch scale,
     # where benchmarks/planner.py measures peak RSS within a few percent.
     assert 0.8 <= predicted / measured <= 1.2, (predicted, measured)
+
+
+@pytest.mark.parametrize("choice", CHOICES)
+def test_one_patch_alone_is_replayed_as_one(choice: tuple[str, ...]) -> None:
+    """A run of a single patch (jobtime.one_patch_peak_bytes): no second patch meets the
+    workspaces and spectra the first left cached; replayed and traced alike."""
+    from znni.primitives.cpu import CpuBackend
+
+    net = network_shapes_only({"name": "t", "in_channels": 2, "layers": LAYERS})
+    size = net.input_size_for((12, 12, 12))
+    conv_ids = [i for i, op in enumerate(LAYERS) if op["kind"] == "conv"]
+    prims: list[str | None] = [None] * len(LAYERS)
+    for i, p in zip(conv_ids, choice, strict=True):
+        prims[i] = p
+    shapes = net.layer_shapes(size)
+    one, two = (replay_pass(shapes, prims, threads=1, patches=n).peak_bytes for n in (1, 2))
+    assert one <= two
+    spectra_bytes = sum(layer_memory(sh, p).kept_bytes for sh, p in zip(shapes, prims,
+                                                                      strict=True))
+    measured = traced_peak_bytes(net, CpuBackend(
+        threads=1, fft_effort="FFTW_ESTIMATE", spectra_cache_bytes=spectra_bytes,
+        persist_choices=False), prims, size, seed=1, patches=1)
+    assert 0.8 <= one / measured <= 1.2, (one, measured)

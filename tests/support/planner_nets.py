@@ -51,9 +51,9 @@ def paper_plan(name: str) -> Plan:
 
 
 def traced_peak_bytes(net: Network, backend: Any, prims: list[str | None],
-                      size: tuple[int, int, int], seed: int) -> int:
-    """Peak bytes tracemalloc sees over two dense patches of `net` with random weights (the
-    second starts with warm caches, like a real sweep); closes `backend`."""
+                      size: tuple[int, int, int], seed: int, patches: int = 2) -> int:
+    """Peak bytes tracemalloc sees over `patches` dense patches of `net` with random weights
+    (a second starts with warm caches, like a real sweep); closes `backend`."""
     from znni.primitives.dense import dense_forward
 
     rng = np.random.default_rng(seed)
@@ -64,7 +64,7 @@ def traced_peak_bytes(net: Network, backend: Any, prims: list[str | None],
     ]
     tracemalloc.start()
     try:
-        for _ in range(2):
+        for _ in range(patches):
             x = rng.standard_normal((1, net.in_channels, *size), dtype=np.float32)
             y = dense_forward(ops, x, backend, prims)
             del x, y
