@@ -146,6 +146,13 @@ def test_quick_calibration_on_this_machine_and_the_cache(tmp_path, monkeypatch) 
     cached = calibrate.calibrated_profile(base, measure=False)
     assert cached.calibrated and cached.base_rss_bytes == 12345
     assert cached.cpu_scaling == quick.cpu_scaling
+    # a rate no calibration measures is the model's as it is now, not as it was cached
+    stale = {**quick.cpu_rates, "fresh_page_bytes_per_s": 123.0}
+    path.write_text(json.dumps({**stored, "cpu_rates": stale}))
+    cached = calibrate.calibrated_profile(base, measure=False)
+    assert cached.cpu_rates["fresh_page_bytes_per_s"] == \
+        DEFAULT_CPU_RATES["fresh_page_bytes_per_s"]
+    assert cached.cpu_rates["direct_flops_per_s"] == quick.cpu_rates["direct_flops_per_s"]
     path.write_text(json.dumps({**stored, "version": calibrate.CACHE_VERSION - 1}))
     assert calibrate.calibrated_profile(base, measure=False) == replace(base)
 

@@ -45,7 +45,7 @@ from znni.planner.cpu_measure import (
     fftw_s_per_point,
 )
 from znni.planner.fitting import relative_multipliers
-from znni.planner.machine import DEFAULT_CPU_RATES, MachineProfile
+from znni.planner.machine import ASSUMED_CPU_RATES, DEFAULT_CPU_RATES, MachineProfile
 
 log = logging.getLogger(__name__)
 
@@ -187,8 +187,11 @@ def _read_cache(path: Path) -> dict[str, Any]:
 
 
 def _from_cache(profile: MachineProfile, cached: dict[str, Any]) -> MachineProfile:
+    """The cached calibration's profile; the rates no calibration measures as they are now
+    (machine.ASSUMED_CPU_RATES)."""
+    assumed = {k: DEFAULT_CPU_RATES[k] for k in ASSUMED_CPU_RATES}
     return MachineProfile.from_dict({
-        **profile.to_dict(), "cpu_rates": cached["cpu_rates"],
+        **profile.to_dict(), "cpu_rates": {**cached["cpu_rates"], **assumed},
         "cpu_scaling": cached["cpu_scaling"],
         "base_rss_bytes": int(cached["base_rss_bytes"]), "calibrated": True})
 
