@@ -330,3 +330,18 @@ def test_a_one_patch_run_is_charged_one_patch_peak() -> None:
     assert (single.patches, double.patches) == (1, 2)
     held = single.peak_bytes - one_patch_peak_bytes(plan, net)
     assert held > 0 and double.peak_bytes >= plan.peak_bytes + held
+
+
+def test_the_input_cache_counts_no_more_than_the_input_read() -> None:
+    """The input chunk cache's bound (a sixteenth of the budget, at most 256 MiB) is what a
+    large run's cache may reach; a small input is all it can hold."""
+    from znni.engine.compute.layout import INPUT_CACHE_BYTES, cached_input_bytes
+
+    net = n537_width24()  # field of view 163
+    small = ((0, 64), (0, 70), (0, 30))
+    assert cached_input_bytes(net, small, 1, 8 * 2**30) == 226 * 232 * 192
+    assert cached_input_bytes(net, small, 2, 8 * 2**30) == 2 * 226 * 232 * 192
+    big = ((0, 2000), (0, 2000), (0, 2000))
+    assert cached_input_bytes(net, big, 1, 8 * 2**30) == INPUT_CACHE_BYTES
+    assert cached_input_bytes(net, big, 1, 2**30) == 2**30 // 16
+    assert cached_input_bytes(net, big, 1, 0) == 0  # no budget: no cache counted

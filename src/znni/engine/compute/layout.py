@@ -59,6 +59,18 @@ def input_cache_bytes(budget_bytes: int) -> int:
     return min(INPUT_CACHE_BYTES, budget_bytes // INPUT_CACHE_FRACTION)
 
 
+def cached_input_bytes(network: Network, edges: Edges, in_dtype_bytes: int,
+                       budget_bytes: int) -> int:
+    """What the input chunk cache can hold in a run over `edges`: its bound, but never
+    more than the input the run reads (the region and its field of view; a 200x117x71
+    uint8 volume is 2 MB against a 256 MiB bound, which every prediction of a small
+    volume's peak had counted whole)."""
+    if not budget_bytes:
+        return 0
+    read = prod(e[-1] - e[0] + f - 1 for e, f in zip(edges, network.fov, strict=True))
+    return min(input_cache_bytes(budget_bytes), network.in_channels * read * in_dtype_bytes)
+
+
 def block_bytes(network: Network, block: Triple, in_dtype_bytes: int) -> int:
     """Input (raw + float32) and output bytes of one block including its halo."""
     read = [b + f - 1 for b, f in zip(block, network.fov, strict=True)]
@@ -195,7 +207,8 @@ def with_job_time(plan: Plan, network: Network, in_dtype_bytes: int, out_dtype: 
     edges = plan.block_edges
     job = job_seconds(plan, network, edges, in_bytes=in_dtype_bytes,
                       out_dtype=out_dtype, known_machine=known_machine,
-                      cache_bytes=input_cache_bytes(budget_bytes) if budget_bytes else 0,
+                      cache_bytes=cached_input_bytes(network, edges, in_dtype_bytes,
+                                                     budget_bytes),
                       skipped=skip(edges) if skip is not None else frozenset(),
                       out_channels=out_channels,
                       planning_s=float((plan.job_seconds or {}).get("planning_s", 0.0)))
