@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from support.planner_nets import traced_peak_bytes
 
-from znni.model.network import network_shapes_only
+from znni.model.network import Network, network_shapes_only
 from znni.planner.hostsim import replay_pass
 from znni.planner.memory import layer_memory
 
@@ -30,17 +30,22 @@ CHOICES = [
 ]
 
 
+def _case(choice: tuple[str, ...]) -> tuple[Network, tuple[int, int, int], list[str | None]]:
+    """The test network, its input for a 12^3 output, and `choice` as its convs' primitives."""
+    net = network_shapes_only({"name": "t", "in_channels": 2, "layers": LAYERS})
+    conv_ids = [i for i, op in enumerate(LAYERS) if op["kind"] == "conv"]
+    prims: list[str | None] = [None] * len(LAYERS)
+    for i, p in zip(conv_ids, choice, strict=True):
+        prims[i] = p
+    return net, net.input_size_for((12, 12, 12)), prims
+
+
 @pytest.mark.parametrize("choice", CHOICES)
 @pytest.mark.parametrize("workspace_bytes", [2**30, 2**21])
 def test_replayed_peak_matches_tracemalloc(choice: tuple[str, ...], workspace_bytes: int) -> None:
     from znni.primitives.cpu import CpuBackend
 
-    net = network_shapes_only({"name": "t", "in_channels": 2, "layers": LAYERS})
-    size = net.input_size_for((12, 12, 12))
-    conv_ids = [i for i, op in enumerate(LAYERS) if op["kind"] == "conv"]
-    prims: list[str | None] = [None] * len(LAYERS)
-    for i, p in zip(conv_ids, choice, strict=True):
-        prims[i] = p
+    net, size, prims = _case(choice)
     shapes = net.layer_shapes(size)
     # one thread: concurrent task temporaries would make the measured peak timing-dependent
     predicted = replay_pass(shapes, prims, threads=1, workspace_bytes=workspace_bytes).peak_bytes
@@ -61,12 +66,7 @@ def test_one_patch_alone_is_replayed_as_one(choice: tuple[str, ...]) -> None:
     workspaces and spectra the first left cached; replayed and traced alike."""
     from znni.primitives.cpu import CpuBackend
 
-    net = network_shapes_only({"name": "t", "in_channels": 2, "layers": LAYERS})
-    size = net.input_size_for((12, 12, 12))
-    conv_ids = [i for i, op in enumerate(LAYERS) if op["kind"] == "conv"]
-    prims: list[str | None] = [None] * len(LAYERS)
-    for i, p in zip(conv_ids, choice, strict=True):
-        prims[i] = p
+    net, size, prims = _case(choice)
     shapes = net.layer_shapes(size)
     one, two = (replay_pass(shapes, prims, threads=1, patches=n).peak_bytes for n in (1, 2))
     assert one <= two

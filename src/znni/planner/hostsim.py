@@ -42,6 +42,7 @@ class PassReplay:
     peak_bytes: int
     layer_peaks: list[int]
     layer_fresh_bytes: list[int]
+    first_peak_bytes: int = 0  # the peak when the first patch ended (a lone patch's)
 
 
 class HostSim:
@@ -282,6 +283,7 @@ def replay_pass(
     sim = HostSim(workspace_bytes, spectra_bytes, base_bytes)
     per_layer: list[int] = []
     fresh: list[int] = []
+    first = 0
     for _ in range(patches):
         sim.alloc(shapes[0].in_bytes)
         per_layer, fresh = [], []
@@ -304,4 +306,5 @@ def replay_pass(
         final = shapes[-1].out_bytes
         sim.alloc(final)  # recombine's transposed copy
         sim.release(final + shapes[-1].out_bytes + shapes[0].in_bytes)
-    return PassReplay(sim.peak, per_layer, fresh)
+        first = first or sim.peak
+    return PassReplay(sim.peak, per_layer, fresh, first)

@@ -178,19 +178,17 @@ def one_patch_peak_bytes(plan: Plan, network: Network) -> int:
     the first left cached (up to the workspace cache's bound) while its first layers run;
     one patch alone never does (n337 width 22, one 220x324x156 patch: traced allocations
     peaked at 2.19 GiB in the pass, the one-patch replay 2.20 GiB, the two-patch replay
-    2.66 GiB). Both replays here are made alike, so only the carried-over cache is taken
-    off. CPU plans only (a cpu-gpu plan's peak holds more than the replayed head)."""
+    2.66 GiB). One replay gives both peaks, so only the carried-over cache is taken off.
+    CPU plans only (a cpu-gpu plan's peak holds more than the replayed head)."""
     from znni.planner.hostsim import replay_pass
     from znni.primitives.cpu.backend import usable_cores
 
     if plan.algorithm != "cpu":
         return plan.peak_bytes
     shapes = network.layer_shapes(as_triple(plan.input_size), max(1, int(plan.batch)))
-    prims = list(plan.primitives)
-    peaks = [replay_pass(shapes, prims, threads=usable_cores(), patches=n,
-                         workspace_bytes=int(plan.workspace_cache_bytes)).peak_bytes
-             for n in (1, 2)]
-    return plan.peak_bytes - (peaks[1] - peaks[0])
+    replay = replay_pass(shapes, list(plan.primitives), threads=usable_cores(),
+                         workspace_bytes=int(plan.workspace_cache_bytes))
+    return plan.peak_bytes - (replay.peak_bytes - replay.first_peak_bytes)
 
 
 def with_planning(job: dict[str, Any], planning_s: float) -> dict[str, Any]:
