@@ -21,6 +21,7 @@ import fastremap
 import numpy as np
 
 from znni.engine.geometry import Box, Triple
+from znni.triple import as_triple
 
 # waterz's defaults for the initial watershed (waterz.agglomerate aff_threshold_low/high)
 LOW = 0.0001
@@ -71,23 +72,6 @@ def edge_validity(grown: Box, region: Box, mask: np.ndarray | None) -> np.ndarra
     return valid
 
 
-def _direction_values(hood: Neighbourhood) -> np.ndarray:
-    """(6, z, y, x) over `hood.box`: the affinity of each of the six edges (-z, -y, -x, +z,
-    +y, +x), -inf where the edge does not exist (edge (v + e_c, v) is stored at v + e_c; past
-    the grown box there is no voxel)."""
-    lo = tuple(b - g for b, g in zip(hood.box.lo, hood.grown.lo, strict=True))
-    shape = hood.box.shape
-    out = np.empty((6, *shape), dtype=np.float32)
-    for c in range(3):
-        edges = np.where(hood.valid[c], hood.affs[c], np.float32(-np.inf))  # (Z, Y, X)
-        edges = np.pad(edges, [(0, 1)] * 3, constant_values=-np.inf)  # one plane past hi
-        here = [slice(o, o + n) for o, n in zip(lo, shape, strict=True)]
-        out[c] = edges[tuple(here)]
-        here[c] = slice(lo[c] + 1, lo[c] + 1 + shape[c])
-        out[3 + c] = edges[tuple(here)]
-    return out
-
-
 @dataclass(frozen=True)
 class Pointers:
     """Each voxel's watershed links over a box: `down[c]` whether edge (v, v - e_c) joins
@@ -100,24 +84,19 @@ class Pointers:
 
 def pointers(hood: Neighbourhood, low: float = LOW, high: float = HIGH) -> Pointers:
     """The watershed's links of the voxels of `hood.box` (module docstring). The edge to
-    v - e_c counts when v - e_c is inside `hood.box` too (its own pointer is known)."""
-    values = _direction_values(hood)  # (6, z, y, x)
-    strongest = values.max(axis=0)
-    foreground = strongest > low
-    choice = np.full(strongest.shape, 5, dtype=np.int8)  # the first of equal maxima
-    for d in range(4, -1, -1):
-        choice[values[d] == strongest] = d
+    v - e_c counts when v - e_c is inside `hood.box` too (its own pointer is known). A
+    voxel's six edges: towards -c the edge stored at the voxel, towards +c the one stored at
+    v + e_c (none past the grown box); an edge that is not `hood.valid` does not exist."""
+    from znni.engine.agglomerate.pointers_numba import NONE, directions, links_down
+
+    lo = as_triple(b - g for b, g in zip(hood.box.lo, hood.grown.lo, strict=True))
     shape = hood.box.shape
-    down = np.zeros((3, *shape), dtype=bool)
-    for c in range(3):
-        joins = foreground & ((choice == c) | (values[c] >= high))
-        back = foreground & ((choice == 3 + c) | (values[3 + c] >= high))
-        # v - e_c pointing along +c back at v, seen from v
-        below = np.zeros(shape, dtype=bool)
-        below[axis_slices(c, 1, None)] = back[axis_slices(c, 0, -1)]
-        down[c] = joins | below
-        down[c] &= values[c] > -np.inf
-    return Pointers(down, foreground)
+    affs = np.ascontiguousarray(hood.affs, dtype=np.float32)  # (3, Z, Y, X) over grown
+    valid = np.ascontiguousarray(hood.valid, dtype=bool)
+    # the bounds as float32, as NumPy compares float32 values with a Python float
+    choice = directions(affs, valid, lo, shape, np.float32(low))  # (z, y, x) int8
+    down = links_down(affs, valid, lo, choice, np.float32(high))  # (3, z, y, x)
+    return Pointers(down, choice != NONE)
 
 
 def label_block(links: Pointers, box: Box, volume_shape: Triple) -> np.ndarray:

@@ -20,12 +20,12 @@ from numba import njit
 from znni.engine.agglomerate.fragments import QUANTUM
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _score(total: np.int64, count: np.int64) -> float:
     return 1.0 - total / (count * float(QUANTUM))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _lists(a: np.ndarray, b: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray,
                                                             np.ndarray]:
     """Each region's edges as a linked list of slots (slot 2e: edge e at a[e], 2e + 1: at
@@ -50,7 +50,7 @@ def _lists(a: np.ndarray, b: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray
 _EMPTY, _GONE = -1, -2  # a hash slot never used; one whose pair was deleted
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _slot(keys: np.ndarray, key: np.int64, inserting: bool) -> np.int64:
     """The slot of `key` in the open-addressing table (linear probing), or where it goes
     (`inserting`: the first free slot on its path), or -1 when it is not there."""
@@ -68,7 +68,7 @@ def _slot(keys: np.ndarray, key: np.int64, inserting: bool) -> np.int64:
         i = (i + 1) & mask
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _table(ends: np.ndarray, cnt: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """The hash of the live edges' region pairs, at most half full."""
     live = np.count_nonzero(cnt)
@@ -85,12 +85,12 @@ def _table(ends: np.ndarray, cnt: np.ndarray, n: int) -> tuple[np.ndarray, np.nd
     return keys, values
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _pair(x: Any, y: Any, n: int) -> np.int64:
     return np.int64(min(x, y)) * n + max(x, y)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def greedy(a: np.ndarray, b: np.ndarray, total: np.ndarray, count: np.ndarray, n: int,
            threshold: float, frozen: np.ndarray | None = None) -> np.ndarray:
     """The parent of each region after greedy merging until no edge scores below the
@@ -141,7 +141,7 @@ def greedy(a: np.ndarray, b: np.ndarray, total: np.ndarray, count: np.ndarray, n
     return parent
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _move(keep: Any, gone: Any, n: int, ends: np.ndarray, tot: np.ndarray, cnt: np.ndarray,
           version: np.ndarray, head: np.ndarray, tail: np.ndarray, nxt: np.ndarray,
           degree: np.ndarray, keys: np.ndarray, values: np.ndarray, heap: list,
