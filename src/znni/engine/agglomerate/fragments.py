@@ -102,13 +102,9 @@ def pointers(hood: Neighbourhood, low: float = LOW, high: float = HIGH) -> Point
 def label_block(links: Pointers, box: Box, volume_shape: Triple) -> np.ndarray:
     """The block's fragments: connected components of its pointer links inside it, each
     named 1 + the whole-volume linear index of its first voxel (uint64; background 0)."""
-    shape = box.shape
-    graph = np.zeros(shape, dtype=np.uint8)  # cc3d's 6-way connectivity bits
-    for c in range(3):
-        inside = links.down[c].view(np.uint8).copy()  # 0/1
-        inside[axis_slices(c, 0, 1)] = 0  # edges to the block below: joined across it
-        graph |= inside * np.uint8(_MINUS_BIT[c])
-        graph[axis_slices(c, 0, -1)] |= inside[axis_slices(c, 1, None)] * np.uint8(_PLUS_BIT[c])
+    from znni.engine.agglomerate.pointers_numba import connectivity_bits
+
+    graph = connectivity_bits(links.down, _MINUS_BIT, _PLUS_BIT)  # (z, y, x) uint8
     components = cc3d.color_connectivity_graph(graph, connectivity=6)
     components = np.where(links.foreground, components, 0)
     return canonical_ids(components, box, volume_shape)

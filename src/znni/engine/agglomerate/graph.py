@@ -19,10 +19,12 @@ from znni.engine.agglomerate.fragments import (
     QUANTUM,
     Neighbourhood,
     Pointers,
-    axis_slices,
     pointers,
 )
+from znni.engine.agglomerate.graph_numba import Q_BITS as _Q_BITS
+from znni.engine.agglomerate.graph_numba import edge_keys
 from znni.engine.geometry import Box
+from znni.triple import as_triple
 
 
 @dataclass(frozen=True)
@@ -52,26 +54,16 @@ def block_graph(block: Box, hood: Neighbourhood, fragments: np.ndarray,
     plane below a face: the face's edges and the links across it."""
     links = links if links is not None else pointers(hood, low, high)
     box = hood.box
-    local, ids = _renumbered(fragments)
-    in_block = np.zeros(box.shape, dtype=bool)
-    in_block[block.slices(box.lo)] = True
-    at = tuple(slice(e - g, e - g + n)  # `box` within the grown arrays
-               for e, g, n in zip(box.lo, hood.grown.lo, box.shape, strict=True))
-    k = np.int64(len(ids))
-    keys: list[np.ndarray] = []
-    joins: list[np.ndarray] = []
-    for c in axes:
-        v_at, below = axis_slices(c, 1, None), axis_slices(c, 0, -1)  # v, v - e_c in box
-        fu, fv = local[v_at], local[below]
-        keep = hood.valid[c][at][v_at] & in_block[v_at] & (fu != fv) & (fu != 0) & (fv != 0)
-        a, b = fu[keep].astype(np.int64), fv[keep].astype(np.int64)
-        pair = np.minimum(a, b) * k + np.maximum(a, b)  # (u, v) as one int64
-        q = np.rint(hood.affs[c][at][v_at][keep].astype(np.float64) * QUANTUM)
-        keys.append((pair << _Q_BITS) | q.astype(np.int64))
-        crossing = keep & ~in_block[below] & links.down[c][v_at]  # a link across a face
-        ja, jb = fu[crossing].astype(np.int64), fv[crossing].astype(np.int64)
-        joins.append(np.minimum(ja, jb) * k + np.maximum(ja, jb))
-    return _summed(keys, joins, ids, k)
+    local, ids = _renumbered(fragments)  # (z, y, x) over `box`
+    _check_pairs(np.int64(len(ids)))
+    at = as_triple(e - g for e, g in zip(box.lo, hood.grown.lo, strict=True))
+    inner = block.slices(box.lo)  # the block within `box`
+    keys, joins = edge_keys(
+        np.ascontiguousarray(local), np.ascontiguousarray(hood.valid, dtype=bool),
+        np.ascontiguousarray(hood.affs, dtype=np.float32), links.down, at,
+        as_triple(s.start for s in inner), as_triple(s.stop for s in inner),
+        np.array(axes, np.int64), np.int64(len(ids)), float(QUANTUM))
+    return _summed([keys], [joins], ids, np.int64(len(ids)))
 
 
 def _renumbered(fragments: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -83,17 +75,18 @@ def _renumbered(fragments: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return local, ids  # local: uint16/32, as narrow as the count allows (fast compares)
 
 
-# a quantised affinity (at most QUANTUM = 2**24) in the low bits of a pair's sort key
-_Q_BITS = 25
+def _check_pairs(k: np.int64) -> None:
+    """Pair keys (pair << _Q_BITS, pair < k^2) must fit an int64."""
+    if int(k) ** 2 >= 2 ** (63 - _Q_BITS):
+        raise ValueError(f"a block holds {int(k)} fragments, too many for its pair keys; "
+                         "use smaller blocks")
 
 
 def _summed(keys: list[np.ndarray], joins: list[np.ndarray], ids: np.ndarray,
             k: np.int64) -> BlockGraph:
     """Edges summed per fragment pair (one sort of pair << 25 | affinity, then sums over
     runs of equal pairs), joined pairs once each; pairs named by their fragments' ids."""
-    if int(k) ** 2 >= 2 ** (63 - _Q_BITS):
-        raise ValueError(f"a block holds {int(k)} fragments, too many for its pair keys; "
-                         "use smaller blocks")
+    _check_pairs(k)
     packed = np.sort(np.concatenate(keys))
     pair, q = packed >> _Q_BITS, packed & ((1 << _Q_BITS) - 1)
     starts = np.flatnonzero(np.diff(pair, prepend=-1)) if len(pair) else np.zeros(0, np.int64)

@@ -79,3 +79,25 @@ def links_down(affs: np.ndarray, valid: np.ndarray, lo: tuple[int, int, int],
                     if there != NONE and (there == 3 + c or v >= high):
                         down[c, i, j, k] = True
     return down
+
+
+@njit(cache=True, nogil=True)
+def connectivity_bits(down: np.ndarray, minus_bits: tuple[int, int, int],
+                      plus_bits: tuple[int, int, int]) -> np.ndarray:
+    """(z, y, x) uint8: connected-components-3d's 6-way connectivity graph of the links
+    inside the box: a link (v, v - e_c) with v - e_c in the box sets v's -c bit and
+    v - e_c's +c bit (a link to the box below is joined across its face later)."""
+    nz, ny, nx = down.shape[1:]
+    graph = np.zeros((nz, ny, nx), np.uint8)
+    for c in range(3):
+        for i in range(nz):
+            for j in range(ny):
+                for k in range(nx):
+                    if not down[c, i, j, k]:
+                        continue
+                    pi, pj, pk = i - (c == 0), j - (c == 1), k - (c == 2)
+                    if pi < 0 or pj < 0 or pk < 0:
+                        continue
+                    graph[i, j, k] |= minus_bits[c]
+                    graph[pi, pj, pk] |= plus_bits[c]
+    return graph
