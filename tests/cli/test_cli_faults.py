@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -89,7 +90,16 @@ def test_corrupt_chunk_in_a_dask_run_is_named_the_same(tmp_path: Path) -> None:
     pytest.importorskip("distributed")
     spec, inp, _ = _setup(tmp_path)
     (Path(inp) / BAD).write_bytes(np.random.default_rng(0).bytes(100))
-    r = _run(_cmd(spec, inp, tmp_path / "out.zarr", "--scheduler", "local:1"))
+    held = socket.socket()  # distributed's default HTTP port taken, as by another cluster:
+    try:  # no warning of its on stderr
+        held.bind(("", 8787))
+        held.listen()
+    except OSError:
+        pass  # taken already
+    try:
+        r = _run(_cmd(spec, inp, tmp_path / "out.zarr", "--scheduler", "local:1"))
+    finally:
+        held.close()
     assert r.returncode == 2, r.stderr
     _one_sentence(r.stderr)  # the Dask workers' own failure logs are kept off stderr
     assert BAD in r.stderr and "fix the chunk, then rerun" in r.stderr

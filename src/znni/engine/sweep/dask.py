@@ -74,9 +74,12 @@ def _connect(scheduler: Scheduler, blocks: int) -> tuple[Any, Any]:
 
         return start_batch_cluster(scheduler, blocks)
     if scheduler.kind == LOCAL:
+        # no dashboard, and the scheduler's HTTP routes on a free port: on its default,
+        # 8787, a second cluster on the host made distributed warn on stderr
         cluster = LocalCluster(
             n_workers=scheduler.workers, threads_per_worker=1, processes=True,
             dashboard_address=None,
+            scheduler_kwargs={"dashboard": False, "dashboard_address": ":0"},
         )
         return Client(cluster), cluster
     try:
