@@ -54,7 +54,7 @@ def block_graph(block: Box, hood: Neighbourhood, fragments: np.ndarray,
     plane below a face: the face's edges and the links across it."""
     links = links if links is not None else pointers(hood, low, high)
     box = hood.box
-    local, ids = _renumbered(fragments)  # (z, y, x) over `box`
+    local, ids = renumbered(fragments)  # (z, y, x) over `box`
     _check_pairs(np.int64(len(ids)))
     at = as_triple(e - g for e, g in zip(box.lo, hood.grown.lo, strict=True))
     inner = block.slices(box.lo)  # the block within `box`
@@ -63,10 +63,10 @@ def block_graph(block: Box, hood: Neighbourhood, fragments: np.ndarray,
         np.ascontiguousarray(hood.affs, dtype=np.float32), links.down, at,
         as_triple(s.start for s in inner), as_triple(s.stop for s in inner),
         np.array(axes, np.int64), np.int64(len(ids)), float(QUANTUM))
-    return _summed([keys], [joins], ids, np.int64(len(ids)))
+    return _summed(keys, joins, ids, np.int64(len(ids)))
 
 
-def _renumbered(fragments: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def renumbered(fragments: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(local ids 0..k-1, 0 for background; the fragment of each local id)."""
     local, mapping = fastremap.renumber(fragments, preserve_zero=True, in_place=False)
     ids = np.zeros(len(mapping) + 1, dtype=np.uint64)
@@ -82,18 +82,16 @@ def _check_pairs(k: np.int64) -> None:
                          "use smaller blocks")
 
 
-def _summed(keys: list[np.ndarray], joins: list[np.ndarray], ids: np.ndarray,
-            k: np.int64) -> BlockGraph:
+def _summed(keys: np.ndarray, joins: np.ndarray, ids: np.ndarray, k: np.int64) -> BlockGraph:
     """Edges summed per fragment pair (one sort of pair << 25 | affinity, then sums over
     runs of equal pairs), joined pairs once each; pairs named by their fragments' ids."""
-    _check_pairs(k)
-    packed = np.sort(np.concatenate(keys))
+    packed = np.sort(keys)
     pair, q = packed >> _Q_BITS, packed & ((1 << _Q_BITS) - 1)
     starts = np.flatnonzero(np.diff(pair, prepend=-1)) if len(pair) else np.zeros(0, np.int64)
     total = np.add.reduceat(q, starts) if len(q) else np.zeros(0, np.int64)
     count = np.diff(np.append(starts, len(pair))).astype(np.int64)
     unique_pairs = pair[starts]
-    joined = np.sort(np.concatenate(joins))
+    joined = np.sort(joins)
     joined = joined[np.concatenate([[True], joined[1:] != joined[:-1]])] if len(joined) \
         else joined
     u, v = ids[unique_pairs // k], ids[unique_pairs % k]  # local order is not the ids'

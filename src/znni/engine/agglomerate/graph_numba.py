@@ -49,12 +49,13 @@ def edge_keys(local: np.ndarray, valid: np.ndarray, affs: np.ndarray, down: np.n
         for i in range(nz):
             for j in range(ny):
                 for k in range(nx):
-                    if _kept(local, valid, at, block_lo, block_hi, c, i, j, k):
-                        count += 1
-                        below = (i - (c == 0), j - (c == 1), k - (c == 2))
-                        if (below[0] < block_lo[0] or below[1] < block_lo[1]
-                                or below[2] < block_lo[2]) and down[c, i, j, k]:
-                            joined += 1
+                    if not _kept(local, valid, at, block_lo, block_hi, c, i, j, k):
+                        continue
+                    count += 1
+                    pi, pj, pk = i - (c == 0), j - (c == 1), k - (c == 2)
+                    if (pi < block_lo[0] or pj < block_lo[1] or pk < block_lo[2]) \
+                            and down[c, i, j, k]:
+                        joined += 1
     keys = np.empty(count, np.int64)
     joins = np.empty(joined, np.int64)
     count, joined = 0, 0

@@ -9,7 +9,6 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-import fastremap
 import numpy as np
 
 from znni.engine.agglomerate.fragments import (
@@ -19,7 +18,7 @@ from znni.engine.agglomerate.fragments import (
     label_block,
     pointers,
 )
-from znni.engine.agglomerate.graph import block_graph, concatenate
+from znni.engine.agglomerate.graph import block_graph, concatenate, renumbered
 from znni.engine.agglomerate.merge import premerge
 from znni.engine.agglomerate.store import FACES, INNER, GraphStore, pack
 from znni.engine.context import StoreContext
@@ -249,17 +248,13 @@ class RelabelWork:
 def relabel(fragments: np.ndarray, table_fragments: np.ndarray, table_segments: np.ndarray
             ) -> np.ndarray:
     """Fragments renamed by the table (ascending fragments); those not in it keep their
-    name, 0 stays 0. The block is renumbered to dense ids and renamed through a lookup
-    (fastremap.renumber: 2.3x its sorting `unique`'s inverse on a 128^3 block)."""
-    local, mapping = fastremap.renumber(fragments, preserve_zero=True, in_place=False)
-    ids = np.fromiter(mapping.keys(), dtype=np.uint64, count=len(mapping))
-    dense = np.fromiter(mapping.values(), dtype=np.int64, count=len(mapping))
+    name, 0 stays 0. Through the block's dense renumbering (`graph.renumbered`) and a
+    lookup: 2.3x a sorting `unique`'s inverse on a 128^3 block."""
+    local, ids = renumbered(fragments)  # ids[local] = fragment
     names = ids.copy()
     if len(table_fragments):
         at = np.minimum(np.searchsorted(table_fragments, ids), len(table_fragments) - 1)
         known = table_fragments[at] == ids
         names[known] = table_segments[at][known]
     names[ids == 0] = 0
-    lookup = np.zeros(int(dense.max(initial=0)) + 1, dtype=np.uint64)
-    lookup[dense] = names
-    return lookup[local].reshape(fragments.shape)
+    return names[local].reshape(fragments.shape)
