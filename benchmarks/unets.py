@@ -27,8 +27,10 @@ process, each run's inner loop is shown (MONAI's sliding window alone; znni's jo
 its plan to its last write): the stricter comparison, which leaves out MONAI's imports.
 Outputs are compared with MONAI-on-torch's (max and mean difference over its range), so
 a fast wrong run shows. Last, one W^3 window (medians of 5, alternated in this
-process): znni's graph executor with the planner's primitives, PyTorch eager,
-onnxruntime and OpenVINO.
+process, on the volume's central window): znni's graph executor with the planner's
+primitives, PyTorch eager, onnxruntime and OpenVINO f32, and where they run, OpenVINO bf16
+and znni's int8 network (NNCF's performance preset on 16 windows of the volume): the
+per-window ratios of issue 53.
 """
 
 from __future__ import annotations
@@ -92,7 +94,29 @@ def runtime_predictor(name: str, onnx_path: Path):  # type: ignore[no-untyped-de
     return lambda x: compiled(x)[0]
 
 
-def per_window(model, onnx_path: Path, window: int, limit: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
+def int8_window_predictor(onnx_path: Path, vol: np.ndarray, window: int):  # type: ignore[no-untyped-def]
+    """znni's int8 network of one window (NNCF's performance preset, the first try of
+    `--precision int8`), calibrated on 16 windows of the volume spread on a seeded grid."""
+    import hashlib
+
+    import openvino as ov
+
+    from znni.primitives.cpu.openvino_int8 import quantized_network
+    from znni.primitives.cpu.openvino_network import NETWORKS
+
+    rng = np.random.default_rng(5)
+    starts = rng.integers(0, max(1, vol.shape[0] - window + 1), (16, 3))
+    windows = np.stack([vol[z:z + window, y:y + window, x:x + window][None]
+                        for z, y, x in starts]).astype(np.float32) / 255  # (16, 1, W, W, W)
+    output = ov.Core().read_model(str(onnx_path)).outputs[0].get_any_name()
+    digest = hashlib.sha256(onnx_path.read_bytes()).hexdigest()
+    q = quantized_network(str(onnx_path), digest, windows, output)
+    net = NETWORKS.get(q.xml, (1, 1, window, window, window), output, "int8")
+    return net.run
+
+
+def per_window(model, onnx_path: Path, window: int, limit: int,  # type: ignore[no-untyped-def]
+               vol: np.ndarray, args: argparse.Namespace) -> dict[str, float]:
     import torch
 
     from znni.engine.compute.execution import planning_machine
@@ -100,7 +124,9 @@ def per_window(model, onnx_path: Path, window: int, limit: int) -> dict[str, flo
     from znni.model.onnx_import import load_onnx
     from znni.planner.graph.search import plan_graph
 
-    x = np.random.default_rng(1).random((1, 1, window, window, window), dtype=np.float32)
+    c = (np.array(vol.shape) - window) // 2  # the volume's central window, as the runs see it
+    x = vol[c[0]:c[0] + window, c[1]:c[1] + window, c[2]:c[2] + window][None, None]
+    x = np.ascontiguousarray(x, dtype=np.float32) / 255  # (1, 1, W, W, W)
     graph = load_onnx(onnx_path, (window,) * 3)
     plan = plan_graph(graph, planning_machine(), limit)
     backend = make_graph_backend("cpu", plan.spectra_bytes)
@@ -119,6 +145,12 @@ def per_window(model, onnx_path: Path, window: int, limit: int) -> dict[str, flo
         except ImportError:
             continue
         runs[name] = lambda predict=predict: predict(x)
+    if args.bf16 and cpu_has_bf16() and "openvino" in runs:
+        predict = runtime_predictor("openvino-bf16", onnx_path)
+        runs["openvino-bf16"] = lambda: predict(x)
+    if args.int8 and _installed("nncf") and "openvino" in runs:
+        int8 = int8_window_predictor(onnx_path, vol, window)
+        runs["znni-int8"] = lambda: int8(x)
     times: dict[str, list[float]] = {k: [] for k in runs}
     for fn in runs.values():
         fn()  # warm: plans, kernel transforms, oneDNN kernels
@@ -225,7 +257,8 @@ def input_volume(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray | Non
     return synthetic_em(shape, n_cells=cells, seed=3)
 
 
-def measure(args: argparse.Namespace, folder: Path) -> tuple[dict, dict, dict, object, Path]:
+def measure(args: argparse.Namespace, folder: Path
+            ) -> tuple[dict, dict, dict, object, Path, np.ndarray]:
     """Every run's whole processes (alternated, `--reps` rounds), their outputs' errors
     against MONAI on torch, and the window znni's planner chose."""
     import zarr
@@ -261,7 +294,7 @@ def measure(args: argparse.Namespace, folder: Path) -> tuple[dict, dict, dict, o
                   f"{_f1(a[0] > 0.5, truth):.3f}")
     chosen = {n: a.attrs["znni"]["window"]["window"] for n, a in outputs.items()
               if n.startswith("znni")}
-    return runs, errors, chosen, model, onnx_path
+    return runs, errors, chosen, model, onnx_path, vol
 
 
 def report(args: argparse.Namespace, runs: dict, errors: dict, chosen: dict,
@@ -292,6 +325,11 @@ def report(args: argparse.Namespace, runs: dict, errors: dict, chosen: dict,
     print(f"one {args.window}^3 window: " + ", ".join(
         f"{k} {v:.3f} s" for k, v in window.items()) +
         (f"; torch/znni {window['torch'] / window['znni']:.2f}x" if "torch" in window else ""))
+    for fast in ("openvino-bf16", "znni-int8"):
+        if fast in window:
+            print(f"one window, {fast} against OpenVINO f32 (what znni's fp32 compiles): "
+                  f"{window['openvino'] / window[fast]:.2f}x; against znni's fp32 plan "
+                  f"{window['znni'] / window[fast]:.2f}x")
 
 
 def main() -> None:
@@ -325,8 +363,8 @@ def main() -> None:
 
     args.memory_limit_bytes = parse_bytes(args.memory_limit)
     with tempfile.TemporaryDirectory() as tmp:
-        runs, errors, chosen, model, onnx_path = measure(args, Path(tmp))
-        window = per_window(model, onnx_path, args.window, args.memory_limit_bytes)
+        runs, errors, chosen, model, onnx_path, vol = measure(args, Path(tmp))
+        window = per_window(model, onnx_path, args.window, args.memory_limit_bytes, vol, args)
     report(args, runs, errors, chosen, window)
 
 

@@ -4,11 +4,14 @@ fp32 always within; int8's record and refusal; and `segment` choosing and record
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import zarr
 from support.engine_ref import write_volume
 
+from znni.engine.compute.precision_error import try_text
 from znni.engine.geometry import Box
 from znni.engine.job import SegmentJob
 from znni.engine.precision_run import Candidate, Sampler, auto_line, settle
@@ -94,6 +97,69 @@ def test_int8_tries_the_presets_then_the_ends_in_float(unet) -> None:
     within = int8_measured(model, output, WINDOW, sample(WINDOW), max_error=1.0)
     assert [t["preset"] for t in within.record["tries"]] == ["performance"]
     assert within.record["kept_float"] == [] and within.record["cached"]  # made above
+
+
+def test_int8_takes_nncf_accuracy_control_when_the_rest_are_above(onnx_models,
+                                                                 tmp_path) -> None:
+    """Above the error with the presets and the ends in float, NNCF's accuracy control
+    aims at CONTROL_MARGIN of it on the calibration windows; every try is timed against
+    fp32 on one window. (The valid U-Net: few convs, a quick ranking.)"""
+    from znni.engine.compute.precision_error import CONTROL_MARGIN, int8_measured
+
+    model = load_onnx_model(onnx_models.copy("validunet", tmp_path / "v.onnx"), scale=1 / 255)
+    window = onnx_models.window("validunet")
+    vol = np.random.default_rng(4).integers(0, 256, (24, 48, 48)).astype(np.uint8)
+
+    def read(b: Box) -> np.ndarray:
+        return vol[None, b.lo[0]:b.hi[0], b.lo[1]:b.hi[1], b.lo[2]:b.hi[2]]
+
+    sample = Sampler(model, read, Box.from_shape(vol.shape))(window)
+    got = int8_measured(model, model.graph(window).output, window, sample, max_error=1e-3)
+    tries = got.record["tries"]
+    assert [t["accuracy_control"] for t in tries] == [None, None, None,
+                                                      pytest.approx(CONTROL_MARGIN * 1e-3)]
+    assert [t["preset"] for t in tries] == ["performance", "mixed", "mixed", "mixed"]
+    assert all(t["max_error"] > 1e-3 for t in tries[:3])
+    assert got.record["accuracy_control"] == tries[-1]["accuracy_control"]
+    assert got.record["kept_float"] == tries[-1]["kept_float"] and tries[-1]["kept_float"]
+    assert got.within(1e-3) == (tries[-1]["max_error"] <= 1e-3)
+    assert all(math.isfinite(t["window_speedup"]) for t in tries)
+    assert "accuracy control" in try_text(tries[-1])
+
+
+def test_auto_puts_int8_back_in_line_at_its_measured_speed(unet) -> None:
+    """int8 within the error but predicted far faster than its measured speed-up over fp32
+    gives: it goes back in line at fp32's rate times that speed-up, and bf16, predicted
+    faster than that, is measured and taken; int8 is not measured twice."""
+    model, sample, _, _ = unet
+    got = settle("auto", model, _candidates(int8=1e12, bf16=1e11, fp32=1e6), sample,
+                 max_error=1.0)  # random weights: every precision within
+    rows = got.records["precision_auto"]["candidates"]
+    assert rows[0]["precision"] == "int8" and rows[0]["within"]
+    assert rows[0]["measured_voxels_per_second"] < 1e11
+    assert got.precision == "bf16" and "int8" not in got.records
+    assert [r["precision"] for r in rows] == ["int8", "bf16", "fp32"]
+    assert rows[2]["measured"] is False
+    assert "by its measured speed-up over fp32" in auto_line(got.records["precision_auto"])
+
+
+def test_auto_passes_over_a_bf16_plan_that_runs_fp32_kernels() -> None:
+    """A bf16 plan with no compiled network is fp32's plan: not a candidate of its own."""
+    from dataclasses import dataclass
+
+    from znni.engine.precision_run import candidates_of
+
+    @dataclass
+    class Planned:  # what graph_choice.GraphChoice gives candidates_of
+        window: tuple[int, int, int]
+        predicted_voxels_per_second: float
+        precision: str
+
+    plans = {"fp32": Planned(WINDOW, 1e6, "fp32"), "bf16": Planned(WINDOW, 1e6, "fp32"),
+             "int8": Planned(WINDOW, 2e6, "int8")}
+    assert sorted(candidates_of(plans)) == ["fp32", "int8"]
+    plans["bf16"] = Planned(WINDOW, 3e6, "bf16")
+    assert candidates_of(plans)["bf16"] == Candidate("bf16", WINDOW, 3e6)
 
 
 def test_segment_auto_chooses_and_records_it(unet) -> None:

@@ -19,6 +19,7 @@ from znni.primitives.cpu.openvino_int8 import (
     NNCF_MISSING,
     conv_names,
     evict,
+    float_convs,
     quantized_network,
 )
 from znni.primitives.cpu.openvino_network import OpenVinoNetwork
@@ -54,6 +55,50 @@ def test_the_first_call_quantizes_and_the_second_finds_it(unet) -> None:
     assert again.seconds == 0.0  # nothing quantized: no time reported for it
     assert xml.stat().st_mtime_ns == stamp  # found, not written again
     assert [p.name for p in cache.iterdir()] == [first.digest]  # no stray temporary folder
+
+
+def test_the_accuracy_control_keeps_layers_in_float_and_says_which(
+        unet, onnx_models, tmp_path) -> None:
+    """NNCF's accuracy control aimed below plain int8's error puts layers back in float;
+    the ones it kept are read off the weights (those asked for with an ignored scope read
+    the same), stored with the entry and found again with it; its output is nearer fp32's.
+    (The valid U-Net: few convs, so NNCF's ranking compiles few networks.)"""
+    import openvino as ov
+
+    from znni.model.onnx_model import load_onnx_model
+
+    path, digest, output, windows, cache, first = unet
+    names = conv_names(path, (1, 1, *WINDOW))
+    assert float_convs(ov.Core().read_model(first.xml)) == ()
+    asked = quantized_network(path, digest, windows, output, (names[0], names[-1]), cache=cache)
+    assert float_convs(ov.Core().read_model(asked.xml)) == (names[0], names[-1])
+
+    path = str(onnx_models.copy("validunet", tmp_path / "v.onnx"))
+    window = onnx_models.window("validunet")
+    model = load_onnx_model(path)
+    output = model.graph(window).output
+    xs = np.random.default_rng(1).random((2, 1, *window), dtype=np.float32)
+    x = xs[:1]
+    ref = OpenVinoNetwork(path, x.shape, output, "fp32").run(x)
+
+    def error(q: openvino_int8.QuantizedNetwork) -> float:  # the largest, over the range
+        got = OpenVinoNetwork(q.xml, x.shape, output, "int8").run(x)
+        return float(np.abs(got - ref).max()) / float(ref.max() - ref.min())
+
+    plain = quantized_network(path, model.digest, xs, output, preset="mixed", cache=cache)
+    drop = error(plain) / 3  # some layers back in float, not all
+    control = quantized_network(path, model.digest, xs, output, preset="mixed",
+                                max_drop=drop, cache=cache)
+    assert not control.cached and control.digest != plain.digest
+    assert 0 < len(control.keep_float) <= len(conv_names(path, x.shape))
+    assert float_convs(ov.Core().read_model(control.xml)) == control.keep_float
+    again = quantized_network(path, model.digest, xs, output, preset="mixed", max_drop=drop,
+                              cache=cache)
+    assert again.cached and again.keep_float == control.keep_float
+    assert error(control) < error(plain)
+    for bad in (0.0, 1.0, -0.1):
+        with pytest.raises(ValueError, match="must be in \\(0, 1\\)"):
+            quantized_network(path, model.digest, xs, output, max_drop=bad, cache=cache)
 
 
 def test_other_calibration_windows_are_another_entry(unet) -> None:

@@ -24,6 +24,7 @@ from znni.engine.compute.precision_error import (
     bf16_measured,
     int8_measured,
     refusal,
+    try_text,
 )
 from znni.engine.geometry import Box
 from znni.engine.io.mask import OUTSIDE, Mask, MaskSpec
@@ -125,17 +126,26 @@ def _auto(model: OnnxModel, candidates: Mapping[str, Candidate],
           sample: Callable[[Triple], CalibrationSet], max_error: float,
           labels: Callable[[Any], Any] | None, text: str | None) -> Settled:
     """auto: candidates by predicted voxels/s (ties: int8, bf16, fp32), each measured in
-    turn until one is within `max_error`; fp32 needs no measurement."""
-    order = sorted(candidates.values(), key=lambda c: (-c.predicted_voxels_per_second,
-                                                       AUTO_ORDER.index(c.precision)))
+    turn until one is within `max_error`; fp32 needs no measurement. An int8 network
+    within it whose measured speed-up over fp32 on a window is below the planner's (layers
+    kept in float) goes back in line at the rate that speed-up gives, and is taken when
+    it comes round again."""
+    def key(c: Candidate) -> tuple[float, int]:
+        return (-c.predicted_voxels_per_second, AUTO_ORDER.index(c.precision))
+
+    pending = sorted(candidates.values(), key=key)
     tried: list[dict[str, Any]] = []
-    for i, c in enumerate(order):
+    held: dict[str, Measured] = {}  # measured within, rate revised down
+    while pending:
+        c = pending.pop(0)
+        if c.precision in held:  # still the fastest left at its measured rate
+            return _chosen(c, held[c.precision], tried, pending, max_error)
         row: dict[str, Any] = {"precision": c.precision, "window": list(c.window),
                                "predicted_voxels_per_second": c.predicted_voxels_per_second}
         if c.precision == "fp32":  # exact by definition; the slower ones are not measured
-            tried += [{**row, "within": True}, *(_slower(d) for d in order[i + 1:])]
-            return Settled("fp32", None, {"precision_auto": _auto_record("fp32", tried,
-                                                                         max_error)})
+            tried.append({**row, "within": True})
+            return _chosen(c, None, tried, [d for d in pending if d.precision not in held],
+                           max_error)
         try:
             measured = _measure(model, c, sample(c.window), max_error, labels, text)
         except ValueError as e:  # e.g. NNCF missing, or a sample of empty windows
@@ -143,13 +153,40 @@ def _auto(model: OnnxModel, candidates: Mapping[str, Candidate],
             continue
         error = {k: measured.error[k] for k in ("max_error", "mean_error", "labels_changed")}
         tried.append({**row, **error, "within": measured.within(max_error)})
-        if measured.within(max_error):
-            tried += [_slower(d) for d in order[i + 1:]]
-            records = {"precision_auto": _auto_record(c.precision, tried, max_error)}
-            if c.precision == "int8":
-                records["int8"] = {**measured.record, "max_error_allowed": max_error}
-            return Settled(c.precision, measured.compiled_path, records)
+        if not measured.within(max_error):
+            continue
+        revised = _revised(c, measured, candidates)
+        if revised is None or not pending or key(pending[0]) >= key(revised):
+            return _chosen(c, measured, tried,
+                           [d for d in pending if d.precision not in held], max_error)
+        tried[-1]["measured_voxels_per_second"] = revised.predicted_voxels_per_second
+        held[c.precision] = measured
+        pending = sorted([*pending, revised], key=key)
     raise ValueError("--precision auto found no candidate precision, not even fp32")
+
+
+def _revised(c: Candidate, measured: Measured, candidates: Mapping[str, Candidate]
+             ) -> Candidate | None:
+    """int8's rate from its measured speed-up over fp32 on a window (fp32's predicted rate
+    times it) where that is below the planner's; None where the plan stands."""
+    speedup, fp32 = measured.record.get("window_speedup"), candidates.get("fp32")
+    if c.precision != "int8" or not speedup or fp32 is None:
+        return None
+    rate = fp32.predicted_voxels_per_second * float(speedup)
+    return replace(c, predicted_voxels_per_second=rate) if rate < (
+        c.predicted_voxels_per_second) else None
+
+
+def _chosen(c: Candidate, measured: Measured | None, tried: list[dict[str, Any]],
+            pending: list[Candidate], max_error: float) -> Settled:
+    """auto's choice `c` (measured, or fp32), the candidates left recorded as slower."""
+    tried = [*tried, *(_slower(d) for d in pending)]
+    records = {"precision_auto": _auto_record(c.precision, tried, max_error)}
+    if measured is None:
+        return Settled(c.precision, None, records)
+    if c.precision == "int8":
+        records["int8"] = {**measured.record, "max_error_allowed": max_error}
+    return Settled(c.precision, measured.compiled_path, records)
 
 
 def _slower(c: Candidate) -> dict[str, Any]:
@@ -191,10 +228,10 @@ def int8_line(records: dict[str, Any]) -> str | None:
                 f"{'s' * (r['held_out_windows'] != 1)}")
         if r.get("labels_changed") is not None:
             line += f", labels changed {r['labels_changed']:.2%}"
-        if r.get("preset") == "mixed":  # the faster preset was above --max-error
-            line += ", NNCF's mixed preset"
-        if r.get("kept_float"):
-            line += ", first and last conv kept in fp32"
+        if r.get("preset") == "mixed" or r.get("kept_float"):  # the first try was above
+            line += f", NNCF's {try_text(r)}"
+        if r.get("window_speedup"):
+            line += f"; {r['window_speedup']:.2f}x fp32 on one window"
         parts.append(line + (" (quantized network from the cache)" if r.get("cached") else
                              f" (quantized in {r['quantize_s']:.1f} s, cached)"))
     if auto is not None:
@@ -208,8 +245,11 @@ def auto_line(auto: dict[str, Any]) -> str:
     for c in auto["candidates"]:
         rate = f"{c['predicted_voxels_per_second']:,.0f} voxels/s"
         if "max_error" in c:
+            measured = c.get("measured_voxels_per_second")
             seen.append(f"{c['precision']} {rate}, max error {c['max_error']:.2%}"
-                        + ("" if c["within"] else " (above)"))
+                        + ("" if c["within"] else " (above)")
+                        + (f", {measured:,.0f} voxels/s by its measured speed-up over fp32"
+                           if measured else ""))
         elif "refused" in c:
             seen.append(f"{c['precision']} {rate}, not measured ({c['refused']})")
         else:
@@ -224,14 +264,22 @@ def settle_for_job(asked: str, model: OnnxModel, plan_for: Callable[[str], Any],
                    max_error: float, labels: LabelSpec | None) -> tuple[Any, Settled]:
     """The chosen precision's plan (`plan_for(precision)`: a graph_choice.GraphChoice) and
     its settlement for an int8 or auto job: int8's plan alone; auto's candidates each
-    planned, those that cannot be (e.g. beyond the budget) passed over, but fp32."""
+    planned, those that cannot be (e.g. beyond the budget) passed over, but fp32, and
+    those whose plan runs another precision (candidates_of)."""
     plans = plan_candidates(asked, plan_for)
-    candidates = {p: Candidate(p, c.window, c.predicted_voxels_per_second)
-                  for p, c in plans.items()}
+    candidates = candidates_of(plans)
     sample = Sampler(model, read, region, mask, where)
     t0 = time.perf_counter()
     settled = settle(asked, model, candidates, sample, max_error=max_error, labels=labels)
     return plans[settled.precision], replace(settled, seconds=time.perf_counter() - t0)
+
+
+def candidates_of(plans: Mapping[str, Any]) -> dict[str, Candidate]:
+    """The candidates of each precision's plan (a graph_choice.GraphChoice: window,
+    predicted_voxels_per_second, precision), less those whose plan runs another precision
+    than their own (bf16 where no compiled network was predicted faster: fp32's plan)."""
+    return {p: Candidate(p, c.window, c.predicted_voxels_per_second)
+            for p, c in plans.items() if p == "fp32" or c.precision == p}
 
 
 def plan_candidates(asked: str, plan_for: Callable[[str], T]) -> dict[str, T]:

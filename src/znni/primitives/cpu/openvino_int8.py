@@ -8,7 +8,12 @@ input after znni's preprocessing) and saves the quantized model as OpenVINO IR (
 weights beside the FakeQuantize nodes: `compress_to_fp16=False`) under
 `$XDG_CACHE_HOME/znni/int8/<digest>/`. The digest covers everything that shapes the
 result: the model's digest, the calibration windows' bytes, the input shape, the output,
-the nodes kept in float, the preset and NNCF's and OpenVINO's versions. An entry is made
+the nodes kept in float, the preset, the error NNCF's accuracy control was asked to keep
+(`max_drop`; None: plain post-training quantization) and NNCF's and OpenVINO's versions.
+With `max_drop`, NNCF's `quantize_with_accuracy_control` quantizes and then puts back in
+float the layers that matter most, one at a time, until the largest error on the
+calibration windows against their fp32 outputs (over the fp32 outputs' range) is within
+it; the layers it kept in float are read off the result and stored with it. An entry is made
 in a private folder and renamed into place whole (a rename is atomic), so processes
 quantizing the same network at once never see half an entry; the loser of the race keeps
 the winner's. The cache is bounded in bytes (CACHE_LIMIT_BYTES): the least recently used
@@ -120,10 +125,11 @@ def _read(onnx_path: str, input_shape: Sequence[int]) -> Any:
 
 
 def cache_digest(model_digest: str, windows: np.ndarray, output: str,
-                 keep_float: Sequence[str] = (), preset: str = PRESETS[0]) -> str:
+                 keep_float: Sequence[str] = (), preset: str = PRESETS[0],
+                 max_drop: float | None = None) -> str:
     """The cache key of a quantization: sha256 over the model's digest, the calibration
     windows (dtype, shape and bytes; the shape is the input's), the output, the nodes kept
-    in float, the preset and NNCF's and OpenVINO's versions."""
+    in float, the preset, the accuracy control's error and NNCF's and OpenVINO's versions."""
     from importlib.metadata import PackageNotFoundError, version
 
     def installed(name: str) -> str:
@@ -133,7 +139,8 @@ def cache_digest(model_digest: str, windows: np.ndarray, output: str,
             return "missing"
 
     h = hashlib.sha256()
-    for part in (model_digest, output, "|".join(sorted(keep_float)), preset,
+    control = () if max_drop is None else (f"accuracy control {max_drop!r}",)
+    for part in (model_digest, output, "|".join(sorted(keep_float)), preset, *control,
                  installed("nncf"), installed("openvino"), str(windows.dtype),
                  str(tuple(windows.shape))):
         h.update(part.encode())
@@ -144,34 +151,44 @@ def cache_digest(model_digest: str, windows: np.ndarray, output: str,
 
 def quantized_network(onnx_path: str, model_digest: str, windows: np.ndarray, output: str,
                       keep_float: Sequence[str] = (), preset: str = PRESETS[0], *,
+                      max_drop: float | None = None,
                       cache: Path | None = None) -> QuantizedNetwork:
     """The network at `onnx_path` quantized on `windows` (N, C, Z, Y, X) float32, each a
     calibration input of shape (1, C, Z, Y, X), from the cache or made now (module
     docstring); `keep_float`: node names NNCF leaves in float (its ignored scope);
-    `preset`: one of PRESETS."""
+    `preset`: one of PRESETS; `max_drop`: NNCF's accuracy control keeps the largest error
+    on the windows within it (a fraction of the fp32 outputs' range)."""
     if preset not in PRESETS:
         raise ValueError(f"NNCF preset {preset!r} is not one of {', '.join(PRESETS)}")
     if windows.ndim != 5 or windows.shape[0] < 1 or windows.dtype != np.float32:
         raise ValueError(f"calibration windows must be float32 (N, C, Z, Y, X) with N >= 1, "
                          f"got {windows.dtype} {tuple(windows.shape)}")
     folder = cache or int8_cache_dir()
-    digest = cache_digest(model_digest, windows, output, keep_float, preset)
+    if max_drop is not None and not 0 < max_drop < 1:
+        raise ValueError(f"the accuracy control's largest error must be in (0, 1), got "
+                         f"{max_drop}")
+    digest = cache_digest(model_digest, windows, output, keep_float, preset, max_drop)
     entry = folder / digest
     if (entry / "model.xml").is_file():
         _touch(entry)
-        return QuantizedNetwork(str(entry / "model.xml"), digest, True, 0.0, tuple(keep_float),
-                                preset)
+        return QuantizedNetwork(str(entry / "model.xml"), digest, True, 0.0,
+                                _kept_on_disk(entry, keep_float), preset)
     nncf = _import_nncf()  # ValueError naming the install, before anything is made
     t0 = time.perf_counter()
     shape = (1, *windows.shape[1:])
     model = _read(onnx_path, shape)
     if not any(output in o.get_names() for o in model.outputs):
         raise ValueError(f"{onnx_path}: no output {output!r} for OpenVINO")
-    quantized = _quantize(nncf, model, windows, keep_float, preset)
+    if max_drop is None:
+        quantized = _quantize(nncf, model, windows, keep_float, preset)
+    else:
+        quantized = _quantize_controlled(nncf, model, windows, output, max_drop, preset)
+        keep_float = float_convs(quantized)
     _install(quantized, folder, digest, {"onnx": str(onnx_path), "model_digest": model_digest,
                                          "input_shape": list(shape), "output": output,
                                          "windows": int(windows.shape[0]),
-                                         "keep_float": list(keep_float), "preset": preset})
+                                         "keep_float": list(keep_float), "preset": preset,
+                                         "max_drop": max_drop})
     seconds = time.perf_counter() - t0
     log.debug("quantized %s to int8 on %d windows in %.1f s", onnx_path, len(windows), seconds)
     evict(folder, CACHE_LIMIT_BYTES, keep=digest)
@@ -188,6 +205,54 @@ def _quantize(nncf: Any, model: Any, windows: np.ndarray, keep_float: Sequence[s
     with contextlib.redirect_stdout(io.StringIO()):  # NNCF's progress bars
         return nncf.quantize(model, nncf.Dataset(items), subset_size=len(items),
                              preset=preset, ignored_scope=scope)
+
+
+def _quantize_controlled(nncf: Any, model: Any, windows: np.ndarray, output: str,
+                         max_drop: float, preset_name: str) -> Any:
+    """NNCF's quantization with accuracy control on `windows`, validated on the same
+    windows: its metric is 1 - the largest |int8 - fp32| over the fp32 outputs' range (NNCF
+    wants higher-is-better and divides by the fp32 model's metric), per window too, so it
+    ranks layers by what they do to the worst voxel."""
+    import openvino as ov
+
+    items = [windows[i:i + 1] for i in range(windows.shape[0])]  # (1, C, Z, Y, X) each
+    f32 = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    refs = {id(x): np.asarray(f32(x)[output]) for x in items}
+    span = max(float(r.max()) for r in refs.values()) - min(float(r.min())
+                                                             for r in refs.values())
+    scale = span if span > 0 else 1.0
+
+    def validate(compiled: Any, data: Any) -> tuple[float, list[float]]:
+        values = [1.0 - float(np.abs(np.asarray(compiled(x)[output]) - refs[id(x)]).max())
+                  / scale for x in data]
+        return min(values), values
+
+    preset = getattr(nncf.QuantizationPreset, preset_name.upper())
+    restorer = nncf.AdvancedAccuracyRestorerParameters(ranking_subset_size=min(4, len(items)))
+    with contextlib.redirect_stdout(io.StringIO()):  # NNCF's progress bars
+        return nncf.quantize_with_accuracy_control(
+            model, nncf.Dataset(items), nncf.Dataset(items), validate, max_drop=max_drop,
+            preset=preset, subset_size=len(items),
+            advanced_accuracy_restorer_parameters=restorer)
+
+
+def float_convs(quantized: Any) -> tuple[str, ...]:
+    """The conv nodes of a quantized OpenVINO model whose weights stayed in float (a plain
+    Constant; NNCF's int8 weights come through Convert and Multiply)."""
+    return tuple(op.get_friendly_name() for op in quantized.get_ordered_ops()
+                 if op.get_type_name() in CONV_TYPES
+                 and op.input_value(1).get_node().get_type_name() == "Constant")
+
+
+def _kept_on_disk(entry: Path, asked: Sequence[str]) -> tuple[str, ...]:
+    """The nodes an entry kept in float, as its entry.json says (the accuracy control
+    chose them), else those asked for."""
+    try:
+        meta = json.loads((entry / "entry.json").read_text())
+    except (OSError, ValueError):
+        return tuple(asked)
+    kept = meta.get("keep_float") if isinstance(meta, dict) else None
+    return tuple(kept) if isinstance(kept, list) else tuple(asked)
 
 
 def _install(quantized: Any, folder: Path, digest: str, meta: dict[str, Any]) -> None:
