@@ -21,6 +21,7 @@ labels), so a rerun or resume neither quantizes nor measures again.
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from znni.engine.compute.int8_calibration import CalibrationSet
 from znni.model.onnx_model import OnnxModel
 from znni.triple import Triple
 
+log = logging.getLogger(__name__)
 Labels = Callable[[np.ndarray], np.ndarray]  # (C, Z, Y, X) output -> (Z, Y, X) labels
 # auto: the precisions tried after their predicted speed ties, fastest kernels first
 AUTO_ORDER = ("int8", "bf16", "fp32")
@@ -150,6 +152,11 @@ def int8_measured(model: OnnxModel, output: str, window: Triple, sample: Calibra
     tries: list[dict[str, Any]] = []
     seconds, cached = 0.0, True
     for preset, kept, drop in plan:
+        if drop is not None:
+            log.info("int8: above --max-error %g with NNCF's presets (%s); NNCF's accuracy "
+                     "control now puts the layers that matter most back in float (once, "
+                     "then cached; it compiles a network per layer it ranks)", max_error,
+                     ", ".join(f"{t['max_error']:.2%}" for t in tries))
         m = quantize_and_measure(model, output, sample, kept, preset, labels=labels,
                                  labels_text=labels_text, reference=reference, max_drop=drop)
         seconds, cached = seconds + m.record["quantize_s"], cached and m.record["cached"]
