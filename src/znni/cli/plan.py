@@ -320,7 +320,7 @@ EXACT_MODE = (
 def _steady_note(plan: Plan) -> str:
     """For which volume the steady rate holds (printed without --input)."""
     out = plan.output_size
-    big = _size(tuple(8 * o for o in out))  # type: ignore[arg-type]
+    big = _size((8 * out[0], 8 * out[1], 8 * out[2]))
     return (f"steady vox/s: one pass's rate, which holds for a volume of many whole "
             f"{_size(out)} patches (about {big} or larger); start-up, planning, FFTW's first "
             "plans and the reads and writes are not in it. `--input VOLUME` predicts that "
