@@ -92,19 +92,21 @@ def test_int8_tries_the_presets_then_the_ends_in_float(unet) -> None:
     tries = above.record["tries"]
     assert [(t["preset"], bool(t["kept_float"])) for t in tries] == [
         ("performance", False), ("mixed", False), ("mixed", True)]
-    assert above.record["preset"] == "mixed" and len(above.record["kept_float"]) == 2
-    assert above.error["max_error"] == tries[-1]["max_error"] > 0
+    assert len(tries[-1]["kept_float"]) == 2  # the ends
+    assert above.error["max_error"] == min(t["max_error"] for t in tries) > 0  # the best
     within = int8_measured(model, output, WINDOW, sample(WINDOW), max_error=1.0)
     assert [t["preset"] for t in within.record["tries"]] == ["performance"]
     assert within.record["kept_float"] == [] and within.record["cached"]  # made above
 
 
-def test_int8_takes_nncf_accuracy_control_when_the_rest_are_above(onnx_models,
-                                                                 tmp_path) -> None:
+def test_int8_tries_nncf_accuracy_control_last_and_never_takes_an_all_float_network(
+        onnx_models, tmp_path) -> None:
     """Above the error with the presets and the ends in float, NNCF's accuracy control
     aims at CONTROL_MARGIN of it on the calibration windows; every try is timed against
-    fp32 on one window. (The valid U-Net: few convs, a quick ranking.)"""
-    from znni.engine.compute.precision_error import CONTROL_MARGIN, int8_measured
+    fp32 on one window. At 0.1% (below int8's resolution) it puts every conv back in
+    float: no int8 network, so not taken; the most exact int8 try is reported, above.
+    (The valid U-Net: few convs, a quick ranking.)"""
+    from znni.engine.compute.precision_error import CONTROL_MARGIN, int8_measured, refusal
 
     model = load_onnx_model(onnx_models.copy("validunet", tmp_path / "v.onnx"), scale=1 / 255)
     window = onnx_models.window("validunet")
@@ -120,11 +122,12 @@ def test_int8_takes_nncf_accuracy_control_when_the_rest_are_above(onnx_models,
                                                       pytest.approx(CONTROL_MARGIN * 1e-3)]
     assert [t["preset"] for t in tries] == ["performance", "mixed", "mixed", "mixed"]
     assert all(t["max_error"] > 1e-3 for t in tries[:3])
-    assert got.record["accuracy_control"] == tries[-1]["accuracy_control"]
-    assert got.record["kept_float"] == tries[-1]["kept_float"] and tries[-1]["kept_float"]
-    assert got.within(1e-3) == (tries[-1]["max_error"] <= 1e-3)
+    assert len(tries[-1]["kept_float"]) == tries[-1]["convs"] > 2  # all back in float
+    assert "no int8 left" in try_text(tries[-1])
+    assert not got.within(1e-3) and got.record["accuracy_control"] is None
+    assert got.error["max_error"] == min(t["max_error"] for t in tries[:3])
     assert all(math.isfinite(t["window_speedup"]) for t in tries)
-    assert "accuracy control" in try_text(tries[-1])
+    assert "accuracy control (all" in refusal(got, 1e-3)
 
 
 def test_auto_puts_int8_back_in_line_at_its_measured_speed(unet) -> None:

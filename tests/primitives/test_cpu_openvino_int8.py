@@ -90,7 +90,7 @@ def test_the_accuracy_control_keeps_layers_in_float_and_says_which(
     control = quantized_network(path, model.digest, xs, output, preset="mixed",
                                 max_drop=drop, cache=cache)
     assert not control.cached and control.digest != plain.digest
-    assert 0 < len(control.keep_float) <= len(conv_names(path, x.shape))
+    assert 0 < len(control.keep_float) < len(conv_names(path, x.shape))  # some int8 left
     assert float_convs(ov.Core().read_model(control.xml)) == control.keep_float
     again = quantized_network(path, model.digest, xs, output, preset="mixed", max_drop=drop,
                               cache=cache)

@@ -129,9 +129,10 @@ def int8_measured(model: OnnxModel, output: str, window: Triple, sample: Calibra
     """int8 as quantize_and_measure makes it, NNCF's quantizations tried in turn until one
     is within `max_error`: the performance preset (the fastest), the mixed preset
     (asymmetric activations), mixed with the first and last conv kept in float, then mixed
-    under NNCF's accuracy control. The record names the one taken and lists every try,
-    each with its measured speed-up over fp32 on one window; the caller refuses or
-    passes over a result still above."""
+    under NNCF's accuracy control. A network it put wholly back in float is no int8
+    network and never taken. The record is the first try within `max_error`, else the
+    most exact one (the caller refuses or passes over it), and lists every try, each with
+    its measured speed-up over fp32 on one window."""
     from znni.primitives.cpu.openvino_int8 import conv_names
 
     refs: dict[str, np.ndarray] = {}
@@ -151,20 +152,26 @@ def int8_measured(model: OnnxModel, output: str, window: Triple, sample: Calibra
 
     tries: list[dict[str, Any]] = []
     seconds, cached = 0.0, True
+    best: Measured | None = None  # the most exact network with int8 convs left in it
     for preset, kept, drop in plan:
         if drop is not None:
             log.info("int8: above --max-error %g with NNCF's presets (%s); NNCF's accuracy "
-                     "control now puts the layers that matter most back in float (once, "
-                     "then cached; it compiles a network per layer it ranks)", max_error,
+                     "control next (a minute or more the first time, cached after: it "
+                     "compiles a network per layer it ranks)", max_error,
                      ", ".join(f"{t['max_error']:.2%}" for t in tries))
         m = quantize_and_measure(model, output, sample, kept, preset, labels=labels,
                                  labels_text=labels_text, reference=reference, max_drop=drop)
         seconds, cached = seconds + m.record["quantize_s"], cached and m.record["cached"]
-        tries.append({k: m.record.get(k) for k in (
+        tries.append({**{k: m.record.get(k) for k in (
             "preset", "kept_float", "accuracy_control", "max_error", "mean_error",
-            "labels_changed", "window_speedup")})
+            "labels_changed", "window_speedup")}, "convs": len(names)})
+        if names and len(m.record["kept_float"]) >= len(names):
+            continue  # every conv back in float: no int8 left, not an int8 network
+        if best is None or m.error["max_error"] < best.error["max_error"]:
+            best = m
         if m.within(max_error):
             break
+    m = best if best is not None else m
     return Measured("int8", m.error, m.compiled_path,
                     {**m.record, "quantize_s": seconds, "cached": cached, "tries": tries})
 
@@ -189,11 +196,14 @@ def window_speedup(fp32_path: str, int8_path: str, window: np.ndarray, output: s
 
 
 def try_text(t: dict[str, Any]) -> str:
-    """One quantization tried, in words: "mixed, first and last conv in fp32"."""
+    """One quantization tried, in words: "mixed preset, first and last conv kept in fp32"."""
     if t.get("accuracy_control") is not None:
-        return (f"{t['preset']} under NNCF's accuracy control "
-                f"({len(t.get('kept_float') or ())} conv layers in fp32)")
-    return t["preset"] + (", first and last conv kept in fp32" if t.get("kept_float") else "")
+        kept, convs = len(t.get("kept_float") or ()), t.get("convs")
+        return f"{t['preset']} preset under accuracy control " + (
+            f"(all {kept} conv layers kept in fp32: no int8 left)" if convs and kept >= convs
+            else f"({kept} conv layers kept in fp32)")
+    return t["preset"] + " preset" + (", first and last conv kept in fp32"
+                                      if t.get("kept_float") else "")
 
 
 def refusal(measured: Measured, max_error: float) -> str:
