@@ -43,6 +43,22 @@ def edge_keys(local: np.ndarray, valid: np.ndarray, affs: np.ndarray, down: np.n
     block's lower face (v - e_c outside the block) and is a watershed link, its pair.
     `local`: the box's local ids; `valid`, `affs`: over the grown box, the box at `at`;
     `down`: the box's links; block_lo/hi: the block within the box."""
+    args = (local, valid, affs, down, at, block_lo, block_hi, axes, n, quantum)
+    none = np.empty(0, np.int64)
+    count, joined = _walk(*args, none, none, False)  # the counting pass sizes the arrays
+    keys = np.empty(count, np.int64)
+    joins = np.empty(joined, np.int64)
+    _walk(*args, keys, joins, True)
+    return keys, joins
+
+
+@njit(cache=True, nogil=True)
+def _walk(local: np.ndarray, valid: np.ndarray, affs: np.ndarray, down: np.ndarray,
+          at: tuple[int, int, int], block_lo: tuple[int, int, int],
+          block_hi: tuple[int, int, int], axes: np.ndarray, n: np.int64, quantum: float,
+          keys: np.ndarray, joins: np.ndarray, fill: bool) -> tuple[int, int]:
+    """edge_keys' walk over the kept edges: (kept edges, joins) counted, and with `fill`
+    written into `keys` and `joins`."""
     nz, ny, nx = local.shape
     count, joined = 0, 0
     for c in axes:
@@ -51,29 +67,17 @@ def edge_keys(local: np.ndarray, valid: np.ndarray, affs: np.ndarray, down: np.n
                 for k in range(nx):
                     if not _kept(local, valid, at, block_lo, block_hi, c, i, j, k):
                         continue
-                    count += 1
                     pi, pj, pk = i - (c == 0), j - (c == 1), k - (c == 2)
-                    if (pi < block_lo[0] or pj < block_lo[1] or pk < block_lo[2]) \
-                            and down[c, i, j, k]:
-                        joined += 1
-    keys = np.empty(count, np.int64)
-    joins = np.empty(joined, np.int64)
-    count, joined = 0, 0
-    for c in axes:
-        for i in range(nz):
-            for j in range(ny):
-                for k in range(nx):
-                    if not _kept(local, valid, at, block_lo, block_hi, c, i, j, k):
-                        continue
-                    pi, pj, pk = i - (c == 0), j - (c == 1), k - (c == 2)
-                    a, b = np.int64(local[i, j, k]), np.int64(local[pi, pj, pk])
-                    pair = min(a, b) * n + max(a, b)
-                    q = np.int64(np.rint(np.float64(affs[c, i + at[0], j + at[1], k + at[2]])
-                                         * quantum))
-                    keys[count] = (pair << Q_BITS) | q
+                    crosses = (pi < block_lo[0] or pj < block_lo[1] or pk < block_lo[2]) \
+                        and down[c, i, j, k]
+                    if fill:
+                        a, b = np.int64(local[i, j, k]), np.int64(local[pi, pj, pk])
+                        pair = min(a, b) * n + max(a, b)
+                        q = np.int64(np.rint(np.float64(affs[c, i + at[0], j + at[1],
+                                                             k + at[2]]) * quantum))
+                        keys[count] = (pair << Q_BITS) | q
+                        if crosses:
+                            joins[joined] = pair
                     count += 1
-                    if (pi < block_lo[0] or pj < block_lo[1] or pk < block_lo[2]) \
-                            and down[c, i, j, k]:
-                        joins[joined] = pair
-                        joined += 1
-    return keys, joins
+                    joined += crosses
+    return count, joined
