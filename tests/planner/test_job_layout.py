@@ -255,7 +255,9 @@ def test_patch_and_blocks_chosen_together(tmp_path: Path) -> None:
     assert both.job_seconds is not None and alone.job_seconds is not None
     searched = both.job_seconds["planning_s"]  # measured (a clock): compared with nothing
     assert alone.job_seconds["planning_s"] == 0  # planned by hand here, not timed
-    assert both.job_seconds["total_s"] - searched <= alone.job_seconds["total_s"]
+    # total_s holds the measured planning time added in; taking it back out leaves a
+    # rounding error of a few ulps (seen: 5e-12 s over 45417 s), so compare to 1e-12
+    assert both.job_seconds["total_s"] - searched <= alone.job_seconds["total_s"] * (1 + 1e-12)
     # 400 = 192 + 208 would take 8 patches of 56 per axis, as one block does, but two
     # 208^3 blocks do not fit beside the pass: 128 + 128 + 144 take 9 on one axis
     assert both.job_seconds["computed_voxels"] <= 1.17 * both.job_seconds["ideal_voxels"]
