@@ -9,12 +9,16 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
+# Numba's agglomeration kernels are compiled into its cache once, here, so that a first
+# `znni agglomerate` does not spend ~10 s of its run compiling them
 $(VENV)/.installed: $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install -q -e .
+	$(BIN)/python -m znni.engine.agglomerate.compile_kernels
 	touch $@
 
 $(VENV)/.installed-test: $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m znni.engine.agglomerate.compile_kernels
 	touch $@ $(VENV)/.installed
 
 demo: $(VENV)/.installed

@@ -1,23 +1,54 @@
-"""Greedy mean-affinity agglomeration one merge at a time, compiled by Numba: a heap of
-candidate edges and each region's edges in a linked list of slots.
+"""Greedy mean-affinity agglomeration one merge at a time, compiled by Numba: an indexed
+heap of candidate edges (`edge_heap_numba.py`) and each region's edges in a linked list of
+slots.
 
 Same rule as the vectorised rounds of `merge.py`: the edge of least score (1 - mean
 affinity) first, ties by the regions' ids. A merge walks the edges of the region with fewer
 edges and adds each into the other region's edge to the same neighbour (found in an
 open-addressing hash of region pairs) or moves it there, as waterz's region graph does;
-`merge.py` names each final region by its least member afterwards. Memory: about 100 bytes
-per edge (the edges' arrays, two list slots, two to four hash slots) and 40 per heap entry.
+`merge.py` names each final region by its least member afterwards.
+
+Memory per edge, with int32 indices (fewer than 2**30 edges and 2**31 regions), fixed when
+the loop starts: the caller's ends, sums and counts, changed in place (4 + 4 + 8 + 8
+bytes), two list slots (2 x 4), two to four hash slots of 12 bytes (an int64 pair and an
+int32 edge) and the heap's 16 (its index, the edge's position and score); no copies.
 """
 
 from __future__ import annotations
 
-import heapq
 from typing import Any
 
 import numpy as np
 from numba import njit
 
+from znni.engine.agglomerate import edge_heap_numba as edge_heap
 from znni.engine.agglomerate.fragments import QUANTUM
+
+
+def index_dtype(edges: int, regions: int) -> type[np.signedinteger]:
+    """int32 where the list slots (2 per edge) and the regions fit it, else int64."""
+    return np.int32 if max(2 * edges, regions) < 2**31 else np.int64
+
+
+def greedy(a: np.ndarray, b: np.ndarray, total: np.ndarray, count: np.ndarray, n: int,
+           threshold: float, frozen: np.ndarray | None = None) -> np.ndarray:
+    """The parent of each region after greedy merging until no edge scores below the
+    threshold (a < b per edge, summed; regions 0..n-1); roots are the surviving regions.
+    `a`, `b` (of `index_dtype`, or int64), `total` and `count` (int64) are the loop's
+    working arrays and are changed: pass arrays of your own.
+
+    `frozen` (a block's pre-merge): regions whose edges are not all in the graph. They do
+    not merge, nor does a region whose best edge leads to one (it is frozen in turn): only
+    pairs that are each other's best neighbour over all their edges merge, which any greedy
+    order of the whole graph merges too (mean affinity is a reducible linkage)."""
+    index = np.dtype(index_dtype(len(a), n))
+    if a.dtype != b.dtype or a.dtype not in (index, np.dtype(np.int64)):
+        raise TypeError(f"edge ends must both be {index} (or int64), not {a.dtype} and "
+                        f"{b.dtype}")
+    if total.dtype != np.int64 or count.dtype != np.int64:
+        raise TypeError(f"sums and counts must be int64, not {total.dtype} and {count.dtype}")
+    nxt = np.full(2 * len(a), -1, a.dtype)  # each slot's next in its region's list
+    return _greedy(a, b, total, count, n, threshold, frozen, nxt)
 
 
 @njit(cache=True, nogil=True)
@@ -26,13 +57,12 @@ def _score(total: np.int64, count: np.int64) -> float:
 
 
 @njit(cache=True, nogil=True)
-def _lists(a: np.ndarray, b: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray,
-                                                            np.ndarray]:
+def _lists(a: np.ndarray, b: np.ndarray, n: int, nxt: np.ndarray
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each region's edges as a linked list of slots (slot 2e: edge e at a[e], 2e + 1: at
-    b[e]): (head, tail, next, live degree)."""
+    b[e]), linked through `nxt`: (head, tail, live degree)."""
     head = np.full(n, -1, np.int64)
     tail = np.full(n, -1, np.int64)
-    nxt = np.full(2 * len(a), -1, np.int64)
     degree = np.zeros(n, np.int64)
     for e in range(len(a)):
         for side in range(2):
@@ -44,7 +74,7 @@ def _lists(a: np.ndarray, b: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray
                 nxt[tail[x]] = s
             tail[x] = s
             degree[x] += 1
-    return head, tail, nxt, degree
+    return head, tail, degree
 
 
 _EMPTY, _GONE = -1, -2  # a hash slot never used; one whose pair was deleted
@@ -69,17 +99,19 @@ def _slot(keys: np.ndarray, key: np.int64, inserting: bool) -> np.int64:
 
 
 @njit(cache=True, nogil=True)
-def _table(ends: np.ndarray, cnt: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """The hash of the live edges' region pairs, at most half full."""
+def _table(a: np.ndarray, b: np.ndarray, cnt: np.ndarray, n: int
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """The hash of the live edges' region pairs (keys) to their edges (values, of the ends'
+    dtype), at most half full."""
     live = np.count_nonzero(cnt)
     size = 1
     while size < 2 * live + 2:
         size *= 2
     keys = np.full(size, _EMPTY, np.int64)
-    values = np.empty(size, np.int64)
+    values = np.empty(size, a.dtype)
     for i in range(len(cnt)):
         if cnt[i] > 0:
-            key = _pair(ends[0, i], ends[1, i], n)
+            key = _pair(a[i], b[i], n)
             at = _slot(keys, key, True)
             keys[at], values[at] = key, i
     return keys, values
@@ -91,36 +123,22 @@ def _pair(x: Any, y: Any, n: int) -> np.int64:
 
 
 @njit(cache=True, nogil=True)
-def greedy(a: np.ndarray, b: np.ndarray, total: np.ndarray, count: np.ndarray, n: int,
-           threshold: float, frozen: np.ndarray | None = None) -> np.ndarray:
-    """The parent of each region after greedy merging until no edge scores below the
-    threshold (a < b per edge, summed; regions 0..n-1); roots are the surviving regions.
-
-    `frozen` (a block's pre-merge): regions whose edges are not all in the graph. They do
-    not merge, nor does a region whose best edge leads to one (it is frozen in turn): only
-    pairs that are each other's best neighbour over all their edges merge, which any greedy
-    order of the whole graph merges too (mean affinity is a reducible linkage)."""
-    ends = np.empty((2, len(a)), np.int64)  # the regions each edge joins, as it changes
-    ends[0], ends[1] = a, b
-    tot, cnt = total.copy(), count.copy()
-    version = np.zeros(len(a), np.int64)
-    head, tail, nxt, degree = _lists(ends[0], ends[1], n)
+def _greedy(a: np.ndarray, b: np.ndarray, tot: np.ndarray, cnt: np.ndarray, n: int,
+            threshold: float, frozen: np.ndarray | None, nxt: np.ndarray) -> np.ndarray:
+    head, tail, degree = _lists(a, b, n, nxt)
     length = degree.copy()  # slots in each region's list, dead ones included
-    keys, values = _table(ends, cnt, n)  # region pair -> edge
-    used = np.zeros(1, np.int64)  # slots ever filled (pairs and deleted ones)
-    used[0] = len(a)
-    heap = [(0.0, np.int64(0), np.int64(0), np.int64(0), np.int64(0))]
-    heap.pop()
+    keys, values = _table(a, b, cnt, n)  # region pair -> edge
+    state = np.zeros(2, np.int64)  # hash slots ever filled (pairs, deleted ones); heap size
+    state[0] = len(a)
+    score = np.empty(len(a), np.float64)
     for i in range(len(a)):
-        first = _score(tot[i], cnt[i])
-        if first < threshold:
-            heap.append((first, ends[0, i], ends[1, i], np.int64(i), np.int64(0)))
-    heapq.heapify(heap)
+        score[i] = _score(tot[i], cnt[i])
+    heap, pos = np.empty(len(a), a.dtype), np.full(len(a), -1, a.dtype)
+    edge_heap.build(heap, pos, state, score, a, b, threshold)
     parent = np.arange(n)
-    while len(heap) > 0:
-        s, x, y, e, ver = heapq.heappop(heap)
-        if cnt[e] == 0 or version[e] != ver:
-            continue  # merged away, or changed since (its new entry is in the heap)
+    while state[1] > 0:
+        e = edge_heap.pop(heap, pos, state, score, a, b)
+        x, y = min(a[e], b[e]), max(a[e], b[e])
         if frozen is not None and (frozen[x] or frozen[y]):
             frozen[x] = frozen[y] = True  # e is the best edge of both
             continue
@@ -132,27 +150,29 @@ def greedy(a: np.ndarray, b: np.ndarray, total: np.ndarray, count: np.ndarray, n
         cnt[e] = 0
         keys[_slot(keys, _pair(x, y, n), False)] = _GONE
         degree[keep] -= 1
-        _move(keep, gone, n, ends, tot, cnt, version, head, tail, nxt, degree, keys, values,
-              heap, threshold, used)
+        _move(keep, gone, n, a, b, tot, cnt, head, tail, nxt, degree, keys, values,
+              (heap, pos, state, score), threshold)
         parent[gone] = keep
-        if 4 * used[0] > 3 * len(keys):  # deleted slots lengthen every probe: rebuild
-            keys, values = _table(ends, cnt, n)
-            used[0] = np.count_nonzero(cnt)
+        if 4 * state[0] > 3 * len(keys):  # deleted slots lengthen every probe: rebuild
+            keys, values = _table(a, b, cnt, n)
+            state[0] = np.count_nonzero(cnt)
     return parent
 
 
 @njit(cache=True, nogil=True)
-def _move(keep: Any, gone: Any, n: int, ends: np.ndarray, tot: np.ndarray, cnt: np.ndarray,
-          version: np.ndarray, head: np.ndarray, tail: np.ndarray, nxt: np.ndarray,
-          degree: np.ndarray, keys: np.ndarray, values: np.ndarray, heap: list,
-          threshold: float, used: np.ndarray) -> None:
-    """`gone`'s edges added into keep's edge to the same region, or moved to keep."""
+def _move(keep: Any, gone: Any, n: int, a: np.ndarray, b: np.ndarray, tot: np.ndarray,
+          cnt: np.ndarray, head: np.ndarray, tail: np.ndarray, nxt: np.ndarray,
+          degree: np.ndarray, keys: np.ndarray, values: np.ndarray, queue: tuple,
+          threshold: float) -> None:
+    """`gone`'s edges added into keep's edge to the same region, or moved to keep; each
+    changed edge takes its new place in the heap (`queue`: heap, positions, state, scores)."""
+    heap, pos, state, score = queue
     s = head[gone]
     while s != -1:
         f = s >> 1
         if cnt[f] > 0:
-            side = 0 if ends[0, f] == gone else 1
-            other = ends[1 - side, f]
+            at_a = a[f] == gone
+            other = b[f] if at_a else a[f]
             keys[_slot(keys, _pair(gone, other, n), False)] = _GONE
             at = _slot(keys, _pair(keep, other, n), True)
             if keys[at] >= 0:  # keep has an edge to `other` already: one edge of the two
@@ -160,21 +180,21 @@ def _move(keep: Any, gone: Any, n: int, ends: np.ndarray, tot: np.ndarray, cnt: 
                 tot[g] += tot[f]
                 cnt[g] += cnt[f]
                 cnt[f] = 0
+                edge_heap.remove(heap, pos, state, f, score, a, b)
                 degree[other] -= 1
-                changed = g
+                changed = np.int64(g)
             else:  # the edge now joins keep and `other`
-                ends[side, f] = keep
+                if at_a:
+                    a[f] = keep
+                else:
+                    b[f] = keep
                 if keys[at] == _EMPTY:
-                    used[0] += 1
+                    state[0] += 1
                 keys[at], values[at] = _pair(keep, other, n), f
                 degree[keep] += 1
-                changed = f
-            version[changed] += 1
-            score = _score(tot[changed], cnt[changed])
-            if score < threshold:
-                lo = min(ends[0, changed], ends[1, changed])
-                hi = max(ends[0, changed], ends[1, changed])
-                heapq.heappush(heap, (score, lo, hi, changed, version[changed]))
+                changed = np.int64(f)
+            edge_heap.place(heap, pos, state, changed, _score(tot[changed], cnt[changed]),
+                            score, a, b, threshold)
         s = nxt[s]
     if head[gone] != -1:  # gone's slots join keep's list (dead ones are skipped)
         if head[keep] == -1:

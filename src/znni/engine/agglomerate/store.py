@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,15 +69,23 @@ class GraphStore:
         with self.db:  # one transaction
             self.db.execute("INSERT OR REPLACE INTO block_graph VALUES (?, ?)", (key, data))
 
-    def blocks(self, keys: list[str]) -> list[BlockGraph]:
-        """The graphs of these rows (INNER or FACES + a block's key); ValueError naming one
-        that is missing."""
-        rows = dict(self.db.execute("SELECT block, data FROM block_graph"))
-        missing = [k for k in keys if k not in rows]
+    def blocks(self, keys: list[str]) -> Iterator[BlockGraph]:
+        """The graphs of these rows (INNER or FACES + a block's key), each read when it is
+        asked for (the whole file is never in memory at once); ValueError naming one that is
+        missing, before any is read."""
+        present = {key for (key,) in self.db.execute("SELECT block FROM block_graph")}
+        missing = [k for k in keys if k not in present]
         if missing:
             raise ValueError(f"the region graph in {self.path} lacks {len(missing)} blocks "
                              f"(e.g. {missing[0]}); rerun with --overwrite")
-        return [unpack(rows[k]) for k in keys]
+        return (unpack(self._row(k)) for k in keys)
+
+    def _row(self, key: str) -> bytes:
+        row = self.db.execute("SELECT data FROM block_graph WHERE block = ?", (key,)).fetchone()
+        if row is None:
+            raise ValueError(f"the region graph in {self.path} lost block {key!r} while it "
+                             "was read; rerun with --overwrite")
+        return bytes(row[0])
 
     def put_segments(self, threshold: float, fingerprint: str, fragments: np.ndarray,
                      segments: np.ndarray) -> None:
