@@ -11,7 +11,7 @@ open-addressing hash of region pairs) or moves it there, as waterz's region grap
 Memory per edge, with int32 indices (fewer than 2**30 edges and 2**31 regions), fixed when
 the loop starts: the caller's ends, sums and counts, changed in place (4 + 4 + 8 + 8
 bytes), two list slots (2 x 4), two to four hash slots of 12 bytes (an int64 pair and an
-int32 edge) and the heap's 16 (its index, the edge's position and score); no copies.
+int32 edge) and the heap's 16 (a score and an index in the heap, a position); no copies.
 """
 
 from __future__ import annotations
@@ -130,14 +130,16 @@ def _greedy(a: np.ndarray, b: np.ndarray, tot: np.ndarray, cnt: np.ndarray, n: i
     keys, values = _table(a, b, cnt, n)  # region pair -> edge
     state = np.zeros(2, np.int64)  # hash slots ever filled (pairs, deleted ones); heap size
     state[0] = len(a)
-    score = np.empty(len(a), np.float64)
-    for i in range(len(a)):
-        score[i] = _score(tot[i], cnt[i])
-    heap, pos = np.empty(len(a), a.dtype), np.full(len(a), -1, a.dtype)
-    edge_heap.build(heap, pos, state, score, a, b, threshold)
+    key, heap, pos = np.empty(len(a)), np.empty(len(a), a.dtype), np.full(len(a), -1, a.dtype)
+    for i in range(len(a)):  # the edges below the threshold, then made a heap
+        score = _score(tot[i], cnt[i])
+        if score < threshold:
+            key[state[1]], heap[state[1]] = score, i
+            state[1] += 1
+    edge_heap.build(key, heap, pos, state, a, b)
     parent = np.arange(n)
     while state[1] > 0:
-        e = edge_heap.pop(heap, pos, state, score, a, b)
+        e = edge_heap.pop(key, heap, pos, state, a, b)
         x, y = min(a[e], b[e]), max(a[e], b[e])
         if frozen is not None and (frozen[x] or frozen[y]):
             frozen[x] = frozen[y] = True  # e is the best edge of both
@@ -151,7 +153,7 @@ def _greedy(a: np.ndarray, b: np.ndarray, tot: np.ndarray, cnt: np.ndarray, n: i
         keys[_slot(keys, _pair(x, y, n), False)] = _GONE
         degree[keep] -= 1
         _move(keep, gone, n, a, b, tot, cnt, head, tail, nxt, degree, keys, values,
-              (heap, pos, state, score), threshold)
+              (key, heap, pos, state), threshold)
         parent[gone] = keep
         if 4 * state[0] > 3 * len(keys):  # deleted slots lengthen every probe: rebuild
             keys, values = _table(a, b, cnt, n)
@@ -165,8 +167,8 @@ def _move(keep: Any, gone: Any, n: int, a: np.ndarray, b: np.ndarray, tot: np.nd
           degree: np.ndarray, keys: np.ndarray, values: np.ndarray, queue: tuple,
           threshold: float) -> None:
     """`gone`'s edges added into keep's edge to the same region, or moved to keep; each
-    changed edge takes its new place in the heap (`queue`: heap, positions, state, scores)."""
-    heap, pos, state, score = queue
+    changed edge takes its new place in the heap (`queue`: keys, edges, positions, state)."""
+    key, heap, pos, state = queue
     s = head[gone]
     while s != -1:
         f = s >> 1
@@ -180,7 +182,7 @@ def _move(keep: Any, gone: Any, n: int, a: np.ndarray, b: np.ndarray, tot: np.nd
                 tot[g] += tot[f]
                 cnt[g] += cnt[f]
                 cnt[f] = 0
-                edge_heap.remove(heap, pos, state, f, score, a, b)
+                edge_heap.remove(key, heap, pos, state, f, a, b)
                 degree[other] -= 1
                 changed = np.int64(g)
             else:  # the edge now joins keep and `other`
@@ -193,8 +195,8 @@ def _move(keep: Any, gone: Any, n: int, a: np.ndarray, b: np.ndarray, tot: np.nd
                 keys[at], values[at] = _pair(keep, other, n), f
                 degree[keep] += 1
                 changed = np.int64(f)
-            edge_heap.place(heap, pos, state, changed, _score(tot[changed], cnt[changed]),
-                            score, a, b, threshold)
+            edge_heap.place(key, heap, pos, state, changed, _score(tot[changed], cnt[changed]),
+                            a, b, threshold)
         s = nxt[s]
     if head[gone] != -1:  # gone's slots join keep's list (dead ones are skipped)
         if head[keep] == -1:

@@ -27,10 +27,11 @@ from znni.engine.agglomerate.fragments import QUANTUM
 from znni.engine.agglomerate.graph import BlockGraph
 from znni.engine.agglomerate.greedy_numba import greedy, index_dtype
 
-# the whole process's peak memory per basin edge, measured: 2.24 GB of peak RSS for 16.8 M
-# edges (133 bytes each, the process's ~0.6 GB before the global step included; znni 64^3
-# blocks on benchmarks/agglomerate.py's 256x384x384 at noise 0.1; docs/benchmarks.md
-# "Agglomeration"): a 10**8-edge graph needs about 12.6 GiB
+# the whole process's peak memory per basin edge, measured: 2.18 GB of peak RSS for 16.8 M
+# edges (130 bytes each, the process's ~0.6 GB before the global step included; znni 64^3
+# blocks on benchmarks/agglomerate.py's 256x384x384 at noise 0.1) and 12.14 GB for a
+# synthetic 96.5 M-edge graph (126 bytes each; benchmarks/agglomerate_memory.py; docs/
+# benchmarks.md "Agglomeration")
 MEMORY_PER_EDGE_BYTES = 135
 
 
