@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 import cloudpickle
@@ -73,10 +74,10 @@ def computed(log: Path) -> list[str]:
 
 
 def run(stage: ThresholdStage, *, scheduler: str | None = None,
-        stop_after: int | None = None) -> SweepResult:
+        stop_after: int | None = None, pause_s: float = 0.0) -> SweepResult:
     """One sweep of the stage as `segment` runs one: the output's lock held, its ledger
     resumed when it belongs to this stage, started otherwise; stopped (cancelled) once
-    `stop_after` blocks are recorded."""
+    `stop_after` blocks are recorded (the progress callback first pausing `pause_s`)."""
     out = Location.parse(stage.target)
     parts = {"stage": "threshold", "source": stage.source, "level": stage.level}
     header, done = read_ledger(out, ctx=CTX)
@@ -87,6 +88,7 @@ def run(stage: ThresholdStage, *, scheduler: str | None = None,
 
     def progress(event: ProgressEvent) -> None:
         if stop_after is not None and event.blocks_done >= stop_after:
+            time.sleep(pause_s)
             cancel.set()
 
     return sweep(stage, blocks(), ledger=ledger, done=frozenset(done if resume else ()),
@@ -148,3 +150,18 @@ def test_a_finished_output_sweeps_nothing(tmp_path: Path) -> None:
     assert (again.blocks_total, again.blocks_todo, again.voxels_this_run) == (12, 0, 0)
     assert computed(Path(stage.log)) == []
     assert np.asarray(zarr.open_array(stage.target)[...]).all()
+
+
+@pytest.mark.slow
+def test_a_cancel_stops_at_the_next_block_when_the_rest_finished_together(
+        tmp_path: Path) -> None:
+    """The client is slow to record the first block (its progress callback pauses 3 s), so
+    every other block has finished when the cancel comes and the next look finds them all
+    at once: the run stops at the next of them, not after recording them all."""
+    pytest.importorskip("distributed")
+    volume = np.random.default_rng(6).random(SHAPE, dtype=np.float32)
+    stage = make_stage(tmp_path, "paused", volume)
+    with pytest.raises(SegmentCancelled):
+        run(stage, scheduler="local:2", stop_after=1, pause_s=3.0)
+    recorded = read_ledger(Location.parse(stage.target), ctx=CTX)[1]
+    assert 1 <= len(recorded) <= 2  # the blocks computed meanwhile are not recorded

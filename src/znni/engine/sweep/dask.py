@@ -17,7 +17,10 @@ new worker processes import znni again). A batch cluster is asked for at most N 
 never more than the blocks of the sweep at hand; its jobs are cancelled when it closes.
 The client looks for finished blocks every CANCEL_POLL_S, so a cancel (SIGTERM, Ctrl-C) is
 seen while batch workers still wait in the queue; every KEEP_S meanwhile a batch cluster
-asks again for the jobs whose workers are gone (`batch.keep_batch`).
+asks again for the jobs whose workers are gone (`batch.keep_batch`). It does so too while
+it fetches a finished block's result that must be computed again because its worker died
+after the task ended: a fetch that waited without asking could wait for ever for a worker
+(a run whose every worker job was killed).
 """
 
 from __future__ import annotations
@@ -175,7 +178,9 @@ def _run_tasks(client: Any, stage_future: Any, blocks: Sequence[Block], on_done:
                skipped: set[str] | None, keep: Callable[[int], None] | None = None) -> None:
     """One task per block; `on_done` as each returns. A cancel stops at the next finished
     block, or at once while none finishes (blocks then in flight are rewritten by the rerun
-    that resumes, as after a kill). `keep(blocks left)`: every KEEP_S while none finishes."""
+    that resumes, as after a kill). `keep(blocks left)`: every KEEP_S while none finishes,
+    and while a finished block's result is computed again (its worker was lost after the
+    task ended: fetching it waits for a worker, which may be the one `keep` asks for)."""
     from distributed import as_completed
 
     by_key = {b.key: b for b in blocks}
@@ -189,16 +194,14 @@ def _run_tasks(client: Any, stage_future: Any, blocks: Sequence[Block], on_done:
     while pending:
         ready = finished.next_batch(block=False)
         if not ready:
-            if cancel is not None and cancel.is_set():
-                client.cancel(list(pending))
-                raise SegmentCancelled(f"cancelled after {n} of {len(blocks)} blocks")
+            _stop_if_cancelled(client, cancel, pending, n, len(blocks))
             if keep is not None and time.perf_counter() - kept > KEEP_S:
                 keep(len(pending))
                 kept = time.perf_counter()
             time.sleep(CANCEL_POLL_S)
             continue
         for fut in ready:
-            key, times = fut.result()
+            key, times = _result(fut, client, cancel, pending, keep, n, len(blocks))
             pending.discard(fut)
             fut.release()  # forget the result, so a later worker death cannot resurrect it
             n += 1
@@ -208,6 +211,25 @@ def _run_tasks(client: Any, stage_future: Any, blocks: Sequence[Block], on_done:
             timer.merge(times)
             on_done(by_key[key], None)
             t_wait = time.perf_counter()
-        if cancel is not None and cancel.is_set() and pending:
-            client.cancel(list(pending))
-            raise SegmentCancelled(f"cancelled after {n} of {len(blocks)} blocks")
+            if pending:  # at the next finished block, even within one batch of them
+                _stop_if_cancelled(client, cancel, pending, n, len(blocks))
+
+
+def _result(fut: Any, client: Any, cancel: threading.Event | None, pending: set[Any],
+            keep: Callable[[int], None] | None, n: int, total: int) -> Any:
+    """A finished task's value, waited for KEEP_S at a time: between tries a cancel stops
+    the run and `keep` asks again for lost batch jobs."""
+    while True:
+        try:
+            return fut.result(timeout=KEEP_S)
+        except TimeoutError:
+            _stop_if_cancelled(client, cancel, pending, n, total)
+            if keep is not None:
+                keep(len(pending))
+
+
+def _stop_if_cancelled(client: Any, cancel: threading.Event | None, pending: set[Any],
+                       n: int, total: int) -> None:
+    if cancel is not None and cancel.is_set():
+        client.cancel(list(pending))
+        raise SegmentCancelled(f"cancelled after {n} of {total} blocks")
