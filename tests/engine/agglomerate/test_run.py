@@ -190,3 +190,7 @@ def test_the_summary_names_each_output(tmp_path: Path, affs) -> None:
     assert run.returncode == 0, run.stderr
     assert "s-0.3.zarr: threshold 0.3" in run.stderr and "s-0.7.zarr" in run.stderr
     assert (tmp_path / "s-all.zarr.agglomerate" / "graph.sqlite").exists()
+    # the global step, which runs long on large graphs, says what it is doing
+    for line in ("agglomerate: joining the region graphs of 1 blocks", "basin edges among",
+                 "agglomerate 0.3: ", "agglomerate 0.7: "):
+        assert line in run.stderr, run.stderr

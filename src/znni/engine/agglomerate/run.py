@@ -184,15 +184,22 @@ def _agglomerate_graph(prep: PreparedAgglomeration, store: GraphStore, wanted: l
                        summary: dict[str, Any]) -> dict[str, Any]:
     """The blocks' graphs joined and agglomerated; each threshold's table stored."""
     blocks = split_blocks(prep.source.region, prep.block, prep.block, NO_HALO, (1, 1, 1))
+    log.info("agglomerate: joining the region graphs of %d blocks", len(blocks))
+    start = time.perf_counter()
     graph = merge.basin_graph(store.blocks([kind + b.key for b in blocks
                                             for kind in (INNER, FACES)]))
+    log.info("agglomerate: %s basin edges among %s basins (joined in %.1f s); merging",
+             f"{len(graph.a):,}", f"{len(graph.ids):,}", time.perf_counter() - start)
     segments = dict(summary.get("segments", {}))
     thresholds = sorted(wanted)
+    start = time.perf_counter()
     for threshold, segment in zip(thresholds, merge.agglomerate(graph, thresholds),
                                   strict=True):
         fragments, names = merge.segment_table(graph, segment)
         store.put_segments(threshold, prep.fingerprint, fragments, names)
         segments[str(threshold)] = int(np.count_nonzero(segment == np.arange(len(segment))))
+        log.info("agglomerate %g: %s segments (%.1f s)", threshold,
+                 f"{segments[str(threshold)]:,}", time.perf_counter() - start)
     summary = {"fragments": len(graph.fragments), "basins": len(graph.ids),
                "edges": len(graph.a), "segments": segments}
     store.put_summary(prep.fingerprint, summary)
