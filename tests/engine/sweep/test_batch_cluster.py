@@ -89,9 +89,13 @@ def _cluster(tmp: Path, memory: str | None = "1GiB") -> tuple[dict[str, str], Pa
 
 
 def _all_cancelled(state: Path, jobs: list[str]) -> None:
-    """Every job was cancelled once and none of its processes is left."""
+    """Every job was cancelled and none of its processes is left. A job may be cancelled
+    twice: distributed's SpecCluster takes a worker retired at close for a lost one and,
+    after `deploy.lost-worker-timeout` (0.5 s in the killed-job test), cancels its job
+    again if the close has not yet forgotten it (seen: scancel 3, 2, then 2 again 0.58 s
+    later); the second scancel of an ended job does nothing."""
     cancelled = [c[1] for c in fake_batch.calls(state) if c[0] == "scancel"]
-    assert sorted(cancelled, key=int) == jobs
+    assert sorted(set(cancelled), key=int) == jobs
     for job in jobs:
         assert fake_batch.live_pids(fake_batch.pgid(state, job)) == [], job
 
