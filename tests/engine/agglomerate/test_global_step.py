@@ -124,7 +124,7 @@ def test_compiling_the_kernels_ahead_covers_the_types_a_run_uses() -> None:
     script = (
         "from znni.engine.agglomerate.compile_kernels import compile_kernels\n"
         "from znni.engine.agglomerate import graph_numba, greedy_numba\n"
-        "assert compile_kernels() > 0\n"
+        "compile_kernels()\n"
         "print(sorted({str(s[0]) for s in graph_numba.edge_keys.signatures}))\n"
         "print(sorted({str(s[6]) for s in greedy_numba._greedy.signatures}))\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
