@@ -35,6 +35,14 @@ def _before(si: float, i: Any, sj: float, j: Any, a: np.ndarray, b: np.ndarray) 
 
 
 @njit(cache=True, nogil=True)
+def _put(key: np.ndarray, edge: np.ndarray, pos: np.ndarray, k: Any, s: float, e: Any
+         ) -> None:
+    """Edge e (score s) at heap slot k."""
+    key[k], edge[k] = s, e
+    pos[e] = k
+
+
+@njit(cache=True, nogil=True)
 def _up(key: np.ndarray, edge: np.ndarray, pos: np.ndarray, k: Any, a: np.ndarray,
         b: np.ndarray) -> None:
     s, e = key[k], edge[k]
@@ -42,11 +50,9 @@ def _up(key: np.ndarray, edge: np.ndarray, pos: np.ndarray, k: Any, a: np.ndarra
         parent = (k - 1) >> 2
         if not _before(s, e, key[parent], edge[parent], a, b):
             break
-        key[k], edge[k] = key[parent], edge[parent]
-        pos[edge[k]] = k
+        _put(key, edge, pos, k, key[parent], edge[parent])
         k = parent
-    key[k], edge[k] = s, e
-    pos[e] = k
+    _put(key, edge, pos, k, s, e)
 
 
 @njit(cache=True, nogil=True)
@@ -63,11 +69,9 @@ def _down(key: np.ndarray, edge: np.ndarray, pos: np.ndarray, k: Any, size: Any,
                 child = c
         if not _before(key[child], edge[child], s, e, a, b):
             break
-        key[k], edge[k] = key[child], edge[child]
-        pos[edge[k]] = k
+        _put(key, edge, pos, k, key[child], edge[child])
         k = child
-    key[k], edge[k] = s, e
-    pos[e] = k
+    _put(key, edge, pos, k, s, e)
 
 
 @njit(cache=True, nogil=True)
@@ -101,9 +105,8 @@ def remove(key: np.ndarray, edge: np.ndarray, pos: np.ndarray, state: np.ndarray
     state[1] -= 1
     last = state[1]
     if k != last:  # the last leaf fills the hole and finds its place
-        key[k], edge[k] = key[last], edge[last]
-        moved = edge[k]
-        pos[moved] = k
+        moved = edge[last]
+        _put(key, edge, pos, k, key[last], moved)
         _up(key, edge, pos, k, a, b)
         _down(key, edge, pos, pos[moved], last, a, b)
 
@@ -120,7 +123,6 @@ def place(key: np.ndarray, edge: np.ndarray, pos: np.ndarray, state: np.ndarray,
     if k < 0:
         k = state[1]
         state[1] += 1
-    key[k], edge[k] = value, e
-    pos[e] = k
+    _put(key, edge, pos, k, value, e)
     _up(key, edge, pos, k, a, b)
     _down(key, edge, pos, pos[e], state[1], a, b)
