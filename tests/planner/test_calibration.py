@@ -275,6 +275,78 @@ def test_a_calibration_measures_only_the_parts_asked_and_resumes(tmp_path, monke
     assert calibrate.calibrated_profile(base, parts=("graph",)).calibrated and ran == []
 
 
+def test_a_first_plan_measures_its_part_and_the_rest_comes_once(tmp_path,
+                                                              monkeypatch) -> None:
+    """first_plan measures FIRST_PLAN_SHAPES' steps and the pools only, fits a partial
+    profile from them and keeps them as the whole calibration's steps: a second first plan
+    measures nothing, the whole calibration then only the rest, and after it a first plan
+    gets the whole calibration's profile."""
+    from znni.planner.graph import openvino_costs
+
+    monkeypatch.setattr(openvino_costs, "openvino_ready", lambda: False)
+    ran: list[str] = []
+    _fake_parts(monkeypatch, tmp_path, ran)
+    first_shapes = calibrate.QUICK_SHAPES[:2]
+    monkeypatch.setattr(calibrate, "FIRST_PLAN_SHAPES", first_shapes)
+    wanted = {",".join(map(str, s)) for s in (*first_shapes, *calibrate.QUICK_POOLS)}
+    base = _profile()
+
+    first = calibrate.calibrated_profile(base, first_plan=True)
+    assert first.calibrated and first.partial_calibration
+    assert first.cpu_rates != base.cpu_rates
+    assert ran and {k.rsplit(" ", 1)[-1] for k in ran} == wanted
+    assert any(k.startswith("maxpool") for k in ran)
+    cached = json.loads(calibrate.cache_path(2).read_text())
+    assert cached["parts"] == [] and sorted(cached["steps"]) == sorted(ran)
+    first_ran = list(ran)
+
+    ran.clear()
+    assert calibrate.calibrated_profile(base, first_plan=True).partial_calibration
+    assert ran == []  # cached: nothing measured again
+    cached_first = calibrate.calibrated_profile(base, measure=False)  # segment, the server
+    assert cached_first == first and ran == []
+
+    whole = calibrate.calibrated_profile(base)
+    assert whole.calibrated and not whole.partial_calibration
+    assert ran and not set(ran) & set(first_ran)  # only the rest
+    ran.clear()
+    assert calibrate.calibrated_profile(base, first_plan=True) == whole and ran == []
+
+
+def test_znni_plan_says_when_its_rates_are_a_first_plans(tmp_path, monkeypatch,
+                                                         capsys) -> None:
+    """`znni plan NETWORK` on an uncalibrated machine measures only a first plan's part and
+    says so (text and --json); once the whole calibration is cached it says nothing."""
+    from pathlib import Path
+
+    from znni.cli import main
+    from znni.cli.plan import PARTIAL_NOTE
+    from znni.planner.graph import openvino_costs
+
+    monkeypatch.setattr(openvino_costs, "openvino_ready", lambda: False)
+    ran: list[str] = []
+    _fake_parts(monkeypatch, tmp_path, ran)
+    monkeypatch.setattr(calibrate, "FIRST_PLAN_SHAPES", calibrate.QUICK_SHAPES[:1])
+    net = Path(__file__).resolve().parents[2] / "benchmarks" / "networks" / "n337.json"
+    assert main(["plan", str(net)]) == 0
+    assert PARTIAL_NOTE in capsys.readouterr().out
+    assert ran and all(k.rsplit(" ", 1)[-1] in {"1,1,8,3,20", "1,4,31", "8,4,15"}
+                       for k in ran)
+    assert main(["plan", str(net), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["partial_calibration"] == PARTIAL_NOTE
+    import zarr
+
+    zarr.create_array(store=str(tmp_path / "in.zarr"), shape=(90, 90, 90),
+                      chunks=(45, 45, 45), dtype="uint8")
+    ran.clear()
+    assert main(["plan", str(net), "--input", str(tmp_path / "in.zarr")]) == 0  # a run's
+    assert "first plan on this machine" not in capsys.readouterr().out
+    assert any(k.rsplit(" ", 1)[-1] == "8,8,8,3,10" for k in ran)  # the rest, measured now
+    assert json.loads(calibrate.cache_path(2).read_text())["parts"] == ["cpu"]
+    assert main(["plan", str(net)]) == 0
+    assert "first plan on this machine" not in capsys.readouterr().out
+
+
 def test_a_plan_for_another_machine_never_calibrates(tmp_path, monkeypatch, capsys) -> None:
     """`znni plan --machine PROFILE` reads no calibration and writes none."""
     from pathlib import Path

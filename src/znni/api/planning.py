@@ -90,12 +90,15 @@ def plan_summary(
     from znni.planner.search import region_voxels_per_second
 
     machine = _machine(settings)
+    # rates from a first plan's part of the calibration (`znni plan` measured no more yet)
+    partial = {"partial_calibration": True} if machine.partial_calibration else {}
     if region is None:
         plan = flipped_plan(exact_plan(model, machine, settings, device, memory_limit_bytes),
                             job.flips, model)
-        return {"mode": "exact", **plan.to_dict(), **job.fields(model.out_channels, 0)}
+        return {"mode": "exact", **plan.to_dict(), **job.fields(model.out_channels, 0),
+                **partial}
     plan = job_plan(model, machine, settings, device, memory_limit_bytes, region, job)
-    return {"mode": "exact", **plan.to_dict(), "region": list(region),
+    return {"mode": "exact", **plan.to_dict(), **partial, "region": list(region),
             "predicted_seconds": region_seconds(region, region_voxels_per_second(plan, region)),
             "predicted_job_seconds": plan.job_seconds["total_s"],
             "job_peak_bytes": plan.job_seconds["peak_bytes"],

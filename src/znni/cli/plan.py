@@ -117,7 +117,10 @@ def run(args: argparse.Namespace) -> int:
     if args.window:
         raise ValueError(f"--window applies to ONNX graph models; {args.network} is a "
                          "sequential network, whose patch the planner chooses")
-    plan, machine = sequential_plan(network, args.device, limit, args.machine, region, flips)
+    # without a volume (or a cluster) only steady rates are shown: a first plan may fit them
+    # from part of the calibration; a run's prediction needs all of it
+    plan, machine = sequential_plan(network, args.device, limit, args.machine, region, flips,
+                                    first_plan=region is None and ask is None)
     if region is not None:
         plan = replace(job_plan(args, network, limit, machine, flips),
                        alternatives=plan.alternatives)
@@ -142,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
             extra["agglomerate"] = fields
         if cluster is not None:
             extra["cluster"] = cluster
+        if machine.partial_calibration:
+            extra["partial_calibration"] = PARTIAL_NOTE
         print(json.dumps({"mode": "exact", **plan.to_dict(), **extra}, indent=2))
     else:
         print(EXACT_MODE + "\n" + format_plan(plan, network, machine, region))
@@ -155,6 +160,8 @@ def run(args: argparse.Namespace) -> int:
             from znni.cli.plan_cluster import cluster_lines
 
             print(cluster_lines(cluster))
+        if machine.partial_calibration:
+            print(PARTIAL_NOTE)
     return 0
 
 
@@ -292,10 +299,11 @@ def region_from_args(args: argparse.Namespace, in_channels: int) -> tuple[int, i
 
 def sequential_plan(
     network: Network, device: str, limit: int | None, machine_name: str | None,
-    region: tuple[int, int, int] | None, flips: int = 1,
+    region: tuple[int, int, int] | None, flips: int = 1, first_plan: bool = False,
 ) -> tuple[Plan, MachineProfile]:
     """The plan `znni segment` makes: within its pass budget (engine.layout), on this
-    machine or the --machine profile; `flips` passes a patch (compute/tta.flipped_plan)."""
+    machine or the --machine profile; `flips` passes a patch (compute/tta.flipped_plan);
+    first_plan: an uncalibrated machine measures only a first plan's part (detect)."""
     from znni.engine.compute.layout import pass_budget_bytes
     from znni.engine.compute.tta import flipped_plan
     from znni.planner.detect import detect_machine
@@ -303,13 +311,21 @@ def sequential_plan(
     from znni.planner.plan import as_device
     from znni.planner.search import make_plan
 
-    machine = MachineProfile.load(machine_name) if machine_name else detect_machine()
+    machine = (MachineProfile.load(machine_name) if machine_name
+               else detect_machine(first_plan=first_plan))
     budget = pass_budget_bytes(limit, machine.memory_bytes if machine_name else None)
     plan = make_plan(network, machine=machine, device=as_device(device),
                      memory_limit_bytes=budget,
                      max_output=region)
     return flipped_plan(plan, flips, network), machine
 
+
+PARTIAL_NOTE = (
+    "first plan on this machine: its rates come from part of the calibration (the shapes "
+    "that fit the caches and two beyond them, ~27 s of ~100 s on 2 cores); on the benchmark "
+    "networks they predicted 0.88-1.13x the whole calibration's steady rate. The rest "
+    "(~75 s) is measured once, by the first `znni plan --input`; until then `znni segment` "
+    "and the server plan with these rates.")
 
 EXACT_MODE = (
     "mode: exact (a sequential network of valid convolutions and pools: computed densely "

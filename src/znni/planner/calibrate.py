@@ -68,6 +68,18 @@ FULL_SHAPES: tuple[ConvShape, ...] = (
 # fft_conv3d's sample chunks, each recomputing every kernel spectrum, with few output
 # channels per chunk; the regime of n726's and n926's big 7^3 and 9^3 layers.
 FFT_SHAPES: tuple[ConvShape, ...] = ((40, 80, 80, 9, 33), (24, 40, 40, 5, 41))
+# A first plan without a volume (`znni plan NETWORK`) needs steady rates only, so it fits
+# them from these alone: the nine cache-resident shapes (FFTW_ESTIMATE, no planning) and
+# two beyond the caches (27 s on 2 cores against ~100 s for all). The four benchmark
+# networks' plans at 2-8 GiB were predicted at 0.88-0.99x the whole calibration's steady
+# rate when these were chosen (fitted from one whole calibration's steps), and at
+# 0.97-1.13x on a fresh calibration (AMD EPYC Zen 4, 2 cores, 2026-11-29); the plan says
+# it is partial. Its steps are the whole calibration's, kept in
+# the cache: whatever predicts a run (--input, segment, the API) measures only the rest.
+FIRST_PLAN_SHAPES: tuple[ConvShape, ...] = (
+    (1, 8, 8, 3, 20), (1, 40, 40, 3, 40), (8, 40, 40, 3, 20), (1, 80, 80, 5, 32),
+    (8, 32, 32, 5, 24), (64, 24, 24, 3, 12), (1, 80, 80, 7, 36), (1, 4, 4, 3, 64),
+    (1, 16, 16, 3, 64), (64, 80, 80, 3, 17), (64, 80, 3, 3, 16))
 QUICK_SHAPES: tuple[ConvShape, ...] = (
     (1, 1, 8, 3, 20), (1, 8, 8, 3, 16), (8, 8, 8, 3, 10), (8, 8, 2, 3, 12))
 # (S, C, n) of MPF with 2^3 windows, small to large
@@ -125,7 +137,7 @@ def cache_path(cores: int) -> Path:
 
 def calibrated_profile(
     profile: MachineProfile, *, quick: bool = False, measure: bool = True,
-    parts: Sequence[str] = ("cpu",), quiet: bool = False,
+    parts: Sequence[str] = ("cpu",), quiet: bool = False, first_plan: bool = False,
 ) -> MachineProfile:
     """`profile` with measured rates and baseline RSS, from the cache or measured now.
 
@@ -133,7 +145,9 @@ def calibrated_profile(
     graph primitives, "openvino" OpenVINO's conv where it is installed, "int8" its int8
     conv's speed-up). measure=False
     never measures: the cached rates if there are any, else `profile` as is. quiet: no
-    progress bar. Its GPUs get their own cached rates (gpu_calibrate.cached_gpu_rates),
+    progress bar. first_plan: where the CPU primitives are not yet calibrated, measure
+    and fit FIRST_PLAN_SHAPES only (a profile with partial_calibration set) instead of
+    them all. Its GPUs get their own cached rates (gpu_calibrate.cached_gpu_rates),
     measured where `measure` and none are cached.
     """
     from znni.planner.graph.gpu_calibrate import cached_gpu_rates
@@ -144,7 +158,8 @@ def calibrated_profile(
     if quick:
         out = _quick_profile(profile)
     else:
-        out = _cpu_calibrated(profile, measure=measure, parts=parts, quiet=quiet)
+        out = _cpu_calibrated(profile, measure=measure, parts=parts, quiet=quiet,
+                              first_plan=first_plan)
     return replace(out, gpus=cached_gpu_rates(out.gpus, measure=measure, quick=quick))
 
 
@@ -197,7 +212,7 @@ def _from_cache(profile: MachineProfile, cached: dict[str, Any]) -> MachineProfi
 
 
 def _cpu_calibrated(profile: MachineProfile, *, measure: bool, parts: Sequence[str],
-                    quiet: bool) -> MachineProfile:
+                    quiet: bool, first_plan: bool = False) -> MachineProfile:
     """`profile` with its CPU rates and baseline RSS from the cache, or measured now."""
     path = cache_path(profile.cores)
     cached = _read_cache(path)
@@ -209,7 +224,9 @@ def _cpu_calibrated(profile: MachineProfile, *, measure: bool, parts: Sequence[s
         cached, have, usable = {}, [], None
     missing = [p for p in wanted_parts(parts) if p not in have]
     if not missing or not measure:
-        return usable or profile
+        return usable or _cached_first_plan(profile, cached) or profile
+    if first_plan and "cpu" in missing:
+        return _first_plan_profile(profile, cached, path, quiet)
     log.info("calibrating %s on this machine (once; cached in %s)", ", ".join(missing), path)
     t0, cpu0 = time.perf_counter(), time.process_time()
     state = {**cached, "version": CACHE_VERSION, "parts": list(have)}
@@ -247,6 +264,65 @@ def _measure_part(part: str, profile: MachineProfile, state: dict[str, Any], pat
         state["cpu_rates"] = {**state["cpu_rates"], **measured[part]}
     state["parts"] = [p for p in PARTS if p in {*state["parts"], part}]
     save(measured)
+
+
+def _first_plan_profile(profile: MachineProfile, cached: dict[str, Any], path: Path,
+                        quiet: bool) -> MachineProfile:
+    """`profile` with rates fitted from FIRST_PLAN_SHAPES' steps (and the pools'), those not
+    cached measured now and cached as the whole calibration's steps; partial_calibration."""
+    state = {**cached, "version": CACHE_VERSION, "parts": list(cached.get("parts", []))}
+    state.setdefault("steps", {})
+    wanted = {",".join(map(str, s)) for s in (*FIRST_PLAN_SHAPES, *FULL_POOLS)}
+
+    def save(measured: dict[str, Any]) -> None:
+        state["steps"] = measured
+        _write_cache(path, state)
+
+    t0 = time.perf_counter()
+    backends = Backends(quick=False)
+    try:
+        steps = [s for s in part_steps("cpu", profile, state, backends)
+                 if s.key.rsplit(" ", 1)[-1] in wanted]
+        if any(s.key not in state["steps"] for s in steps):
+            log.info("calibrating cpu for a first plan (%d of the %d shapes; the rest when a "
+                     "run is predicted; cached in %s)", len(FIRST_PLAN_SHAPES),
+                     len(FULL_SHAPES) + len(FFT_SHAPES), path)
+        measured = run_steps(steps, state["steps"], save, quiet=quiet)
+    finally:
+        backends.close()
+    if "base_rss_bytes" not in state:
+        state["base_rss_bytes"] = baseline_rss_bytes()
+        save(measured)
+    log.debug("first plan's calibration: %.1f s", time.perf_counter() - t0)
+    return _first_plan_fit(profile, measured, state["base_rss_bytes"])
+
+
+def _first_plan_fit(profile: MachineProfile, measured: dict[str, Any],
+                    base_rss_bytes: int) -> MachineProfile:
+    """`profile` with the rates fitted from the first plan's steps in `measured`."""
+    wanted = {",".join(map(str, s)) for s in (*FIRST_PLAN_SHAPES, *FULL_POOLS)}
+    rows = cpu_rows(measured, FIRST_PLAN_SHAPES, FULL_POOLS)
+    rates = fit_rates([(w, t) for _, w, t, _ in rows], dict(DEFAULT_CPU_RATES))
+    planning = fftw_s_per_point({k: v for k, v in measured.items()
+                                 if k.rsplit(" ", 1)[-1] in wanted})
+    if planning is not None:
+        rates["fftw_measure_s_per_point"] = planning
+    first = {"cpu_rates": rates, "cpu_scaling": fit_scaling(rows, rates),
+             "base_rss_bytes": base_rss_bytes}
+    return replace(_from_cache(profile, first), partial_calibration=True)
+
+
+def _cached_first_plan(profile: MachineProfile,
+                       cached: dict[str, Any]) -> MachineProfile | None:
+    """The first plan's profile where the cache holds all its steps (and no whole
+    calibration): what `znni segment` and the server use until the rest is measured."""
+    try:
+        out = _first_plan_fit(profile, cached["steps"], int(cached["base_rss_bytes"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+    log.info("planning with a first plan's partial calibration; `znni plan --input` "
+             "measures the rest")
+    return out
 
 
 def part_steps(part: str, profile: MachineProfile, state: dict[str, Any],

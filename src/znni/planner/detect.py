@@ -13,13 +13,14 @@ from znni.planner.calibrate import calibrated_profile
 from znni.planner.machine import GpuProfile, MachineProfile, available_memory_bytes
 
 
-def detect_machine(*, calibrate: bool | None = True,
-                   parts: tuple[str, ...] = ("cpu",)) -> MachineProfile:
+def detect_machine(*, calibrate: bool | None = True, parts: tuple[str, ...] = ("cpu",),
+                   first_plan: bool = False) -> MachineProfile:
     """This machine, with (cached) calibrated rates.
 
     calibrate: True measures the rates `parts` names (calibrate.PARTS) when none are
     cached; None uses cached rates if any, else the defaults (never measures); False
-    always uses the defaults.
+    always uses the defaults. first_plan: where the CPU is not yet calibrated, measure only
+    a first plan's part of it (calibrate.FIRST_PLAN_SHAPES; steady rates, no run's).
     """
     from znni.primitives.gpu import device_info  # CuPy, only when asked
 
@@ -37,7 +38,8 @@ def detect_machine(*, calibrate: bool | None = True,
         gpus=gpus,
     )
     if calibrate is not False:
-        profile = calibrated_profile(profile, measure=bool(calibrate), parts=parts)
+        profile = calibrated_profile(profile, measure=bool(calibrate), parts=parts,
+                                     first_plan=first_plan)
     return profile
 
 

@@ -151,6 +151,8 @@ class MachineProfile:
     # ((bytes_lo, factor_lo), (bytes_hi, factor_hi)). Caches make small layers faster
     # per unit of work than big ones, which one set of rates cannot express.
     cpu_scaling: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    # rates fitted from a first plan's part of the calibration (calibrate.FIRST_PLAN_SHAPES)
+    partial_calibration: bool = False
 
     def rate(self, key: str) -> float:
         return float(self.cpu_rates.get(key, DEFAULT_CPU_RATES[key]))
@@ -212,6 +214,7 @@ class MachineProfile:
             base_rss_bytes=int(d.get("base_rss_bytes", 150 * 2**20)),
             calibrated=bool(d.get("calibrated", False)),
             cpu_scaling=scaling,
+            partial_calibration=bool(d.get("partial_calibration", False)),
         )
 
     def save(self, path: str | Path) -> None:
