@@ -16,8 +16,11 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	$(BIN)/python -m znni.engine.agglomerate.compile_kernels
 	touch $@
 
+# --no-compile: pip's byte-compiling of every installed module took 50 of its 85 s on 2 cores
+# (torch, scipy, openvino...); the tests import a fraction of them, compiled on first import
+# and written once (the test target lets Python write bytecode, below)
 $(VENV)/.installed-test: $(BIN)/python pyproject.toml
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q --no-compile -e '.[test]'
 	$(BIN)/python -m znni.engine.agglomerate.compile_kernels
 	touch $@ $(VENV)/.installed
 
@@ -37,13 +40,14 @@ browser:
 	    --no-install-recommends chromium fonts-dejavu-core >/dev/null \
 	    || echo "make test: apt-get could not install chromium: the browser tests will skip"; }
 
-# src is byte-compiled first: where PYTHONDONTWRITEBYTECODE is set, every `znni` process
-# the tests start (hundreds) would otherwise compile it again (0.35 s each, measured)
+# Python may write bytecode here even where PYTHONDONTWRITEBYTECODE is set: otherwise every
+# process the tests start (hundreds) would compile src (0.35 s each, measured) and every
+# module pip did not compile, again and again
+test: export PYTHONDONTWRITEBYTECODE :=
 test: $(VENV)/.installed-test browser
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/lint-imports
 	$(BIN)/mypy
-	$(BIN)/python -m compileall -q src
 	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --durations=15 -m "not gpu"
 
 # Every @pytest.mark.gpu test, on the CUDA device; fails (never skips) without one. The gpu
