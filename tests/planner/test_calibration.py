@@ -277,7 +277,7 @@ def test_a_calibration_measures_only_the_parts_asked_and_resumes(tmp_path, monke
 
 def test_a_first_plan_measures_its_part_and_the_rest_comes_once(tmp_path,
                                                               monkeypatch) -> None:
-    """first_plan measures FIRST_PLAN_SHAPES' steps and the pools only, fits a partial
+    """first_plan measures FIRST_PLAN_SHAPES' and FIRST_PLAN_POOLS' steps only, fits a partial
     profile from them and keeps them as the whole calibration's steps: a second first plan
     measures nothing, the whole calibration then only the rest, and after it a first plan
     gets the whole calibration's profile."""
@@ -286,9 +286,10 @@ def test_a_first_plan_measures_its_part_and_the_rest_comes_once(tmp_path,
     monkeypatch.setattr(openvino_costs, "openvino_ready", lambda: False)
     ran: list[str] = []
     _fake_parts(monkeypatch, tmp_path, ran)
-    first_shapes = calibrate.QUICK_SHAPES[:2]
+    first_shapes, first_pools = calibrate.QUICK_SHAPES[:2], calibrate.QUICK_POOLS[:1]
     monkeypatch.setattr(calibrate, "FIRST_PLAN_SHAPES", first_shapes)
-    wanted = {",".join(map(str, s)) for s in (*first_shapes, *calibrate.QUICK_POOLS)}
+    monkeypatch.setattr(calibrate, "FIRST_PLAN_POOLS", first_pools)
+    wanted = {",".join(map(str, s)) for s in (*first_shapes, *first_pools)}
     base = _profile()
 
     first = calibrate.calibrated_profile(base, first_plan=True)
@@ -327,6 +328,7 @@ def test_znni_plan_says_when_its_rates_are_a_first_plans(tmp_path, monkeypatch,
     ran: list[str] = []
     _fake_parts(monkeypatch, tmp_path, ran)
     monkeypatch.setattr(calibrate, "FIRST_PLAN_SHAPES", calibrate.QUICK_SHAPES[:1])
+    monkeypatch.setattr(calibrate, "FIRST_PLAN_POOLS", calibrate.QUICK_POOLS)
     net = Path(__file__).resolve().parents[2] / "benchmarks" / "networks" / "n337.json"
     assert main(["plan", str(net)]) == 0
     assert PARTIAL_NOTE in capsys.readouterr().out

@@ -322,8 +322,8 @@ def sequential_plan(
 
 PARTIAL_NOTE = (
     "first plan on this machine: its rates come from part of the calibration (the shapes "
-    "that fit the caches and two beyond them, ~27 s of ~100 s on 2 cores); on the benchmark "
-    "networks they predicted 0.88-1.13x the whole calibration's steady rate. The rest "
+    "that fit the caches and two beyond them, ~25 s of ~100 s on 2 cores); on the benchmark "
+    "networks they predicted 0.84-1.12x the whole calibration's steady rate. The rest "
     "(~75 s) is measured once, by the first `znni plan --input`; until then `znni segment` "
     "and the server plan with these rates.")
 
