@@ -314,6 +314,29 @@ def test_a_first_plan_measures_its_part_and_the_rest_comes_once(tmp_path,
     assert calibrate.calibrated_profile(base, first_plan=True) == whole and ran == []
 
 
+def test_a_graph_plan_measures_its_primitives_only_after_the_whole_calibration(
+        tmp_path, monkeypatch) -> None:
+    """A graph model's plan measures its graph primitives on a calibrated machine; a first
+    plan's partial calibration does not count (they are fitted on the whole one's rates),
+    and it does not start the rest of the CPU's calibration either."""
+    from znni.planner import detect
+    from znni.planner.graph import openvino_costs
+
+    monkeypatch.setattr(openvino_costs, "openvino_ready", lambda: False)
+    ran: list[str] = []
+    _fake_parts(monkeypatch, tmp_path, ran)
+    monkeypatch.setattr(calibrate, "FIRST_PLAN_SHAPES", calibrate.QUICK_SHAPES[:1])
+    monkeypatch.setattr(calibrate, "FIRST_PLAN_POOLS", calibrate.QUICK_POOLS)
+    assert detect.detect_machine(first_plan=True).partial_calibration
+    ran.clear()
+    detect.calibrate_graph_primitives()
+    assert ran == []
+    assert not detect.detect_machine().partial_calibration  # the whole calibration
+    ran.clear()
+    detect.calibrate_graph_primitives()
+    assert ran == ["graph"]
+
+
 def test_znni_plan_says_when_its_rates_are_a_first_plans(tmp_path, monkeypatch,
                                                          capsys) -> None:
     """`znni plan NETWORK` on an uncalibrated machine measures only a first plan's part and

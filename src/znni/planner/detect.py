@@ -57,10 +57,11 @@ def calibrate_graph_primitives(precision: str = "fp32") -> None:
     conv's speed-up where `precision` is int8 or auto) once, as `znni plan MODEL.onnx` does
     before planning a graph model on this machine's CPU, where its CPU primitives are
     calibrated (a graph plan never starts the whole calibration: it takes the default
-    rates until a sequential plan has measured them)."""
+    rates until a sequential plan has measured them; a first plan's partial calibration
+    does not count, since these primitives are fitted on the whole one's rates)."""
     from znni.planner.calibrate import measured_parts
 
     machine = detect_machine(calibrate=None)
-    if machine.calibrated:
+    if machine.calibrated and not machine.partial_calibration:
         int8 = ("int8",) if precision in ("int8", "auto") else ()
         measured_parts(machine, ("graph", "openvino", *int8))
