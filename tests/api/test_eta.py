@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from znni.api.views import eta_seconds, predicted_seconds
+from znni.api.views import eta_seconds, job_read, predicted_seconds
+from znni.jobs import stages as job_stages
 from znni.jobs.store import JobRecord
 
 
@@ -35,3 +36,16 @@ def test_eta_starts_at_the_prediction_and_ends_at_the_measurement() -> None:
     assert eta_seconds(_record(plan=None), None) is None
     assert eta_seconds(_record(status="succeeded"), 100.0) is None
     assert predicted_seconds(_record(plan={"mode": "windowed"})) is None
+
+
+def test_a_staged_jobs_seconds_are_its_stages_together(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The job's elapsed_s is the sum of its stages' (set values, nothing timed); a stage
+    not yet started counts nothing, and none started gives None."""
+    stages = [job_stages.stage("network", status="done", elapsed_s=12.5),
+              job_stages.stage("fragments", status="done", elapsed_s=3.25),
+              job_stages.stage("relabel 0.4")]
+    read = job_read(_record(status="succeeded", stages=stages, elapsed_s=99.0), tmp_path)
+    assert read.elapsed_s == 15.75
+    assert [s.elapsed_s for s in read.stages] == [12.5, 3.25, None]
+    none = [job_stages.stage("network"), job_stages.stage("fragments")]
+    assert job_read(_record(stages=none), tmp_path).elapsed_s is None
