@@ -95,8 +95,8 @@ def plan_summary(
     if region is None:
         plan = flipped_plan(exact_plan(model, machine, settings, device, memory_limit_bytes),
                             job.flips, model)
-        return {"mode": "exact", **plan.to_dict(), **job.fields(model.out_channels, 0),
-                **partial}
+        return {"mode": "exact", **plan.to_dict(), **partial,
+                **job.fields(model.out_channels, 0)}
     plan = job_plan(model, machine, settings, device, memory_limit_bytes, region, job)
     return {"mode": "exact", **plan.to_dict(), **partial, "region": list(region),
             "predicted_seconds": region_seconds(region, region_voxels_per_second(plan, region)),

@@ -277,7 +277,7 @@ def _first_plan_profile(profile: MachineProfile, cached: dict[str, Any], path: P
     not cached measured now and cached as the whole calibration's; partial_calibration."""
     state = {**cached, "version": CACHE_VERSION, "parts": list(cached.get("parts", []))}
     state.setdefault("steps", {})
-    wanted = {",".join(map(str, s)) for s in (*FIRST_PLAN_SHAPES, *FIRST_PLAN_POOLS)}
+    wanted = _first_plan_shapes()
 
     def save(measured: dict[str, Any]) -> None:
         state["steps"] = measured
@@ -287,7 +287,7 @@ def _first_plan_profile(profile: MachineProfile, cached: dict[str, Any], path: P
     backends = Backends(quick=False)
     try:
         steps = [s for s in part_steps("cpu", profile, state, backends)
-                 if s.key.rsplit(" ", 1)[-1] in wanted]
+                 if _shape_of(s.key) in wanted]
         if any(s.key not in state["steps"] for s in steps):
             log.info("calibrating cpu for a first plan (%d of the %d shapes; the rest when a "
                      "run is predicted; cached in %s)", len(FIRST_PLAN_SHAPES),
@@ -302,14 +302,24 @@ def _first_plan_profile(profile: MachineProfile, cached: dict[str, Any], path: P
     return _first_plan_fit(profile, measured, state["base_rss_bytes"])
 
 
+def _first_plan_shapes() -> set[str]:
+    """The shapes of a first plan's steps, as their step keys end (cpu_measure.step_key)."""
+    return {",".join(map(str, s)) for s in (*FIRST_PLAN_SHAPES, *FIRST_PLAN_POOLS)}
+
+
+def _shape_of(step_key: str) -> str:
+    """The shape a step key ends with ("fftw-plan fft-keep 8,80,80,3,33" -> "8,80,80,3,33")."""
+    return step_key.rsplit(" ", 1)[-1]
+
+
 def _first_plan_fit(profile: MachineProfile, measured: dict[str, Any],
                     base_rss_bytes: int) -> MachineProfile:
     """`profile` with the rates fitted from the first plan's steps in `measured`."""
-    wanted = {",".join(map(str, s)) for s in (*FIRST_PLAN_SHAPES, *FIRST_PLAN_POOLS)}
+    wanted = _first_plan_shapes()
     rows = cpu_rows(measured, FIRST_PLAN_SHAPES, FIRST_PLAN_POOLS)
     rates = fit_rates([(w, t) for _, w, t, _ in rows], dict(DEFAULT_CPU_RATES))
     planning = fftw_s_per_point({k: v for k, v in measured.items()
-                                 if k.rsplit(" ", 1)[-1] in wanted})
+                                 if _shape_of(k) in wanted})
     if planning is not None:
         rates["fftw_measure_s_per_point"] = planning
     first = {"cpu_rates": rates, "cpu_scaling": fit_scaling(rows, rates),
